@@ -1,0 +1,69 @@
+"""The error tree of nursery_jobs.
+
+Every error the library raises derives from :class:`NurseryJobsError`. Errors that
+describe a bad argument also derive from :class:`ValueError` or :class:`TypeError`;
+lookup errors derive from :class:`LookupError`::
+
+    NurseryJobsError
+     ├─ ObjectIdError (ValueError)        a bad object id
+     ├─ CodecError (ValueError)           a payload that cannot be stored
+     ├─ RuntimeLockedError                another runtime holds the data directory
+     ├─ RuntimeClosedError                the runtime is not running
+     ├─ RpcError (TypeError)              a stub call to a private name or a non-method
+     ├─ ObjectResetError                  the object was evicted or reset during a call
+     ├─ AlarmOwnedError                   set_alarm on an object whose Lifecycle owns the alarm
+     ├─ JobError (ValueError)             a bad job argument
+     │   └─ JobOwnershipError             a job id held by another owner
+     ├─ CapabilityError (ValueError)      a duplicate capability id, or use() after start
+     └─ UnknownCallbackError (ValueError, LookupError)
+"""
+
+from __future__ import annotations
+
+
+class NurseryJobsError(Exception):
+    """Root of every error raised by nursery_jobs."""
+
+
+class ObjectIdError(NurseryJobsError, ValueError):
+    """An object id is not a non-empty string of at most 1024 characters."""
+
+
+class CodecError(NurseryJobsError, ValueError):
+    """A payload holds a value the codec cannot store, or is too large."""
+
+
+class RuntimeLockedError(NurseryJobsError):
+    """Another runtime, in this process or another, holds the data directory."""
+
+
+class RuntimeClosedError(NurseryJobsError):
+    """The runtime has not started or has already shut down."""
+
+
+class RpcError(NurseryJobsError, TypeError):
+    """A stub call named a private attribute or something that is not a method."""
+
+
+class ObjectResetError(NurseryJobsError):
+    """The object was evicted, reset or shut down while a call was running."""
+
+
+class AlarmOwnedError(NurseryJobsError):
+    """``storage.set_alarm`` was called on an object whose Lifecycle owns the alarm."""
+
+
+class JobError(NurseryJobsError, ValueError):
+    """A job argument is invalid."""
+
+
+class JobOwnershipError(JobError):
+    """A job id is held by another owner (the host or another capability)."""
+
+
+class CapabilityError(NurseryJobsError, ValueError):
+    """A capability id is used twice on one object, or added after start."""
+
+
+class UnknownCallbackError(NurseryJobsError, ValueError, LookupError):
+    """A Queue, Scheduler or Agent callback name is not registered."""
