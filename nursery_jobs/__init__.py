@@ -1,0 +1,54 @@
+"""nursery_jobs: durable objects with one alarm and a durable job queue each, for Trio."""
+
+from __future__ import annotations
+
+from ._clock import jitter as jitter
+from ._clock import now as now
+from ._errors import AlarmOwnedError as AlarmOwnedError
+from ._errors import CapabilityError as CapabilityError
+from ._errors import CodecError as CodecError
+from ._errors import JobError as JobError
+from ._errors import JobOwnershipError as JobOwnershipError
+from ._errors import NurseryJobsError as NurseryJobsError
+from ._errors import ObjectIdError as ObjectIdError
+from ._errors import ObjectResetError as ObjectResetError
+from ._errors import RpcError as RpcError
+from ._errors import RuntimeClosedError as RuntimeClosedError
+from ._errors import RuntimeLockedError as RuntimeLockedError
+from ._errors import UnknownCallbackError as UnknownCallbackError
+from ._events import Event as Event
+from ._events import EventBus as EventBus
+from ._object import AlarmInfo as AlarmInfo
+from ._object import DurableObject as DurableObject
+from ._object import ObjectContext as ObjectContext
+from ._runtime import Runtime as Runtime
+from ._runtime import RuntimeStatistics as RuntimeStatistics
+from ._runtime import Stub as Stub
+from ._runtime import open_runtime as open_runtime
+from ._storage import Storage as Storage
+
+__all__ = [
+    "AlarmInfo",
+    "AlarmOwnedError",
+    "CapabilityError",
+    "CodecError",
+    "DurableObject",
+    "Event",
+    "EventBus",
+    "JobError",
+    "JobOwnershipError",
+    "NurseryJobsError",
+    "ObjectContext",
+    "ObjectIdError",
+    "ObjectResetError",
+    "RpcError",
+    "Runtime",
+    "RuntimeClosedError",
+    "RuntimeLockedError",
+    "RuntimeStatistics",
+    "Storage",
+    "Stub",
+    "UnknownCallbackError",
+    "jitter",
+    "now",
+]

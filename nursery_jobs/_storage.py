@@ -1,0 +1,148 @@
+"""One object's storage: its SQLite database, a key-value table and its one alarm."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Protocol
+
+import sqlite_utils
+
+from ._clock import coerce_time
+from ._codec import decode_payload, encode_payload
+from ._errors import AlarmOwnedError
+
+if TYPE_CHECKING:
+    import datetime
+
+_KV_SCHEMA = "CREATE TABLE IF NOT EXISTS nj_kv (key TEXT PRIMARY KEY, value TEXT) WITHOUT ROWID"
+
+
+class AlarmSlot(Protocol):
+    """What storage needs from the runtime to keep an object's alarm."""
+
+    def get(self) -> float | None: ...
+    def set(self, time: float) -> None: ...
+    def delete(self) -> None: ...
+
+
+class Storage:
+    """``ctx.storage``: the object's own database. Every call is synchronous.
+
+    SQLite runs inline on the Trio thread, so storage calls never interleave with
+    other tasks; the statement is cheaper than a thread hop.
+    """
+
+    __slots__ = ("_alarm", "_alarm_owner", "_savepoints", "conn", "db")
+
+    def __init__(self, conn: sqlite3.Connection, alarm: AlarmSlot) -> None:
+        self.conn = conn
+        self.db = sqlite_utils.Database(conn, execute_plugins=False)
+        self._alarm = alarm
+        self._alarm_owner: str | None = None
+        self._savepoints = 0
+        conn.execute(_KV_SCHEMA)
+
+    # -- SQL --------------------------------------------------------------------
+    def execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> sqlite3.Cursor:
+        """Run one SQL statement on the object's database (committed unless inside
+        :meth:`transaction`)."""
+        return self.conn.execute(sql, params)
+
+    @contextmanager
+    def transaction(self) -> Iterator[Storage]:
+        """Commit every write inside the block together, or none if it raises.
+
+        Nested blocks use savepoints. Do not ``await`` inside a transaction except for
+        ``jobs.push``-style calls documented as transaction-safe: other tasks of the
+        object could otherwise write into it.
+        """
+        conn = self.conn
+        if not conn.in_transaction:
+            conn.execute("BEGIN")
+            try:
+                yield self
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+            else:
+                conn.execute("COMMIT")
+            return
+        self._savepoints += 1
+        name = f"nj_sp_{self._savepoints}"
+        conn.execute(f"SAVEPOINT {name}")
+        try:
+            yield self
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute(f"ROLLBACK TO {name}")
+                conn.execute(f"RELEASE {name}")
+            raise
+        else:
+            conn.execute(f"RELEASE {name}")
+        finally:
+            self._savepoints -= 1
+
+    # -- key-value --------------------------------------------------------------
+    def get(self, key: str, default: Any = None) -> Any:
+        """Return the value stored under ``key``, or ``default``."""
+        row = self.conn.execute("SELECT value FROM nj_kv WHERE key = ?", (_key(key),)).fetchone()
+        return default if row is None else decode_payload(row[0])
+
+    def put(self, key: str, value: Any) -> None:
+        """Store ``value`` (through the payload codec) under ``key``."""
+        text = encode_payload(value)
+        self.conn.execute(
+            "INSERT INTO nj_kv (key, value) VALUES (?, ?)"
+            " ON CONFLICT DO UPDATE SET value = excluded.value",
+            (_key(key), text),
+        )
+
+    def delete(self, key: str) -> bool:
+        """Delete ``key``; return whether it existed."""
+        return self.conn.execute("DELETE FROM nj_kv WHERE key = ?", (_key(key),)).rowcount > 0
+
+    def list(self, prefix: str = "") -> dict[str, Any]:
+        """Return every key starting with ``prefix`` and its value, in key order."""
+        rows = self.conn.execute(
+            "SELECT key, value FROM nj_kv WHERE key >= ? AND substr(key, 1, ?) = ? ORDER BY key",
+            (prefix, len(prefix), _key(prefix, allow_empty=True)),
+        )
+        return {key: decode_payload(value) for key, value in rows}
+
+    # -- the alarm --------------------------------------------------------------
+    def get_alarm(self) -> float | None:
+        """Return the time of the object's alarm, or None."""
+        return self._alarm.get()
+
+    def set_alarm(self, time: float | datetime.datetime) -> None:
+        """Set (replace) the object's one alarm; durable when it returns."""
+        if self._alarm_owner is not None:
+            raise AlarmOwnedError(
+                f"the {self._alarm_owner} owns this object's alarm; push a job instead of "
+                "calling storage.set_alarm()"
+            )
+        self._alarm.set(coerce_time(time))
+
+    def delete_alarm(self) -> None:
+        """Cancel the object's alarm."""
+        if self._alarm_owner is not None:
+            raise AlarmOwnedError(
+                f"the {self._alarm_owner} owns this object's alarm; cancel its jobs instead"
+            )
+        self._alarm.delete()
+
+    def _own_alarm(self, owner: str) -> AlarmSlot:
+        """Hand the alarm to ``owner`` (the Lifecycle); return the slot it writes."""
+        self._alarm_owner = owner
+        return self._alarm
+
+
+def _key(key: object, *, allow_empty: bool = False) -> str:
+    if not isinstance(key, str):
+        raise TypeError(f"storage key must be a str, got {type(key).__name__}")
+    if not key and not allow_empty:
+        raise ValueError("storage key must be a non-empty string")
+    return key
