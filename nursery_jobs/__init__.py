@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ._clock import jitter as jitter
 from ._clock import now as now
+from ._capability import Capability as Capability
 from ._errors import AlarmOwnedError as AlarmOwnedError
 from ._errors import CapabilityError as CapabilityError
 from ._errors import CodecError as CodecError
@@ -18,6 +19,17 @@ from ._errors import RuntimeLockedError as RuntimeLockedError
 from ._errors import UnknownCallbackError as UnknownCallbackError
 from ._events import Event as Event
 from ._events import EventBus as EventBus
+from ._jobs import YIELD as YIELD
+from ._jobs import DeadLetter as DeadLetter
+from ._jobs import Job as Job
+from ._jobs import JobContext as JobContext
+from ._jobs import JobOutcome as JobOutcome
+from ._jobs import Jobs as Jobs
+from ._jobs import Reschedule as Reschedule
+from ._jobs import RetryOptions as RetryOptions
+from ._lifecycle import CapabilityLifecycle as CapabilityLifecycle
+from ._lifecycle import Lifecycle as Lifecycle
+from ._lifecycle import MemoryLimitContext as MemoryLimitContext
 from ._object import AlarmInfo as AlarmInfo
 from ._object import DurableObject as DurableObject
 from ._object import ObjectContext as ObjectContext
@@ -30,17 +42,28 @@ from ._storage import Storage as Storage
 __all__ = [
     "AlarmInfo",
     "AlarmOwnedError",
+    "Capability",
     "CapabilityError",
+    "CapabilityLifecycle",
     "CodecError",
+    "DeadLetter",
     "DurableObject",
     "Event",
     "EventBus",
+    "Job",
+    "JobContext",
     "JobError",
+    "JobOutcome",
     "JobOwnershipError",
+    "Jobs",
+    "Lifecycle",
+    "MemoryLimitContext",
     "NurseryJobsError",
     "ObjectContext",
     "ObjectIdError",
     "ObjectResetError",
+    "Reschedule",
+    "RetryOptions",
     "RpcError",
     "Runtime",
     "RuntimeClosedError",
@@ -49,6 +72,7 @@ __all__ = [
     "Storage",
     "Stub",
     "UnknownCallbackError",
+    "YIELD",
     "jitter",
     "now",
 ]

@@ -1,0 +1,628 @@
+"""The Lifecycle: owns an object's alarm and runs its due jobs, one at a time.
+
+An alarm run: fallback alarm -> startup if cold -> backup alarm -> each due job in
+(time, push sequence) order, re-read before it runs -> host ``on_alarm()`` -> alarm
+for the next due job. Each job's attempt is recorded before it runs, so a crash is
+never mistaken for a job that never ran.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import math
+import random
+from collections.abc import Awaitable, Callable
+from typing import Any, Final
+
+import attrs
+import trio
+
+from . import _clock
+from ._capability import Capability
+from ._codec import encode_payload
+from ._errors import CapabilityError, JobError
+from ._jobs import (
+    HOST,
+    DeadLetter,
+    Job,
+    JobContext,
+    JobOutcome,
+    JobRow,
+    Jobs,
+    JobTable,
+    Reschedule,
+    RetryOptions,
+    check_fn,
+    check_hung_timeout,
+    check_job_id,
+    check_retry,
+    coerce_outcome,
+    new_job_id,
+    ownership_error,
+    resolve_time,
+)
+from ._object import DurableObject
+
+logger = logging.getLogger("nursery_jobs")
+
+# The fallback alarm of a run: if the run dies, the object wakes again this soon.
+FALLBACK_ALARM: Final = 30.0
+BACKLOG_WARNING: Final = 10
+# Jobs dispatched between forced checkpoints, so one busy object cannot starve others.
+_CHECKPOINT_EVERY: Final = 32
+# Full-jitter backoff draws from this; tests may seed or patch it.
+RNG: Final = random.Random()
+
+
+@attrs.frozen(kw_only=True)
+class MemoryLimitContext:
+    """Passed to ``on_memory_limit`` / ``on_alarm_memory_limit`` after a reset."""
+
+    sealed: bool
+    next_time: float | None
+    executing: Job | None
+    purged_recovery_loop_jobs: list[Job]
+
+
+def lifecycle_retry_delay(retry_count: int) -> float | None:
+    """A failed Lifecycle alarm run is retried 2 s doubling, capped at 5 minutes."""
+    return min(300.0, 2.0 * 2.0 ** min(retry_count, 16))
+
+
+class _AlarmRun:
+    """The alarm run in progress: what ``track_alarm_work`` attaches work to."""
+
+    __slots__ = ("active", "job", "lifecycle", "started", "tracked")
+
+    def __init__(self, lifecycle: Lifecycle) -> None:
+        self.lifecycle = lifecycle
+        self.active = True
+        self.job: Job | None = None
+        self.started = 0.0
+        self.tracked = False
+
+
+_current_run: contextvars.ContextVar[_AlarmRun | None] = contextvars.ContextVar(
+    "nursery_jobs_alarm_run", default=None
+)
+
+
+class Lifecycle:
+    """The job queue of one object. Create it with ``Lifecycle.install(self)`` in the
+    object's ``__init__``; it then owns the object's alarm."""
+
+    def __init__(self, host: DurableObject, *, max_alarm_memory_limit_strikes: int = 3) -> None:
+        if not isinstance(host, DurableObject):
+            raise TypeError(f"Lifecycle.install() needs a DurableObject, got {host!r}")
+        if (
+            isinstance(max_alarm_memory_limit_strikes, bool)
+            or not isinstance(max_alarm_memory_limit_strikes, int)
+            or max_alarm_memory_limit_strikes < 1
+        ):
+            raise ValueError(
+                "max_alarm_memory_limit_strikes must be an int >= 1, got "
+                f"{max_alarm_memory_limit_strikes!r}"
+            )
+        ctx = host.ctx
+        self.host = host
+        self.ctx = ctx
+        self.max_alarm_memory_limit_strikes = max_alarm_memory_limit_strikes
+        self.table = JobTable(ctx.storage.conn)
+        self._alarm = ctx.storage._own_alarm("Lifecycle")
+        ctx._alarm_handler = self._alarm_run
+        ctx._alarm_retry_delay = lifecycle_retry_delay
+        self.jobs = Jobs(self, HOST)
+        self._capabilities: dict[str, Capability] = {}
+        self._started = False
+        self._starting: trio.Event | None = None
+        self._disabled = False
+        self._tracked: dict[tuple[str, float], int] = {}
+        self._watch_scope: trio.CancelScope | None = None
+        self._watch_row: Job | None = None
+        self._watch_deadline = math.inf
+
+    @classmethod
+    def install(cls, host: DurableObject, max_alarm_memory_limit_strikes: int = 3) -> Lifecycle:
+        """Create the Lifecycle of ``host`` and hand it the object's alarm."""
+        return cls(host, max_alarm_memory_limit_strikes=max_alarm_memory_limit_strikes)
+
+    def __repr__(self) -> str:
+        return f"<Lifecycle {self.ctx.namespace}/{self.ctx.id}>"
+
+    # -- capabilities ---------------------------------------------------------------
+    def use(self, *capabilities: Capability) -> Lifecycle:
+        """Install capabilities (before startup). Returns self for chaining."""
+        if self._started:
+            raise CapabilityError(f"{self!r}: capabilities must be added before startup")
+        for cap in capabilities:
+            if not isinstance(cap, Capability):
+                raise TypeError(f"use() takes Capability instances, got {cap!r}")
+            cap_id = cap._capability_id()
+            if not isinstance(cap_id, str) or not cap_id or cap_id == HOST:
+                raise CapabilityError(
+                    f"capability {cap!r} needs a non-empty id other than {HOST!r}"
+                )
+            if cap_id in self._capabilities:
+                raise CapabilityError(
+                    f"{self!r}: a capability with id {cap_id!r} is already installed"
+                )
+            self._capabilities[cap_id] = cap
+            cap.lifecycle = CapabilityLifecycle(self, cap_id)
+            cap.host = self.host
+        return self
+
+    @property
+    def capabilities(self) -> dict[str, Capability]:
+        return dict(self._capabilities)
+
+    # -- startup --------------------------------------------------------------------
+    async def start(self) -> None:
+        """Recover from a crash (crash strikes), then run each capability's
+        ``on_start``. Runs once per activation; later calls return at once."""
+        if self._started:
+            await trio.lowlevel.checkpoint()
+            return
+        if self._starting is not None:
+            await self._starting.wait()
+            if not self._started:
+                await self.start()
+            return
+        self._starting = starting = trio.Event()
+        try:
+            sealed = self._recover_crashes()
+            for cap in self._capabilities.values():
+                await cap.on_start()
+            self._started = True
+            for row in sealed:
+                await self._call_memory_hooks(
+                    MemoryLimitContext(sealed=True, next_time=None, executing=row.job,
+                                       purged_recovery_loop_jobs=[])
+                )
+        finally:
+            self._starting = None
+            starting.set()
+        self._rearm_now()
+
+    def _recover_crashes(self) -> list[JobRow]:
+        """Give each job left running by a dead process a crash strike; seal it at the
+        limit. Returns the sealed rows."""
+        sealed = []
+        now = _clock.now()
+        for row in self.table.running():
+            strikes = row.crash_strikes + 1
+            job = row.job
+            if strikes >= self.max_alarm_memory_limit_strikes:
+                error = f"it was running at {strikes} process deaths"
+                with self.ctx.storage.transaction():
+                    self.table.bury(row, error, "crash", now, attempts=max(row.attempts - 1, 0))
+                logger.error("job %r of %s sealed: %s", job.id, self._label(), error)
+                self._emit("job:crash_strike", id=job.id, owner=job.owner, fn=job.fn,
+                           strikes=strikes, sealed=True)
+                sealed.append(row)
+            else:
+                delay = min(300.0, 30.0 * strikes)
+                self.table.strike(job.id, now + delay)
+                logger.warning(
+                    "job %r of %s was running when its process died (crash strike %d);"
+                    " it runs again in %.0f s", job.id, self._label(), strikes, delay,
+                )
+                self._emit("job:crash_strike", id=job.id, owner=job.owner, fn=job.fn,
+                           strikes=strikes, sealed=False, delay=delay)
+        return sealed
+
+    # -- the job API (owner-scoped through Jobs) --------------------------------------
+    async def _push(
+        self,
+        owner: str,
+        fn: str,
+        *,
+        time: Any,
+        delay: Any,
+        payload: Any,
+        id: str | None,
+        retry: RetryOptions | None,
+        singleflight: bool,
+        hung_timeout: float,
+        exclusive: bool,
+        recovery_loop: bool,
+    ) -> Job:
+        fn = check_fn(fn)
+        job_id = new_job_id() if id is None else check_job_id(id)
+        now = _clock.now()
+        when = resolve_time(time, delay, now, job=job_id)
+        retry = check_retry(retry, job=job_id)
+        hung_timeout = check_hung_timeout(hung_timeout, job=job_id)
+        for name, flag in (("singleflight", singleflight), ("exclusive", exclusive),
+                           ("recovery_loop", recovery_loop)):
+            if not isinstance(flag, bool):
+                raise JobError(f"job {job_id!r}: {name} must be a bool, got {flag!r}")
+        payload_text = encode_payload(payload)
+        job = Job(
+            id=job_id, owner=owner, fn=fn, time=when, payload=payload, retry=retry,
+            singleflight=singleflight, hung_timeout=hung_timeout, exclusive=exclusive,
+            recovery_loop=recovery_loop, created_at=now,
+        )
+        # Inside storage.transaction() a push must not yield: another task of the
+        # object could write into the open transaction.
+        if not self.ctx.storage.conn.in_transaction:
+            await trio.lowlevel.checkpoint()
+        replaced = False
+        if id is not None:
+            holder = self.table.owner_of(job_id)
+            if holder is not None and holder != owner:
+                raise ownership_error(owner, holder, job_id)
+            replaced = holder is not None
+        # Lower the alarm before the row commits: an early wake is harmless, a lost one
+        # is not.
+        self._lower_alarm(when, exclusive)
+        self.table.upsert(job, payload_text)
+        if replaced:
+            stored = self.table.row(job_id)
+            if stored is not None:
+                job = attrs.evolve(job, created_at=stored.job.created_at)
+            if not self.ctx.storage.conn.in_transaction:
+                self._rearm_now()
+        return job
+
+    async def _cancel(self, owner: str, job_id: str) -> bool:
+        job_id = check_job_id(job_id)
+        await trio.lowlevel.checkpoint()
+        deleted = self.table.delete(owner, job_id)
+        if deleted:
+            self._rearm_now()
+        return deleted
+
+    async def _reschedule(self, owner: str, job_id: str, time: Any) -> bool:
+        job_id = check_job_id(job_id)
+        try:
+            when = _clock.coerce_time(time, name=f"reschedule {job_id!r}: time")
+        except (TypeError, ValueError) as exc:
+            raise JobError(str(exc)) from None
+        await trio.lowlevel.checkpoint()
+        row = self.table.row(job_id)
+        if row is None or row.job.owner != owner:
+            return False
+        self._lower_alarm(when, row.job.exclusive)
+        self.table.retime(owner, job_id, when)
+        self._rearm_now()
+        return True
+
+    # -- the alarm ------------------------------------------------------------------
+    def _lower_alarm(self, time: float, exclusive: bool) -> None:
+        if self._disabled:
+            return
+        first_exclusive = self.table.first_exclusive_time()
+        if exclusive:
+            target = time if first_exclusive is None else min(time, first_exclusive)
+            if self._alarm.get() != target:
+                self._alarm.set(target)
+            return
+        if first_exclusive is not None:
+            return  # an exclusive job alone decides when the object wakes
+        current = self._alarm.get()
+        if current is None or time < current:
+            self._alarm.set(time)
+
+    def _rearm_now(self) -> None:
+        if self._disabled:
+            return
+        time = self.table.next_alarm_time(_clock.now())
+        if time is None:
+            self._alarm.delete()
+        elif self._alarm.get() != time:
+            self._alarm.set(time)
+
+    async def rearm_alarm(self) -> None:
+        """Set the alarm for the next due job as the queue stands. Checkpoints."""
+        await trio.lowlevel.checkpoint()
+        self._rearm_now()
+
+    async def disable_alarms(self) -> None:
+        """Stop arming the alarm and stop the current run after its job. Jobs stay."""
+        await trio.lowlevel.checkpoint()
+        self._disabled = True
+        self._alarm.delete()
+
+    async def _alarm_run(self, info: Any) -> None:
+        run = _AlarmRun(self)
+        token = _current_run.set(run)
+        try:
+            now = _clock.now()
+            fallback = self.table.next_alarm_time(now)
+            if fallback is not None and not self._disabled:
+                self._alarm.set(max(fallback, now + FALLBACK_ALARM))
+            if not self._started:
+                await self.start()
+                now = _clock.now()
+                if not self._disabled and self.table.next_due(now, (-math.inf, -1)):
+                    self._alarm.set(now + FALLBACK_ALARM)  # the backup alarm
+            if not self._disabled:
+                await self._run_due(run, now)
+            on_alarm = getattr(self.host, "on_alarm", None)
+            if on_alarm is not None:
+                await on_alarm()
+        except Exception:
+            if self.table.next_alarm_time(_clock.now()) is None:
+                logger.exception("alarm run of %s failed; no jobs remain", self._label())
+                return
+            raise  # the runtime retries the run with backoff while jobs remain
+        finally:
+            run.active = False
+            _current_run.reset(token)
+        self._rearm_now()
+
+    async def _run_due(self, run: _AlarmRun, now: float) -> None:
+        for owner, count in self.table.due_counts(now):
+            if count >= BACKLOG_WARNING:
+                logger.warning("%s: %d due jobs of %r in one alarm", self._label(), count, owner)
+                self._emit("job:backlog_warning", owner=owner, count=count)
+        cursor: tuple[float, int] = (-math.inf, -1)
+        ran: set[str] = set()
+        dispatched = 0
+        while not self._disabled:
+            row = self.table.next_due(now, cursor)
+            if row is None:
+                return
+            cursor = (row.job.time, row.seq)
+            job = row.job
+            if job.id in ran:
+                continue  # replaced during its own run: it runs at the next alarm
+            ran.add(job.id)
+            if job.singleflight and row.running_since is not None:
+                age = _clock.now() - row.running_since
+                if age < job.hung_timeout:
+                    logger.debug("skipping job %r: a run of it is in progress", job.id)
+                    continue
+                logger.warning(
+                    "forcing reset of hung job %r of %s (running for %.1f s)",
+                    job.id, self._label(), age,
+                )
+                self._emit("job:hung_reset", id=job.id, owner=job.owner, fn=job.fn, age=age)
+            await self._dispatch(run, row)
+            dispatched += 1
+            if dispatched % _CHECKPOINT_EVERY == 0:
+                await trio.lowlevel.checkpoint()
+
+    def _handler(self, owner_id: str) -> tuple[Any, Callable[..., Awaitable[Any]] | None]:
+        if owner_id == HOST:
+            return self.host, getattr(self.host, "on_job", None)
+        cap = self._capabilities.get(owner_id)
+        if cap is None or type(cap).on_job is Capability.on_job:
+            return cap, None
+        return cap, cap.on_job
+
+    async def _dispatch(self, run: _AlarmRun, row: JobRow) -> None:
+        job = row.job
+        owner, on_job = self._handler(job.owner)
+        if on_job is None:
+            logger.error(
+                "no installed capability or host handler for job %r (owner %r, fn %r) of %s;"
+                " dropping it", job.id, job.owner, job.fn, self._label(),
+            )
+            self.table.delete(job.owner, job.id)
+            self._emit("job:dropped", id=job.id, owner=job.owner, fn=job.fn)
+            return
+        attempt = row.attempts + 1
+        started = _clock.now()
+        self.table.mark_running(job.id, started)
+        run.job, run.started, run.tracked = job, started, False
+        ctx = JobContext(job=job, attempt=attempt)
+        self._watch(job)
+        try:
+            outcome = coerce_outcome(await on_job(ctx))
+        except trio.Cancelled:
+            # Shutdown or reset: a platform failure uses up no attempt.
+            self.table.give_back(job.id, started)
+            raise
+        except Exception as exc:
+            self._unwatch()
+            await self._failed(owner, ctx, started, exc, keep_marker=run.tracked)
+        else:
+            self._unwatch()
+            self._apply(job, started, outcome, keep_marker=run.tracked)
+        finally:
+            run.job = None
+
+    def _apply(self, job: Job, started: float, outcome: JobOutcome, *, keep_marker: bool) -> None:
+        if outcome is None:
+            self.table.finish(job.id, started)
+        elif isinstance(outcome, Reschedule):
+            self.table.finish_later(job.id, started, outcome.time, keep_marker=keep_marker)
+        else:  # YIELD: stays due
+            self.table.finish_later(job.id, started, job.time, keep_marker=keep_marker)
+
+    async def _failed(
+        self, owner: Any, ctx: JobContext, started: float, error: Exception, *, keep_marker: bool
+    ) -> None:
+        job = ctx.job
+        if ctx.attempt < job.retry.max_attempts:
+            delay = RNG.uniform(0.0, job.retry.backoff_bound(ctx.attempt))
+            logger.warning(
+                "job %r of %s failed (attempt %d of %d): %r; retrying in %.3f s",
+                job.id, self._label(), ctx.attempt, job.retry.max_attempts, error, delay,
+            )
+            self.table.retry_later(job.id, started, _clock.now() + delay)
+            self._emit("job:retry", id=job.id, owner=job.owner, fn=job.fn, attempt=ctx.attempt,
+                       max_attempts=job.retry.max_attempts, delay=delay, error=repr(error))
+            return
+        outcome: JobOutcome = None
+        on_job_error = None if job.owner == HOST else getattr(owner, "on_job_error", None)
+        if on_job_error is not None:
+            try:
+                outcome = coerce_outcome(await on_job_error(ctx, error))
+            except Exception:
+                logger.exception("on_job_error of %r failed for job %r", job.owner, job.id)
+        if outcome is not None:
+            self._apply(job, started, outcome, keep_marker=keep_marker)
+            return
+        row = self.table.row(job.id)
+        if row is None or row.running_since != started:
+            return  # pushed, re-timed or cancelled meanwhile: that change wins
+        logger.error("job %r of %s failed after %d attempts: %r", job.id, self._label(),
+                     ctx.attempt, error)
+        with self.ctx.storage.transaction():
+            self.table.bury(row, _error_text(error), "failed", _clock.now(),
+                            attempts=ctx.attempt)
+        self._emit("job:dead_letter", id=job.id, owner=job.owner, fn=job.fn,
+                   attempts=ctx.attempt, error=_error_text(error))
+
+    # -- slow dispatch --------------------------------------------------------------
+    def _watch(self, job: Job) -> None:
+        self._watch_row = job
+        self._watch_deadline = trio.current_time() + job.hung_timeout
+        if self._watch_scope is None:
+            self.ctx.nursery.start_soon(self._slow_dispatch_watchdog)
+        else:
+            self._watch_scope.deadline = self._watch_deadline
+
+    def _unwatch(self) -> None:
+        self._watch_row = None
+        self._watch_deadline = math.inf
+        if self._watch_scope is not None:
+            self._watch_scope.deadline = math.inf
+
+    async def _slow_dispatch_watchdog(self) -> None:
+        while True:
+            with trio.CancelScope(deadline=self._watch_deadline) as self._watch_scope:
+                await trio.sleep_forever()
+            job = self._watch_row
+            if job is not None and trio.current_time() >= self._watch_deadline:
+                logger.warning(
+                    "job %r (fn %r) of %s has run longer than its hung_timeout of %.1f s",
+                    job.id, job.fn, self._label(), job.hung_timeout,
+                )
+                self._emit("job:slow_dispatch", id=job.id, owner=job.owner, fn=job.fn,
+                           threshold=job.hung_timeout)
+                self._watch_deadline = math.inf
+
+    # -- long work --------------------------------------------------------------------
+    def track_alarm_work(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> bool:
+        """Start ``fn(*args)`` in the object's nursery under the current alarm run.
+
+        Returns False (and starts nothing) outside an alarm run or ``on_alarm``. The
+        work keeps the object resident; a single-flight job that started it counts as
+        running until the work ends. Does not checkpoint.
+        """
+        run = _current_run.get()
+        if run is None or not run.active or run.lifecycle is not self:
+            return False
+        job, started = run.job, run.started
+        if job is not None:
+            run.tracked = True
+            key = (job.id, started)
+            self._tracked[key] = self._tracked.get(key, 0) + 1
+        self.ctx.nursery.start_soon(self._tracked_work, fn, args, job, started)
+        return True
+
+    async def _tracked_work(
+        self, fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...], job: Job | None,
+        started: float,
+    ) -> None:
+        host = self.ctx._host
+        try:
+            with host.working():
+                try:
+                    await fn(*args)
+                except Exception as exc:
+                    logger.exception("tracked work %r of %s failed", fn, self._label())
+                    self._emit("alarm:tracked_work_failed", job=None if job is None else job.id,
+                               error=repr(exc))
+        finally:
+            if job is not None:
+                key = (job.id, started)
+                left = self._tracked[key] - 1
+                if left:
+                    self._tracked[key] = left
+                else:
+                    del self._tracked[key]
+                    if self.ctx.storage.conn is not None and self.table.clear_marker(
+                        job.id, started
+                    ):
+                        self._rearm_now()
+
+    # -- dead letters -----------------------------------------------------------------
+    def dead_letters(self) -> list[DeadLetter]:
+        """Every dead letter of this object (all owners), oldest first."""
+        return self.table.dead_letters(None)
+
+    async def requeue(self, id: str, *, owner: str = HOST) -> Job | None:
+        """Put dead letter ``id`` of ``owner`` back in the queue, due now, with fresh
+        attempts. Returns the job, or None if there is no such dead letter."""
+        return await self._requeue(owner, id)
+
+    async def _requeue(self, owner: str, job_id: str) -> Job | None:
+        job_id = check_job_id(job_id)
+        await trio.lowlevel.checkpoint()
+        with self.ctx.storage.transaction():
+            letter = self.table.unbury(owner, job_id)
+            if letter is None:
+                return None
+            if self.table.owner_of(job_id) is not None:
+                raise ownership_error(owner, str(self.table.owner_of(job_id)), job_id)
+            job = attrs.evolve(letter.job, time=_clock.now())
+            self._lower_alarm(job.time, job.exclusive)
+            self.table.upsert(job, encode_payload(job.payload))
+        return job
+
+    # -- memory-limit hooks -------------------------------------------------------------
+    async def _call_memory_hooks(self, ctx: MemoryLimitContext) -> None:
+        for cap in self._capabilities.values():
+            hook = getattr(cap, "on_memory_limit", None)
+            if hook is not None:
+                try:
+                    await hook(ctx)
+                except Exception:
+                    logger.exception("on_memory_limit of %r failed", cap)
+        hook = getattr(self.host, "on_alarm_memory_limit", None)
+        if hook is not None:
+            try:
+                await hook(ctx)
+            except Exception:
+                logger.exception("on_alarm_memory_limit of %s failed", self._label())
+
+    # -- helpers ------------------------------------------------------------------------
+    def _label(self) -> str:
+        return f"{self.ctx.namespace}/{self.ctx.id}"
+
+    def _emit(self, type: str, **data: Any) -> None:
+        self.ctx.events.emit(type, self.ctx.namespace, self.ctx.id, **data)
+
+
+class CapabilityLifecycle:
+    """``self.lifecycle`` inside a capability: the Lifecycle scoped to that capability."""
+
+    __slots__ = ("_lifecycle", "capability_id", "jobs")
+
+    def __init__(self, lifecycle: Lifecycle, capability_id: str) -> None:
+        self._lifecycle = lifecycle
+        self.capability_id = capability_id
+        self.jobs = Jobs(lifecycle, capability_id)
+
+    def track_alarm_work(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> bool:
+        """See ``Lifecycle.track_alarm_work``."""
+        return self._lifecycle.track_alarm_work(fn, *args)
+
+    def emit(self, type: str, **data: Any) -> None:
+        """Publish a diagnostics event from this object. Does not checkpoint."""
+        self._lifecycle._emit(type, **data)
+
+    @property
+    def events(self) -> Any:
+        return self._lifecycle.ctx.events
+
+    def dead_letters(self) -> list[DeadLetter]:
+        """This capability's dead letters, oldest first."""
+        return self._lifecycle.table.dead_letters(self.capability_id)
+
+    async def requeue(self, id: str) -> Job | None:
+        """Put this capability's dead letter ``id`` back in the queue, due now."""
+        return await self._lifecycle._requeue(self.capability_id, id)
+
+    async def rearm_alarm(self) -> None:
+        await self._lifecycle.rearm_alarm()
+
+
+def _error_text(error: BaseException) -> str:
+    return f"{type(error).__qualname__}: {error}"
+
