@@ -15,9 +15,13 @@ import time as _time
 import trio
 
 _EPOCH: trio.lowlevel.RunVar[float] = trio.lowlevel.RunVar("nursery_jobs_epoch")
+# Set by tests (``pin_epoch``) to make every Trio run start at the same epoch.
+_pinned: float | None = None
 
 
 def _epoch0() -> float:
+    if _pinned is not None:
+        return _pinned
     try:
         return _EPOCH.get()
     except LookupError:
@@ -33,6 +37,13 @@ def set_epoch(epoch_at_trio_zero: float) -> None:
     Meant for tests under ``MockClock``: times then come out exact. Does not checkpoint.
     """
     _EPOCH.set(float(epoch_at_trio_zero))
+
+
+def pin_epoch(epoch_at_trio_zero: float | None) -> None:
+    """Pin (or with None, unpin) the epoch of every Trio run in this process. For tests
+    under ``MockClock``, whose Trio time starts at 0."""
+    global _pinned
+    _pinned = epoch_at_trio_zero
 
 
 def now() -> float:

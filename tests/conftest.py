@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 from nursery_jobs import _clock
@@ -9,6 +11,12 @@ EPOCH = 1_800_000_000.0
 
 
 @pytest.fixture(autouse=True)
-async def _pinned_epoch(request: pytest.FixtureRequest) -> None:
+def _pinned_epoch(request: pytest.FixtureRequest) -> Iterator[None]:
     if "autojump_clock" in request.fixturenames or "mock_clock" in request.fixturenames:
-        _clock.set_epoch(EPOCH)
+        _clock.pin_epoch(EPOCH)
+        try:
+            yield
+        finally:
+            _clock.pin_epoch(None)
+    else:
+        yield
