@@ -306,17 +306,31 @@ class JobTable:
     # The ``running_since = ?`` guard makes a same-id push, reschedule or cancel made
     # while the job ran win over the run's outcome.
     def finish(self, job_id: str, started: float) -> None:
-        self.conn.execute(
+        cursor = self.conn.execute(
             "DELETE FROM nj_jobs WHERE id = ? AND running_since = ?", (job_id, started)
         )
+        if cursor.rowcount == 0:
+            self._clean_run_overridden(job_id)
 
     def finish_later(self, job_id: str, started: float, time: float, *, keep_marker: bool) -> None:
         """A clean run that keeps the job: re-time it, clear attempts and strikes."""
-        self.conn.execute(
+        cursor = self.conn.execute(
             "UPDATE nj_jobs SET time = ?, attempts = 0, crash_strikes = 0,"
             " running_since = CASE WHEN ? THEN running_since END"
             " WHERE id = ? AND running_since = ?",
             (time, keep_marker, job_id, started),
+        )
+        if cursor.rowcount == 0:
+            self._clean_run_overridden(job_id)
+
+    def _clean_run_overridden(self, job_id: str) -> None:
+        # A same-id reschedule made while the job ran wins over the outcome, but the run
+        # was clean: its attempt must not count against the next run (a push already
+        # reset the count; a cancel left no row).
+        self.conn.execute(
+            "UPDATE nj_jobs SET attempts = 0, crash_strikes = 0"
+            " WHERE id = ? AND running_since IS NULL AND (attempts != 0 OR crash_strikes != 0)",
+            (job_id,),
         )
 
     def retry_later(self, job_id: str, started: float, time: float) -> None:
@@ -424,7 +438,9 @@ def check_job_id(job_id: object, *, name: str = "id") -> str:
     if not job_id.strip():
         raise JobError(f"job {name} must be a non-blank string, got {job_id!r}")
     if len(job_id) > MAX_JOB_ID_LENGTH:
-        raise JobError(f"job {name} {job_id[:40]!r}... is longer than {MAX_JOB_ID_LENGTH} characters")
+        raise JobError(
+            f"job {name} {job_id[:40]!r}... is longer than {MAX_JOB_ID_LENGTH} characters"
+        )
     try:
         job_id.encode("utf-8")
     except UnicodeEncodeError:

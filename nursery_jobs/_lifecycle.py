@@ -267,9 +267,13 @@ class Lifecycle:
 
     async def _cancel(self, owner: str, job_id: str) -> bool:
         job_id = check_job_id(job_id)
-        await trio.lowlevel.checkpoint()
+        in_transaction = self.ctx.storage.conn.in_transaction
+        if not in_transaction:
+            await trio.lowlevel.checkpoint()
         deleted = self.table.delete(owner, job_id)
-        if deleted:
+        # Inside storage.transaction() the alarm must not be raised: a rollback would
+        # bring the job back with the alarm above it (an early wake is harmless).
+        if deleted and not in_transaction:
             self._rearm_now()
         return deleted
 
@@ -279,13 +283,16 @@ class Lifecycle:
             when = _clock.coerce_time(time, name=f"reschedule {job_id!r}: time")
         except (TypeError, ValueError) as exc:
             raise JobError(str(exc)) from None
-        await trio.lowlevel.checkpoint()
+        in_transaction = self.ctx.storage.conn.in_transaction
+        if not in_transaction:
+            await trio.lowlevel.checkpoint()
         row = self.table.row(job_id)
         if row is None or row.job.owner != owner:
             return False
         self._lower_alarm(when, row.job.exclusive)
         self.table.retime(owner, job_id, when)
-        self._rearm_now()
+        if not in_transaction:  # as in _cancel: never raise the alarm before a commit
+            self._rearm_now()
         return True
 
     # -- the alarm ------------------------------------------------------------------
@@ -472,6 +479,9 @@ class Lifecycle:
         self._watch_row = job
         self._watch_deadline = trio.current_time() + job.hung_timeout
         if self._watch_scope is None:
+            # Made here, not in the task: jobs that never checkpoint would otherwise
+            # each start a watchdog before the first one runs.
+            self._watch_scope = trio.CancelScope(deadline=self._watch_deadline)
             self.ctx.nursery.start_soon(self._slow_dispatch_watchdog)
         else:
             self._watch_scope.deadline = self._watch_deadline
@@ -484,7 +494,8 @@ class Lifecycle:
 
     async def _slow_dispatch_watchdog(self) -> None:
         while True:
-            with trio.CancelScope(deadline=self._watch_deadline) as self._watch_scope:
+            assert self._watch_scope is not None
+            with self._watch_scope:
                 await trio.sleep_forever()
             job = self._watch_row
             if job is not None and trio.current_time() >= self._watch_deadline:
@@ -495,6 +506,7 @@ class Lifecycle:
                 self._emit("job:slow_dispatch", id=job.id, owner=job.owner, fn=job.fn,
                            threshold=job.hung_timeout)
                 self._watch_deadline = math.inf
+            self._watch_scope = trio.CancelScope(deadline=self._watch_deadline)
 
     # -- long work --------------------------------------------------------------------
     def track_alarm_work(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> bool:
