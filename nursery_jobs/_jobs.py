@@ -47,6 +47,8 @@ class RetryOptions:
     max_attempts: int = attrs.field(default=3, validator=_check_retry)
     base_delay: float = attrs.field(default=0.1, validator=_check_retry)
     max_delay: float = attrs.field(default=3.0, validator=_check_retry)
+    jitter: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
+    """With ``jitter=False`` the wait is exactly the bound (the Agent's 1, 2, 4 ... s)."""
 
     def backoff_bound(self, attempt: int) -> float:
         """Upper bound of the wait after failed attempt ``attempt`` (1-based)."""
@@ -114,7 +116,7 @@ JobOutcome = Reschedule | _Yield | None
 
 # Column order of every SELECT that builds a JobRow.
 _COLUMNS = (
-    "seq, id, owner, fn, time, payload, max_attempts, base_delay, max_delay, singleflight,"
+    "seq, id, owner, fn, time, payload, max_attempts, base_delay, max_delay, jitter, singleflight,"
     " hung_timeout, exclusive, recovery_loop, created_at, attempts, running_since, crash_strikes"
 )
 
@@ -129,6 +131,7 @@ CREATE TABLE IF NOT EXISTS nj_jobs (
     max_attempts INTEGER NOT NULL,
     base_delay REAL NOT NULL,
     max_delay REAL NOT NULL,
+    jitter INTEGER NOT NULL,
     singleflight INTEGER NOT NULL,
     hung_timeout REAL NOT NULL,
     exclusive INTEGER NOT NULL,
@@ -168,14 +171,14 @@ class JobRow:
 
     @classmethod
     def from_sql(cls, row: tuple[Any, ...]) -> JobRow:
-        (seq, id, owner, fn, time, payload, max_attempts, base_delay, max_delay, singleflight,
-         hung_timeout, exclusive, recovery_loop, created_at, attempts, running_since,
-         crash_strikes) = row
+        (seq, id, owner, fn, time, payload, max_attempts, base_delay, max_delay, jitter,
+         singleflight, hung_timeout, exclusive, recovery_loop, created_at, attempts,
+         running_since, crash_strikes) = row
         retry = (
             DEFAULT_RETRY
-            if (max_attempts, base_delay, max_delay) == (3, 0.1, 3.0)
+            if (max_attempts, base_delay, max_delay, jitter) == (3, 0.1, 3.0, 1)
             else RetryOptions(max_attempts=max_attempts, base_delay=base_delay,
-                              max_delay=max_delay)
+                              max_delay=max_delay, jitter=bool(jitter))
         )
         job = Job(
             id=id, owner=owner, fn=fn, time=time, payload=decode_payload(payload), retry=retry,
@@ -269,17 +272,18 @@ class JobTable:
         retry = job.retry
         self.conn.execute(
             "INSERT INTO nj_jobs (id, owner, fn, time, payload, max_attempts, base_delay,"
-            " max_delay, singleflight, hung_timeout, exclusive, recovery_loop, created_at)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            " max_delay, jitter, singleflight, hung_timeout, exclusive, recovery_loop,"
+            " created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
             " ON CONFLICT (id) DO UPDATE SET fn = excluded.fn, time = excluded.time,"
             " payload = excluded.payload, max_attempts = excluded.max_attempts,"
             " base_delay = excluded.base_delay, max_delay = excluded.max_delay,"
+            " jitter = excluded.jitter,"
             " singleflight = excluded.singleflight, hung_timeout = excluded.hung_timeout,"
             " exclusive = excluded.exclusive, recovery_loop = excluded.recovery_loop,"
             " attempts = 0, running_since = NULL, crash_strikes = 0"
             " WHERE owner = excluded.owner",
             (job.id, job.owner, job.fn, job.time, payload_text, retry.max_attempts,
-             retry.base_delay, retry.max_delay, job.singleflight, job.hung_timeout,
+             retry.base_delay, retry.max_delay, retry.jitter, job.singleflight, job.hung_timeout,
              job.exclusive, job.recovery_loop, job.created_at),
         )
 

@@ -444,7 +444,8 @@ class Lifecycle:
     ) -> None:
         job = ctx.job
         if ctx.attempt < job.retry.max_attempts:
-            delay = RNG.uniform(0.0, job.retry.backoff_bound(ctx.attempt))
+            bound = job.retry.backoff_bound(ctx.attempt)
+            delay = RNG.uniform(0.0, bound) if job.retry.jitter else bound
             logger.warning(
                 "job %r of %s failed (attempt %d of %d): %r; retrying in %.3f s",
                 job.id, self._label(), ctx.attempt, job.retry.max_attempts, error, delay,
