@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from ._clock import jitter as jitter
 from ._clock import now as now
+from ._agent import Agent as Agent
+from ._agent import TaskInfo as TaskInfo
+from ._agent import TaskRecord as TaskRecord
 from ._capability import Capability as Capability
 from ._errors import AlarmOwnedError as AlarmOwnedError
 from ._errors import CapabilityError as CapabilityError
@@ -31,6 +34,11 @@ from ._lifecycle import CapabilityLifecycle as CapabilityLifecycle
 from ._lifecycle import Lifecycle as Lifecycle
 from ._lifecycle import MemoryLimitContext as MemoryLimitContext
 from ._object import AlarmInfo as AlarmInfo
+from ._queue import Queue as Queue
+from ._queue import QueueDeadLetter as QueueDeadLetter
+from ._queue import QueueItem as QueueItem
+from ._scheduler import Schedule as Schedule
+from ._scheduler import Scheduler as Scheduler
 from ._object import DurableObject as DurableObject
 from ._object import ObjectContext as ObjectContext
 from ._runtime import Runtime as Runtime
@@ -40,6 +48,7 @@ from ._runtime import open_runtime as open_runtime
 from ._storage import Storage as Storage
 
 __all__ = [
+    "Agent",
     "AlarmInfo",
     "AlarmOwnedError",
     "Capability",
@@ -62,6 +71,9 @@ __all__ = [
     "ObjectContext",
     "ObjectIdError",
     "ObjectResetError",
+    "Queue",
+    "QueueDeadLetter",
+    "QueueItem",
     "Reschedule",
     "RetryOptions",
     "RpcError",
@@ -69,8 +81,12 @@ __all__ = [
     "RuntimeClosedError",
     "RuntimeLockedError",
     "RuntimeStatistics",
+    "Schedule",
+    "Scheduler",
     "Storage",
     "Stub",
+    "TaskInfo",
+    "TaskRecord",
     "UnknownCallbackError",
     "YIELD",
     "jitter",

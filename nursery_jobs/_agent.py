@@ -1,0 +1,223 @@
+"""Agent: a DurableObject with a Lifecycle, a Queue and a Scheduler that dispatch to
+its own methods by name."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, ClassVar
+
+import attrs
+
+from . import _clock
+from ._errors import UnknownCallbackError
+from ._jobs import JobContext, JobOutcome, RetryOptions
+from ._lifecycle import Lifecycle
+from ._object import DurableObject, ObjectContext
+from ._queue import Queue, QueueItem, call_callback
+from ._scheduler import Schedule, Scheduler, When
+
+logger = logging.getLogger("nursery_jobs")
+
+DESTROY_JOB = "nj:destroy"
+
+
+@attrs.frozen(kw_only=True)
+class TaskRecord:
+    """A queued or scheduled task of an Agent, from ``list_schedules()``."""
+
+    id: str
+    name: str
+    payload: Any
+    due: float
+    every: float | None
+    attempts: int
+    max_retries: int
+    created_at: float
+
+
+@attrs.frozen(kw_only=True)
+class TaskInfo:
+    """Passed to ``on_task``: which task and which delivery (1-based) this is."""
+
+    id: str
+    name: str
+    attempt: int
+
+
+def agent_retry(max_retries: int) -> RetryOptions:
+    """1 s doubling, capped at 5 minutes, ``max_retries`` after the first delivery."""
+    if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
+        raise ValueError(f"max_retries must be an int >= 0, got {max_retries!r}")
+    return RetryOptions(max_attempts=max_retries + 1, base_delay=1.0, max_delay=300.0,
+                        jitter=False)
+
+
+class _Methods(Mapping[str, Callable[[Any, Any], Any]]):
+    """The Agent's methods as a callback mapping for its Queue and Scheduler."""
+
+    __slots__ = ("_agent",)
+
+    def __init__(self, agent: Agent) -> None:
+        self._agent = agent
+
+    def _method(self, name: str) -> Callable[..., Any] | None:
+        if name in _NOT_TASKS:
+            return None
+        fn = getattr(self._agent, name, None)
+        return fn if callable(fn) and hasattr(fn, "__self__") else None
+
+    def __contains__(self, name: object) -> bool:
+        if not isinstance(name, str) or not name:
+            return False
+        return self._method(name) is not None or type(self._agent).on_task is not Agent.on_task
+
+    def __getitem__(self, name: str) -> Callable[[Any, Any], Any]:
+        if name not in self:
+            raise KeyError(name)
+        return lambda payload, item: self._agent._run_task(name, payload, item)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(n for n in dir(type(self._agent)) if self._method(n) is not None))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+class Agent(DurableObject):
+    """A DurableObject with Lifecycle, Queue and Scheduler installed.
+
+    ``await self.queue("method", payload)`` runs ``self.method(payload)`` soon;
+    ``schedule(when, ...)`` and ``every(seconds, ...)`` run it later. A missing
+    method falls back to ``on_task(name, payload, info)``.
+    """
+
+    max_alarm_memory_limit_strikes: ClassVar[int] = 3
+
+    def __init__(self, ctx: ObjectContext) -> None:
+        super().__init__(ctx)
+        methods = _Methods(self)
+        self.lifecycle = Lifecycle.install(
+            self, max_alarm_memory_limit_strikes=self.max_alarm_memory_limit_strikes
+        )
+        self._task_queue = Queue(methods, retry=agent_retry(5), on_error=self._task_failed,
+                                 id="agent:queue")
+        self._task_scheduler = Scheduler(methods, retry=agent_retry(5),
+                                         on_error=self._task_failed, id="agent:scheduler")
+        self.lifecycle.use(self._task_queue, self._task_scheduler)
+
+    # -- scheduling -------------------------------------------------------------------
+    def _check(self, method: str) -> None:
+        if not isinstance(method, str) or method not in self._task_queue.callbacks:
+            raise UnknownCallbackError(
+                f"{type(self).__qualname__} has no method {method!r} and no on_task override"
+                " to handle it"
+            )
+
+    async def queue(
+        self, method: str, payload: Any = None, *, id: str | None = None, max_retries: int = 5
+    ) -> str:
+        """Run ``self.<method>(payload)`` as soon as possible; return the task id."""
+        self._check(method)
+        item = await self._task_queue.push(method, payload, id=id, retry=agent_retry(max_retries))
+        return item.id
+
+    async def schedule(
+        self, when: When, method: str, payload: Any = None, *, id: str | None = None,
+        max_retries: int = 5,
+    ) -> str:
+        """Run ``self.<method>(payload)`` at ``when`` (delay, timedelta, aware datetime
+        or 5-field cron string); return the task id."""
+        self._check(method)
+        schedule = await self._task_scheduler.schedule(
+            when, method, payload, id=id, retry=agent_retry(max_retries)
+        )
+        return schedule.id
+
+    async def every(
+        self, seconds: float, method: str, payload: Any = None, *, id: str | None = None,
+        max_retries: int = 5,
+    ) -> str:
+        """Run ``self.<method>(payload)`` every ``seconds``; return the task id."""
+        self._check(method)
+        schedule = await self._task_scheduler.every(
+            seconds, method, payload, id=id, retry=agent_retry(max_retries)
+        )
+        return schedule.id
+
+    async def cancel_schedule(self, id: str) -> bool:
+        """Cancel a queued or scheduled task; return whether it existed."""
+        if await self._task_scheduler.cancel(id):
+            return True
+        return await self._task_queue.cancel(id)
+
+    def list_schedules(self) -> list[TaskRecord]:
+        """Every queued and scheduled task, by due time."""
+        table = self.lifecycle.table
+        records = []
+        for owner in (self._task_queue.id, self._task_scheduler.id):
+            for row in table.rows(owner):
+                job = row.job
+                envelope = job.payload
+                due = envelope.get("pos", job.time) if owner == self._task_queue.id else job.time
+                records.append(TaskRecord(
+                    id=job.id, name=job.fn, payload=envelope["p"], due=due,
+                    every=envelope.get("i"), attempts=row.attempts,
+                    max_retries=job.retry.max_attempts - 1, created_at=job.created_at,
+                ))
+        records.sort(key=lambda r: r.due)
+        return records
+
+    # -- running tasks ----------------------------------------------------------------
+    async def _run_task(self, name: str, payload: Any, item: QueueItem | Schedule) -> Any:
+        running = self._task_queue.running or self._task_scheduler.running
+        attempt = 1 if running is None else running.attempt
+        fn = None if name in _NOT_TASKS else getattr(self, name, None)
+        if callable(fn):
+            return await call_callback(fn, payload)
+        return await self.on_task(name, payload, TaskInfo(id=item.id, name=name, attempt=attempt))
+
+    async def on_task(self, name: str, payload: Any, info: TaskInfo) -> Any:
+        """Called for a task whose method does not exist. Override to handle it."""
+        raise UnknownCallbackError(f"{type(self).__qualname__} has no method {name!r}")
+
+    async def on_error(self, error: Exception, task: TaskRecord) -> None:
+        """Called when a task's last delivery fails; it is then kept as a dead letter."""
+        logger.error("task %r (%s) of %s/%s failed for good: %r", task.id, task.name,
+                     self.ctx.namespace, self.ctx.id, error)
+
+    async def _task_failed(self, error: Exception, item: QueueItem | Schedule) -> None:
+        interval = item.interval if isinstance(item, Schedule) else None
+        row = self.lifecycle.table.row(item.id)
+        task = TaskRecord(
+            id=item.id, name=item.callback, payload=item.payload,
+            due=item.time if isinstance(item, Schedule) else item.created_at,
+            every=interval, attempts=0 if row is None else row.attempts,
+            max_retries=item.retry.max_attempts - 1, created_at=item.created_at,
+        )
+        await self.on_error(error, task)
+
+    # -- destroy ----------------------------------------------------------------------
+    async def destroy(self) -> None:
+        """Remove this object's storage and alarm, through an exclusive job that runs
+        at once; the object's next activation starts empty. Checkpoints."""
+        await self.lifecycle.jobs.push(DESTROY_JOB, id=DESTROY_JOB, exclusive=True,
+                                       time=_clock.now())
+
+    async def on_job(self, ctx: JobContext) -> JobOutcome:
+        """Host jobs of an Agent: only the deferred destroy. Subclasses that push host
+        jobs of their own override this and call ``super().on_job(ctx)`` for the rest."""
+        if ctx.job.fn == DESTROY_JOB:
+            await self.lifecycle.disable_alarms()
+            self.ctx._host.destroy()
+            return None
+        logger.error("%s/%s: no handler for host job %r", self.ctx.namespace, self.ctx.id,
+                     ctx.job.fn)
+        return None
+
+
+# Methods of Agent itself that are not tasks.
+_NOT_TASKS = frozenset(
+    name for name in dir(Agent) if not name.startswith("__")
+) | {"ctx", "lifecycle"}
+

@@ -1,0 +1,226 @@
+"""The Queue capability: named callbacks run one at a time, FIFO within a priority.
+
+Every item is a job of the capability (no storage of its own). Order is kept through
+the job's due time: ``time = position - priority * PRIORITY_SPAN``, so a higher
+priority sorts first and the push sequence breaks ties. All items are due at once.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+import attrs
+
+from . import _clock
+from ._capability import Capability
+from ._errors import JobError, UnknownCallbackError
+from ._jobs import DEFAULT_RETRY, Job, JobContext, JobOutcome, RetryOptions, check_job_id
+
+logger = logging.getLogger("nursery_jobs")
+
+# Seconds of due time per priority step: far more than any item waits in a queue.
+PRIORITY_SPAN: Final = 1e9
+MAX_PRIORITY: Final = 1000
+
+Callback = Callable[[Any, Any], Any]
+
+
+@attrs.frozen(kw_only=True)
+class QueueItem:
+    """One queued call: ``callbacks[callback](payload, item)``."""
+
+    id: str
+    callback: str
+    payload: Any
+    priority: int
+    created_at: float
+    retry: RetryOptions
+
+
+@attrs.frozen(kw_only=True)
+class QueueDeadLetter:
+    """An item whose retries ran out: the item, the error text, attempts and when."""
+
+    item: QueueItem
+    error: str
+    attempts: int
+    time: float
+
+
+def item_of(job: Job) -> QueueItem:
+    envelope = job.payload
+    return QueueItem(
+        id=job.id, callback=job.fn, payload=envelope["p"], priority=envelope["pr"],
+        created_at=job.created_at, retry=job.retry,
+    )
+
+
+async def call_callback(fn: Callable[..., Any], *args: Any) -> Any:
+    """Call a sync or async callback."""
+    result = fn(*args)
+    if inspect.isawaitable(result):
+        result = await result
+    return result
+
+
+class Queue(Capability):
+    """``Queue(callbacks={name: fn}, retry=None, on_error=None, id="queue")``.
+
+    ``fn(payload, item)`` may be sync or async. ``on_error(error, item)`` is called
+    when an item's last attempt fails; the item is then kept as a dead letter.
+    """
+
+    def __init__(
+        self,
+        callbacks: Mapping[str, Callback],
+        *,
+        retry: RetryOptions | None = None,
+        on_error: Callable[[Exception, QueueItem], Any] | None = None,
+        id: str = "queue",
+    ) -> None:
+        if not isinstance(callbacks, Mapping):
+            raise TypeError(f"Queue callbacks must be a mapping of name -> callable, got {callbacks!r}")
+        for name, fn in callbacks.items():
+            if not isinstance(name, str) or not name or not callable(fn):
+                raise TypeError(f"Queue callback {name!r} must be a non-empty name and a callable")
+        if retry is not None and not isinstance(retry, RetryOptions):
+            raise JobError(f"Queue retry must be RetryOptions, got {retry!r}")
+        if not isinstance(id, str) or not id:
+            raise JobError(f"Queue id must be a non-empty str, got {id!r}")
+        self.id = id  # type: ignore[misc]
+        self.callbacks = callbacks
+        self.retry = retry or DEFAULT_RETRY
+        self.on_error = on_error
+        # The job context of the callback now running, if any.
+        self.running: JobContext | None = None
+
+    # -- the API ------------------------------------------------------------------------
+    async def push(
+        self,
+        callback: str,
+        payload: Any = None,
+        *,
+        id: str | None = None,
+        retry: RetryOptions | None = None,
+        priority: int = 0,
+    ) -> QueueItem:
+        """Queue a call of ``callback``; durable when it returns. Pushing an existing id
+        replaces that item in place, keeping its position (and superseding a run of it
+        in flight). Checkpoints.
+
+        Raises:
+            UnknownCallbackError: ``callback`` is not registered.
+            JobError: a blank id, bad retry options or a bad priority.
+            CodecError: a payload that cannot be stored.
+        """
+        return await self._push(callback, payload, id=id, retry=retry, priority=priority,
+                                keep_position=True)
+
+    async def _push(
+        self, callback: str, payload: Any, *, id: str | None, retry: RetryOptions | None,
+        priority: int, keep_position: bool,
+    ) -> QueueItem:
+        if callback not in self.callbacks:
+            raise UnknownCallbackError(
+                f"unknown queue callback {callback!r}: not registered on Queue {self.id!r}"
+                f" (registered: {sorted(self.callbacks)})"
+            )
+        if retry is not None and not isinstance(retry, RetryOptions):
+            raise JobError(f"queue item retry must be RetryOptions, got {retry!r}")
+        if isinstance(priority, bool) or not isinstance(priority, int) or not (
+            -MAX_PRIORITY <= priority <= MAX_PRIORITY
+        ):
+            raise JobError(
+                f"queue priority must be an int in [-{MAX_PRIORITY}, {MAX_PRIORITY}], got {priority!r}"
+            )
+        jobs = self.lifecycle.jobs
+        existing = None if id is None else jobs.get(check_job_id(id))
+        if keep_position and existing is not None and existing.payload["pr"] == priority:
+            position = existing.payload["pos"]
+        else:
+            position = _clock.now()
+        job = await jobs.push(
+            callback,
+            time=position - priority * PRIORITY_SPAN,
+            payload={"p": payload, "pr": priority, "pos": position},
+            id=id,
+            retry=retry or self.retry,
+        )
+        item = item_of(job)
+        self.lifecycle.emit("queue:create", callback=callback, id=item.id)
+        return item
+
+    def get(self, id: str) -> QueueItem | None:
+        """Return item ``id``, or None. Does not checkpoint."""
+        job = self.lifecycle.jobs.get(id)
+        return None if job is None else item_of(job)
+
+    def list(self, callback: str | None = None) -> list[QueueItem]:
+        """Return the items (of one callback, if given) in run order."""
+        return [
+            item_of(job) for job in self.lifecycle.jobs.list()
+            if callback is None or job.fn == callback
+        ]
+
+    async def cancel(self, id: str) -> bool:
+        """Remove item ``id``; return whether it was queued. Checkpoints."""
+        return await self.lifecycle.jobs.cancel(id)
+
+    async def cancel_all(self, callback: str | None = None) -> int:
+        """Remove every item (of one callback, if given); return how many."""
+        count = 0
+        for item in self.list(callback):
+            count += await self.lifecycle.jobs.cancel(item.id)
+        return count
+
+    def dead_letters(self) -> list[QueueDeadLetter]:
+        """Items whose retries ran out, oldest first."""
+        return [
+            QueueDeadLetter(item=item_of(letter.job), error=letter.error,
+                            attempts=letter.attempts, time=letter.time)
+            for letter in self.lifecycle.dead_letters()
+        ]
+
+    async def requeue(self, id: str) -> QueueItem | None:
+        """Queue dead letter ``id`` again with fresh attempts (at the back of its
+        priority). Returns the item, or None if there is no such dead letter."""
+        job = await self.lifecycle.requeue(id)
+        if job is None:
+            return None
+        return await self._push(job.fn, job.payload["p"], id=job.id, retry=job.retry,
+                                priority=job.payload["pr"], keep_position=False)
+
+    # -- the capability hooks -----------------------------------------------------------
+    async def on_job(self, ctx: JobContext) -> JobOutcome:
+        job = ctx.job
+        item = item_of(job)
+        if ctx.attempt > 1:
+            self.lifecycle.emit("queue:retry", callback=job.fn, id=job.id, attempt=ctx.attempt,
+                                max_attempts=job.retry.max_attempts)
+        fn = self.callbacks.get(job.fn)
+        if fn is None:
+            raise UnknownCallbackError(
+                f"queue callback {job.fn!r} of item {job.id!r} is no longer registered"
+            )
+        self.running = ctx
+        try:
+            await call_callback(fn, item.payload, item)
+        finally:
+            self.running = None
+        return None
+
+    async def on_job_error(self, ctx: JobContext, error: Exception) -> JobOutcome:
+        job = ctx.job
+        item = item_of(job)
+        self.lifecycle.emit("queue:error", callback=job.fn, id=job.id, error=repr(error),
+                            attempts=ctx.attempt)
+        if self.on_error is not None:
+            try:
+                await call_callback(self.on_error, error, item)
+            except Exception:
+                logger.exception("on_error of Queue %r failed for item %r", self.id, job.id)
+        return None  # the Lifecycle keeps it as a dead letter
+

@@ -1,0 +1,272 @@
+"""The Scheduler capability: one-shot, cron and interval schedules, each one job.
+
+Recurring schedules without a caller id get an id derived from their content, so
+calling ``every()`` in ``on_start`` on every activation finds the same row instead of
+piling up new ones. Cron expressions are evaluated in UTC with ``cronsim``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import logging
+import math
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
+
+import attrs
+from cronsim import CronSim, CronSimError
+
+from . import _clock
+from ._capability import Capability
+from ._codec import encode_payload
+from ._errors import JobError, UnknownCallbackError
+from ._jobs import (
+    DEFAULT_RETRY,
+    Job,
+    JobContext,
+    JobOutcome,
+    Reschedule,
+    RetryOptions,
+    check_job_id,
+    new_job_id,
+)
+from ._queue import call_callback
+
+logger = logging.getLogger("nursery_jobs")
+
+Kind = Literal["delayed", "scheduled", "cron", "interval"]
+When = float | int | datetime.timedelta | datetime.datetime | str
+
+
+@attrs.frozen(kw_only=True)
+class Schedule:
+    """A stored schedule: what to call, and when it is next due."""
+
+    id: str
+    callback: str
+    payload: Any
+    kind: Kind
+    time: float
+    cron: str | None
+    interval: float | None
+    created_at: float
+    retry: RetryOptions
+
+
+def schedule_of(job: Job) -> Schedule:
+    envelope = job.payload
+    return Schedule(
+        id=job.id, callback=job.fn, payload=envelope["p"], kind=envelope["k"], time=job.time,
+        cron=envelope.get("c"), interval=envelope.get("i"), created_at=job.created_at,
+        retry=job.retry,
+    )
+
+
+def next_cron_time(expr: str, after: float) -> float:
+    """The first slot of cron ``expr`` strictly after epoch time ``after`` (UTC)."""
+    start = datetime.datetime.fromtimestamp(after, datetime.UTC)
+    return next(CronSim(expr, start)).timestamp()
+
+
+def check_cron(expr: str) -> str:
+    fields = expr.split()
+    if len(fields) != 5:
+        raise JobError(f"cron expression {expr!r} must have 5 fields (minute hour day month weekday)")
+    try:
+        CronSim(" ".join(fields), datetime.datetime(2000, 1, 1, tzinfo=datetime.UTC))
+    except CronSimError as exc:
+        raise JobError(f"invalid cron expression {expr!r}: {exc}") from None
+    return " ".join(fields)
+
+
+class Scheduler(Capability):
+    """``Scheduler(callbacks={name: fn}, retry=None, on_error=None, id="scheduler")``.
+
+    ``fn(payload, schedule)`` may be sync or async.
+    """
+
+    def __init__(
+        self,
+        callbacks: Mapping[str, Callable[[Any, Schedule], Any]],
+        *,
+        retry: RetryOptions | None = None,
+        on_error: Callable[[Exception, Schedule], Any] | None = None,
+        id: str = "scheduler",
+    ) -> None:
+        if not isinstance(callbacks, Mapping):
+            raise TypeError(f"Scheduler callbacks must be a mapping of name -> callable, got {callbacks!r}")
+        if retry is not None and not isinstance(retry, RetryOptions):
+            raise JobError(f"Scheduler retry must be RetryOptions, got {retry!r}")
+        if not isinstance(id, str) or not id:
+            raise JobError(f"Scheduler id must be a non-empty str, got {id!r}")
+        self.id = id  # type: ignore[misc]
+        self.callbacks = callbacks
+        self.retry = retry or DEFAULT_RETRY
+        self.on_error = on_error
+        # The job context of the callback now running, if any.
+        self.running: JobContext | None = None
+
+    # -- the API ------------------------------------------------------------------------
+    async def schedule(
+        self,
+        when: When,
+        callback: str,
+        payload: Any = None,
+        *,
+        id: str | None = None,
+        retry: RetryOptions | None = None,
+        idempotent: bool | None = None,
+    ) -> Schedule:
+        """Schedule ``callback`` at ``when``: a delay in seconds, a ``timedelta``, an
+        aware ``datetime``, or a 5-field cron string (UTC). Checkpoints.
+
+        With ``id`` it is an upsert. Without one, a cron schedule is idempotent by
+        content (``idempotent=False`` opts out); a one-shot dedupes only with
+        ``idempotent=True``. A dedupe hit returns the stored schedule and re-arms.
+        """
+        now = _clock.now()
+        cron: str | None = None
+        kind: Kind
+        if isinstance(when, str):
+            cron = check_cron(when)
+            kind, time = "cron", next_cron_time(cron, now)
+        elif isinstance(when, datetime.datetime):
+            try:
+                time = _clock.coerce_time(when, name="schedule when")
+            except (TypeError, ValueError) as exc:
+                raise JobError(str(exc)) from None
+            kind = "scheduled"
+        else:
+            try:
+                time = now + _clock.coerce_delay(when, name="schedule when")
+            except (TypeError, ValueError) as exc:
+                raise JobError(str(exc)) from None
+            kind = "delayed"
+        recurring = kind == "cron"
+        dedupe = recurring if idempotent is None else bool(idempotent)
+        return await self._upsert(kind, time, callback, payload, id=id, retry=retry,
+                                  dedupe=dedupe, cron=cron, interval=None)
+
+    async def every(
+        self,
+        seconds: float | datetime.timedelta,
+        callback: str,
+        payload: Any = None,
+        *,
+        id: str | None = None,
+        retry: RetryOptions | None = None,
+        idempotent: bool | None = None,
+    ) -> Schedule:
+        """Run ``callback`` every ``seconds`` (> 0), first at now + seconds. The next
+        run counts from the start of the run that fired (no drift); runs missed while
+        the process was down coalesce into one. Idempotent by content unless
+        ``idempotent=False``. Checkpoints."""
+        if isinstance(seconds, datetime.timedelta):
+            seconds = seconds.total_seconds()
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not (
+            math.isfinite(seconds) and seconds > 0
+        ):
+            raise JobError(f"every(): seconds must be a finite number > 0, got {seconds!r}")
+        interval = float(seconds)
+        dedupe = True if idempotent is None else bool(idempotent)
+        return await self._upsert("interval", _clock.now() + interval, callback, payload, id=id,
+                                  retry=retry, dedupe=dedupe, cron=None, interval=interval)
+
+    async def _upsert(
+        self, kind: Kind, time: float, callback: str, payload: Any, *, id: str | None,
+        retry: RetryOptions | None, dedupe: bool, cron: str | None, interval: float | None,
+    ) -> Schedule:
+        if callback not in self.callbacks:
+            raise UnknownCallbackError(
+                f"unknown schedule callback {callback!r}: not registered on Scheduler"
+                f" {self.id!r} (registered: {sorted(self.callbacks)})"
+            )
+        if retry is not None and not isinstance(retry, RetryOptions):
+            raise JobError(f"schedule retry must be RetryOptions, got {retry!r}")
+        envelope: dict[str, Any] = {"p": payload, "k": kind}
+        if cron is not None:
+            envelope["c"] = cron
+        if interval is not None:
+            envelope["i"] = interval
+        jobs = self.lifecycle.jobs
+        if id is not None:
+            job_id = check_job_id(id)
+        elif dedupe:
+            # The content (not the time) names the schedule: a second identical call
+            # finds the first row. encode_payload also refuses a bad payload here.
+            content = encode_payload([kind, callback, cron, interval, payload]) or ""
+            job_id = "sched:" + hashlib.sha256(content.encode()).hexdigest()[:32]
+            existing = jobs.get(job_id)
+            if existing is not None:
+                await jobs.rearm()  # a dedupe hit still re-arms the alarm
+                return schedule_of(existing)
+        else:
+            job_id = "sched:" + new_job_id()
+        job = await jobs.push(
+            callback, time=time, payload=envelope, id=job_id, retry=retry or self.retry,
+            singleflight=kind == "interval",
+        )
+        schedule = schedule_of(job)
+        self.lifecycle.emit("schedule:create", callback=callback, id=schedule.id)
+        return schedule
+
+    def get(self, id: str) -> Schedule | None:
+        """Return schedule ``id``, or None. Does not checkpoint."""
+        job = self.lifecycle.jobs.get(id)
+        return None if job is None else schedule_of(job)
+
+    def list(self) -> list[Schedule]:
+        """Return every schedule, by next due time."""
+        return [schedule_of(job) for job in self.lifecycle.jobs.list()]
+
+    async def cancel(self, id: str) -> bool:
+        """Delete schedule ``id``; return whether it existed. Checkpoints."""
+        job = self.lifecycle.jobs.get(id)
+        cancelled = await self.lifecycle.jobs.cancel(id)
+        if cancelled and job is not None:
+            self.lifecycle.emit("schedule:cancel", callback=job.fn, id=id)
+        return cancelled
+
+    # -- the capability hooks -----------------------------------------------------------
+    def _next(self, schedule: Schedule, started: float) -> JobOutcome:
+        if schedule.kind == "interval":
+            assert schedule.interval is not None
+            return Reschedule(started + schedule.interval)
+        if schedule.kind == "cron":
+            assert schedule.cron is not None
+            return Reschedule(next_cron_time(schedule.cron, _clock.now()))
+        return None
+
+    async def on_job(self, ctx: JobContext) -> JobOutcome:
+        started = _clock.now()
+        schedule = schedule_of(ctx.job)
+        if ctx.attempt == 1:
+            self.lifecycle.emit("schedule:execute", callback=schedule.callback, id=schedule.id)
+        else:
+            self.lifecycle.emit("schedule:retry", callback=schedule.callback, id=schedule.id,
+                                attempt=ctx.attempt, max_attempts=schedule.retry.max_attempts)
+        fn = self.callbacks.get(schedule.callback)
+        if fn is None:
+            raise UnknownCallbackError(
+                f"schedule callback {schedule.callback!r} of {schedule.id!r} is no longer"
+                " registered"
+            )
+        self.running = ctx
+        try:
+            await call_callback(fn, schedule.payload, schedule)
+        finally:
+            self.running = None
+        return self._next(schedule, started)
+
+    async def on_job_error(self, ctx: JobContext, error: Exception) -> JobOutcome:
+        schedule = schedule_of(ctx.job)
+        self.lifecycle.emit("schedule:error", callback=schedule.callback, id=schedule.id,
+                            error=repr(error), attempts=ctx.attempt)
+        if self.on_error is not None:
+            try:
+                await call_callback(self.on_error, error, schedule)
+            except Exception:
+                logger.exception("on_error of Scheduler %r failed for %r", self.id, schedule.id)
+        # A recurring schedule goes on; a one-shot becomes a dead letter.
+        return self._next(schedule, _clock.now())
