@@ -1,7 +1,5 @@
 """nursery_jobs: durable objects with one alarm and a durable job queue each, for Trio."""
 
-from __future__ import annotations
-
 from ._clock import jitter as jitter
 from ._clock import now as now
 from ._agent import Agent as Agent
@@ -91,4 +89,5 @@ __all__ = [
     "YIELD",
     "jitter",
     "now",
+    "open_runtime",
 ]

@@ -157,6 +157,9 @@ class ObjectHost:
                         nursery.cancel_scope.cancel(reason="on_start failed")
                     else:
                         self.state = "ready"
+                        # Start the idle clock now: an activation whose call never
+                        # runs (RpcError) would otherwise stay resident forever.
+                        self._idle_scope.deadline = trio.current_time() + rt.idle_timeout
                         self.ready.set()
                         task_status.started()
                         await self._wait_until_idle()
@@ -632,5 +635,15 @@ async def open_runtime(
 
 
 def _only(group: BaseExceptionGroup[BaseException], error: BaseException) -> bool:
-    rest = group.subgroup(lambda e: e is not error and not isinstance(e, trio.Cancelled))
-    return rest is None
+    """Whether ``group`` holds nothing but ``error`` and Cancelled, at any depth.
+
+    (Not ``group.subgroup(pred)``: it tests ``pred`` on the group itself first, and
+    the group is never ``error``, so it always came back whole.)
+    """
+    for exc in group.exceptions:
+        if exc is error or isinstance(exc, trio.Cancelled):
+            continue
+        if isinstance(exc, BaseExceptionGroup) and _only(exc, error):
+            continue
+        return False
+    return True

@@ -1,0 +1,99 @@
+"""Pins the public surface of ``nursery_jobs``: adding or removing a name is a decision."""
+
+from __future__ import annotations
+import __future__
+
+import types
+
+import nursery_jobs as nj
+
+EXPECTED = [
+    "Agent",
+    "AlarmInfo",
+    "AlarmOwnedError",
+    "Capability",
+    "CapabilityError",
+    "CapabilityLifecycle",
+    "CodecError",
+    "DeadLetter",
+    "DurableObject",
+    "Event",
+    "EventBus",
+    "Job",
+    "JobContext",
+    "JobError",
+    "JobOutcome",
+    "JobOwnershipError",
+    "Jobs",
+    "Lifecycle",
+    "MemoryLimitContext",
+    "NurseryJobsError",
+    "ObjectContext",
+    "ObjectIdError",
+    "ObjectResetError",
+    "Queue",
+    "QueueDeadLetter",
+    "QueueItem",
+    "Reschedule",
+    "RetryOptions",
+    "RpcError",
+    "Runtime",
+    "RuntimeClosedError",
+    "RuntimeLockedError",
+    "RuntimeStatistics",
+    "Schedule",
+    "Scheduler",
+    "Storage",
+    "Stub",
+    "TaskInfo",
+    "TaskRecord",
+    "UnknownCallbackError",
+    "YIELD",
+    "jitter",
+    "now",
+    "open_runtime",
+]
+
+
+def public_names() -> set[str]:
+    """Names a user sees on the package: not private, not a submodule, and not the
+    ``annotations`` feature that ``from __future__ import annotations`` leaves behind."""
+    return {
+        name
+        for name, value in vars(nj).items()
+        if not name.startswith("_")
+        and not isinstance(value, types.ModuleType)
+        and value is not __future__.annotations
+    }
+
+
+def test_all_is_sorted() -> None:
+    assert nj.__all__ == sorted(nj.__all__)
+    assert len(set(nj.__all__)) == len(nj.__all__)
+
+
+def test_all_is_the_pinned_list() -> None:
+    assert nj.__all__ == EXPECTED
+
+
+def test_all_matches_what_is_exported() -> None:
+    assert set(nj.__all__) == public_names()
+    for name in nj.__all__:
+        assert getattr(nj, name) is not None
+
+
+def test_public_classes_and_functions_come_from_private_modules() -> None:
+    checked = 0
+    for name in nj.__all__:
+        value = getattr(nj, name)
+        if isinstance(value, (type, types.FunctionType)):
+            assert value.__module__.startswith("nursery_jobs._"), (name, value.__module__)
+            checked += 1
+    assert checked > 20
+
+
+def test_errors_share_one_root() -> None:
+    errors = [getattr(nj, n) for n in nj.__all__ if n.endswith("Error")]
+    assert errors
+    for error in errors:
+        assert issubclass(error, nj.NurseryJobsError), error
