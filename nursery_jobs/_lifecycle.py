@@ -349,6 +349,12 @@ class Lifecycle:
             on_alarm = getattr(self.host, "on_alarm", None)
             if on_alarm is not None:
                 await on_alarm()
+        except trio.Cancelled:
+            if self.ctx._host.reset_reason is None:
+                # A graceful shutdown is no failure: what was due stays due, so the
+                # object wakes as soon as a runtime opens the path again.
+                self._rearm_now()
+            raise
         except Exception:
             if self.table.next_alarm_time(_clock.now()) is None:
                 logger.exception("alarm run of %s failed; no jobs remain", self._label())

@@ -37,6 +37,8 @@ class DurableObject:
     """
 
     namespace: ClassVar[str] = "nursery_jobs.DurableObject"
+    # Hooks the runtime calls that a stub must not (names with "_" are refused anyway).
+    _rpc_hidden: ClassVar[frozenset[str]] = frozenset({"on_start", "alarm"})
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -23,7 +23,7 @@ import attrs
 import trio
 
 from . import _clock
-from ._catalog import Catalog, check_object_id, connect
+from ._catalog import Catalog, check_object_id, connect, object_file_name
 from ._errors import ObjectResetError, RpcError, RuntimeClosedError, RuntimeLockedError
 from ._events import EventBus
 from ._object import (
@@ -82,6 +82,7 @@ class ObjectHost:
 
     __slots__ = (
         "_busy",
+        "_destroy",
         "_idle_scope",
         "_work_scopes",
         "alarm_retry",
@@ -97,6 +98,7 @@ class ObjectHost:
         "namespace",
         "object_id",
         "ready",
+        "reset_reason",
         "runtime",
         "scope",
         "state",
@@ -121,6 +123,8 @@ class ObjectHost:
         self._idle_scope = trio.CancelScope()
         self._work_scopes: set[trio.CancelScope] = set()
         self._busy = 0
+        self._destroy = False
+        self.reset_reason: str | None = None
         self.alarm_time: float | None = None
         self.alarm_retry = 0
         self.alarm_version = 0
@@ -194,6 +198,8 @@ class ObjectHost:
         if self.conn is not None:
             rt._close_object_db(self.key, self.conn)
             self.conn = None
+        if self._destroy:
+            rt._destroy_object(self)
         self.instance = None
         self.closed.set()
 
@@ -213,14 +219,25 @@ class ObjectHost:
             self._work_scopes.discard(scope)
             self._busy -= 1
             if self._busy == 0:
-                self._idle_scope.deadline = trio.current_time() + self.runtime.idle_timeout
+                if self._destroy:
+                    self._idle_scope.cancel(reason="destroyed")
+                else:
+                    self._idle_scope.deadline = trio.current_time() + self.runtime.idle_timeout
 
     def evict(self, reason: str = "evicted") -> None:
         """Ask an idle object to leave memory."""
         self._idle_scope.cancel(reason=reason)
 
+    def destroy(self) -> None:
+        """Delete the object's database, registry row and alarm as soon as its current
+        work ends; its next activation starts empty. Does not checkpoint."""
+        self._destroy = True
+        if self._busy == 0:
+            self._idle_scope.cancel(reason="destroyed")
+
     def reset(self, reason: str) -> None:
         """Cancel everything the object is doing and drop it from memory."""
+        self.reset_reason = reason
         for scope in list(self._work_scopes):
             scope.cancel(reason=reason)
         self.scope.cancel(reason=reason)
@@ -237,7 +254,7 @@ class ObjectHost:
         label = f"{self.namespace}/{self.object_id}.{name}"
         if name.startswith("_"):
             raise RpcError(f"{label}: names starting with '_' cannot be called through a stub")
-        if name in _HIDDEN_METHODS:
+        if name in self.cls._rpc_hidden:
             raise RpcError(f"{label}: {name}() is a runtime hook, not callable through a stub")
         fn = getattr(self.instance, name, None)
         if not inspect.ismethod(fn):
@@ -275,23 +292,35 @@ class ObjectHost:
             self.runtime._alarm_lowered(time)
 
     async def run_alarm(self) -> None:
-        assert self.ctx is not None and self.instance is not None
-        retry = self.alarm_retry
-        handler = self.ctx._alarm_handler or self.instance.alarm
-        version = self.alarm_version
-        failure: Exception | None = None
-        with self.working() as scope:
-            try:
-                await handler(AlarmInfo(retry_count=retry, is_retry=retry > 0))
-            except Exception as exc:
-                failure = exc
-        if scope.cancelled_caught:
-            return  # reset: whoever reset the object decides what happens to its alarm
-        if failure is None:
-            if self.alarm_version == version:
-                self.write_alarm(None, 0)
-            return
-        self.alarm_failed(failure, retry, self.ctx._alarm_retry_delay)
+        """Run the alarm handler as a task of the object's own nursery and wait for it:
+        a shutdown then cancels it before the object's database closes, so its cleanup
+        still has the database."""
+        assert self.ctx is not None
+        done = trio.Event()
+        self.ctx.nursery.start_soon(self._alarm_task, done)
+        await done.wait()
+
+    async def _alarm_task(self, done: trio.Event) -> None:
+        try:
+            assert self.ctx is not None and self.instance is not None
+            retry = self.alarm_retry
+            handler = self.ctx._alarm_handler or self.instance.alarm
+            version = self.alarm_version
+            failure: Exception | None = None
+            with self.working() as scope:
+                try:
+                    await handler(AlarmInfo(retry_count=retry, is_retry=retry > 0))
+                except Exception as exc:
+                    failure = exc
+            if scope.cancelled_caught:
+                return  # reset: whoever reset the object decides what happens to its alarm
+            if failure is None:
+                if self.alarm_version == version:
+                    self.write_alarm(None, 0)
+                return
+            self.alarm_failed(failure, retry, self.ctx._alarm_retry_delay)
+        finally:
+            done.set()
 
     def alarm_failed(
         self, failure: BaseException, retry: int, retry_delay: Any = durable_object_retry_delay
@@ -317,10 +346,6 @@ class ObjectHost:
             error=repr(failure),
         )
         self.write_alarm(_clock.now() + delay, retry + 1)
-
-
-# Runtime hooks that a stub must not call, on every object.
-_HIDDEN_METHODS = frozenset({"on_start", "alarm"})
 
 
 class Stub:
@@ -433,6 +458,19 @@ class Runtime:
             return conn
         return connect(str(self.path / "objects" / file), synchronous=self._synchronous)
 
+    def _destroy_object(self, host: ObjectHost) -> None:
+        self.catalog.forget(host.namespace, host.object_id)
+        if self.path is None:
+            conn = self._memory_dbs.pop(host.key, None)
+            if conn is not None:
+                conn.close()
+        else:
+            file = self.path / "objects" / object_file_name(host.namespace, host.object_id)
+            for suffix in ("", "-wal", "-shm"):
+                with suppress(FileNotFoundError):
+                    os.unlink(f"{file}{suffix}")
+        self.events.emit("object:destroyed", host.namespace, host.object_id)
+
     def _close_object_db(self, key: Key, conn: sqlite3.Connection) -> None:
         if conn.in_transaction:
             conn.execute("ROLLBACK")  # never leave a half-written transaction behind
@@ -486,6 +524,11 @@ class Runtime:
             if host.state == "ready" and not host.busy:
                 host.evict("evicted: max_active")
                 excess -= 1
+
+    @property
+    def closing(self) -> bool:
+        """Whether the runtime is shutting down (or has shut down)."""
+        return self._closing
 
     def statistics(self) -> RuntimeStatistics:
         """Return a snapshot of the runtime's state. Does not checkpoint."""
@@ -541,8 +584,11 @@ class Runtime:
                     return
                 try:
                     host = await self._activate(cls, namespace, object_id)
+                except RuntimeClosedError:
+                    return  # shutting down: the alarm stays as it is for the next run
                 except Exception as exc:
-                    self._activation_failed(key, cls, exc)
+                    if not self._closing:
+                        self._activation_failed(key, cls, exc)
                     return
                 await host.run_alarm()
         finally:
