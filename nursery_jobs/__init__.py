@@ -1,11 +1,11 @@
 """nursery_jobs: durable objects with one alarm and a durable job queue each, for Trio."""
 
-from ._clock import jitter as jitter
-from ._clock import now as now
 from ._agent import Agent as Agent
 from ._agent import TaskInfo as TaskInfo
 from ._agent import TaskRecord as TaskRecord
 from ._capability import Capability as Capability
+from ._clock import jitter as jitter
+from ._clock import now as now
 from ._errors import AlarmOwnedError as AlarmOwnedError
 from ._errors import CapabilityError as CapabilityError
 from ._errors import CodecError as CodecError
@@ -32,17 +32,17 @@ from ._lifecycle import CapabilityLifecycle as CapabilityLifecycle
 from ._lifecycle import Lifecycle as Lifecycle
 from ._lifecycle import MemoryLimitContext as MemoryLimitContext
 from ._object import AlarmInfo as AlarmInfo
+from ._object import DurableObject as DurableObject
+from ._object import ObjectContext as ObjectContext
 from ._queue import Queue as Queue
 from ._queue import QueueDeadLetter as QueueDeadLetter
 from ._queue import QueueItem as QueueItem
-from ._scheduler import Schedule as Schedule
-from ._scheduler import Scheduler as Scheduler
-from ._object import DurableObject as DurableObject
-from ._object import ObjectContext as ObjectContext
 from ._runtime import Runtime as Runtime
 from ._runtime import RuntimeStatistics as RuntimeStatistics
 from ._runtime import Stub as Stub
 from ._runtime import open_runtime as open_runtime
+from ._scheduler import Schedule as Schedule
+from ._scheduler import Scheduler as Scheduler
 from ._storage import Storage as Storage
 
 __all__ = [

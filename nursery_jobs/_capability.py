@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:
     from ._jobs import JobContext, JobOutcome
-    from ._lifecycle import CapabilityLifecycle, MemoryLimitContext
+    from ._lifecycle import CapabilityLifecycle
     from ._object import DurableObject
 
 

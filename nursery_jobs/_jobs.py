@@ -94,12 +94,16 @@ class DeadLetter:
     time: float
 
 
+def _reschedule_time(value: float | datetime.datetime) -> float:
+    return _clock.coerce_time(value, name="Reschedule.time")
+
+
 @attrs.frozen
 class Reschedule:
     """Outcome: keep the job and run it again at ``time`` (epoch seconds or aware
     datetime)."""
 
-    time: float = attrs.field(converter=lambda t: _clock.coerce_time(t, name="Reschedule.time"))
+    time: float = attrs.field(converter=_reschedule_time)
 
 
 class _Yield(enum.Enum):

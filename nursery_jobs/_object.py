@@ -109,7 +109,7 @@ def durable_object_retry_delay(retry_count: int) -> float | None:
     """Durable Objects' alarm retry: 2 s doubling, up to 6 retries, then give up."""
     if retry_count >= 6:
         return None
-    return 2.0 * 2**retry_count
+    return 2.0 * 2.0**retry_count
 
 
 def resolve_namespace(namespace: str, class_path: str | None) -> type[DurableObject] | None:

@@ -88,8 +88,8 @@ class ObjectHost:
         "alarm_retry",
         "alarm_time",
         "alarm_version",
-        "cls",
         "closed",
+        "cls",
         "conn",
         "ctx",
         "error",
@@ -492,7 +492,9 @@ class Runtime:
         key = (namespace, object_id)
         while True:
             if self._closing or self._nursery is None:
-                raise RuntimeClosedError(f"the runtime is closed; cannot reach {namespace}/{object_id}")
+                raise RuntimeClosedError(
+                    f"the runtime is closed; cannot reach {namespace}/{object_id}"
+                )
             host = self._hosts.get(key)
             if host is None:
                 host = ObjectHost(self, cls, namespace, object_id)
@@ -645,7 +647,9 @@ async def open_runtime(
     if not isinstance(idle_timeout, (int, float)) or isinstance(idle_timeout, bool) or not (
         idle_timeout > 0 and math.isfinite(idle_timeout)
     ):
-        raise ValueError(f"idle_timeout must be a finite number of seconds > 0, got {idle_timeout!r}")
+        raise ValueError(
+            f"idle_timeout must be a finite number of seconds > 0, got {idle_timeout!r}"
+        )
     if max_active is not None and (
         not isinstance(max_active, int) or isinstance(max_active, bool) or max_active < 1
     ):
