@@ -71,10 +71,11 @@ async def run_size(path: str, n: int) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sizes", default="1000,10000,100000")
+    parser.add_argument("--dir", default=None, help="where to put the data (default: tmp)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         for n in (int(x) for x in args.sizes.split(",")):
             rows.append(trio.run(run_size, os.path.join(tmp, str(n)), n))
     if args.json:

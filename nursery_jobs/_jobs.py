@@ -143,7 +143,8 @@ CREATE TABLE IF NOT EXISTS nj_jobs (
     created_at REAL NOT NULL,
     attempts INTEGER NOT NULL DEFAULT 0,
     running_since REAL,
-    crash_strikes INTEGER NOT NULL DEFAULT 0
+    crash_strikes INTEGER NOT NULL DEFAULT 0,
+    last_crash REAL
 );
 CREATE INDEX IF NOT EXISTS nj_jobs_due ON nj_jobs (time);
 CREATE INDEX IF NOT EXISTS nj_jobs_exclusive ON nj_jobs (time) WHERE exclusive = 1;
@@ -224,19 +225,24 @@ class JobTable:
             )
         return [JobRow.from_sql(r) for r in cursor]
 
-    def next_due(self, now: float, after: tuple[float, int]) -> JobRow | None:
-        """The first job due at ``now`` that comes after ``after`` = (time, seq)."""
-        row = self.conn.execute(
+    def next_due(self, now: float, after: tuple[float, int], limit: int = 1) -> list[JobRow]:
+        """The first ``limit`` jobs due at ``now`` that come after ``after`` = (time, seq)."""
+        cursor = self.conn.execute(
             f"SELECT {_COLUMNS} FROM nj_jobs WHERE time <= ? AND (time, seq) > (?, ?)"
-            " ORDER BY time, seq LIMIT 1",
-            (now, after[0], after[1]),
-        ).fetchone()
-        return None if row is None else JobRow.from_sql(row)
+            " ORDER BY time, seq LIMIT ?",
+            (now, after[0], after[1], limit),
+        )
+        return [JobRow.from_sql(row) for row in cursor]
 
     def due_counts(self, now: float) -> list[tuple[str, int]]:
         return self.conn.execute(
             "SELECT owner, COUNT(*) FROM nj_jobs WHERE time <= ? GROUP BY owner", (now,)
         ).fetchall()
+
+    def has_due(self, now: float) -> bool:
+        return self.conn.execute(
+            "SELECT 1 FROM nj_jobs WHERE time <= ? LIMIT 1", (now,)
+        ).fetchone() is not None
 
     def running(self) -> list[JobRow]:
         cursor = self.conn.execute(
@@ -304,56 +310,42 @@ class JobTable:
         )
         return cursor.rowcount > 0
 
-    def mark_running(self, job_id: str, started: float) -> None:
-        """Record, before the work runs, that an attempt of the job has started."""
+    # Outcomes of clean runs are staged in memory and applied in groups (see
+    # ``Lifecycle._stage``): a death re-runs at most one group of completed jobs.
+    def apply_completions(
+        self, finished: list[tuple[str]], later: list[tuple[float, bool, str]],
+        clean: list[tuple[str]],
+    ) -> None:
+        """Apply staged outcomes: delete finished jobs; re-time kept ones with attempts
+        and strikes cleared (keeping the running marker where tracked work goes on);
+        clear the attempts of jobs whose clean run was superseded."""
+        conn = self.conn
+        if finished:
+            conn.executemany("DELETE FROM nj_jobs WHERE id = ?", finished)
+        if later:
+            conn.executemany(
+                "UPDATE nj_jobs SET time = ?, attempts = 0, crash_strikes = 0,"
+                " running_since = CASE WHEN ? THEN running_since END WHERE id = ?",
+                later,
+            )
+        if clean:
+            conn.executemany(
+                "UPDATE nj_jobs SET attempts = 0, crash_strikes = 0 WHERE id = ?"
+                " AND (attempts != 0 OR crash_strikes != 0)",
+                clean,
+            )
+
+    def retry_later(self, job_id: str, time: float, attempts: int) -> None:
+        """A failed attempt with attempts left: re-time it and record the attempt."""
         self.conn.execute(
-            "UPDATE nj_jobs SET attempts = attempts + 1, running_since = ? WHERE id = ?",
-            (started, job_id),
+            "UPDATE nj_jobs SET time = ?, attempts = ?, running_since = NULL WHERE id = ?",
+            (time, attempts, job_id),
         )
 
-    # The ``running_since = ?`` guard makes a same-id push, reschedule or cancel made
-    # while the job ran win over the run's outcome.
-    def finish(self, job_id: str, started: float) -> None:
-        cursor = self.conn.execute(
-            "DELETE FROM nj_jobs WHERE id = ? AND running_since = ?", (job_id, started)
-        )
-        if cursor.rowcount == 0:
-            self._clean_run_overridden(job_id)
-
-    def finish_later(self, job_id: str, started: float, time: float, *, keep_marker: bool) -> None:
-        """A clean run that keeps the job: re-time it, clear attempts and strikes."""
-        cursor = self.conn.execute(
-            "UPDATE nj_jobs SET time = ?, attempts = 0, crash_strikes = 0,"
-            " running_since = CASE WHEN ? THEN running_since END"
-            " WHERE id = ? AND running_since = ?",
-            (time, keep_marker, job_id, started),
-        )
-        if cursor.rowcount == 0:
-            self._clean_run_overridden(job_id)
-
-    def _clean_run_overridden(self, job_id: str) -> None:
-        # A same-id reschedule made while the job ran wins over the outcome, but the run
-        # was clean: its attempt must not count against the next run (a push already
-        # reset the count; a cancel left no row).
+    def set_marker(self, job_id: str, started: float) -> None:
+        """Record that work of the job (tracked alarm work) is in progress."""
         self.conn.execute(
-            "UPDATE nj_jobs SET attempts = 0, crash_strikes = 0"
-            " WHERE id = ? AND running_since IS NULL AND (attempts != 0 OR crash_strikes != 0)",
-            (job_id,),
-        )
-
-    def retry_later(self, job_id: str, started: float, time: float) -> None:
-        """A failed attempt with attempts left: re-time it; the attempt stays counted."""
-        self.conn.execute(
-            "UPDATE nj_jobs SET time = ?, running_since = NULL WHERE id = ? AND running_since = ?",
-            (time, job_id, started),
-        )
-
-    def give_back(self, job_id: str, started: float) -> None:
-        """A platform failure (shutdown, reset) ended the run: un-count the attempt."""
-        self.conn.execute(
-            "UPDATE nj_jobs SET attempts = MAX(attempts - 1, 0), running_since = NULL"
-            " WHERE id = ? AND running_since = ?",
-            (job_id, started),
+            "UPDATE nj_jobs SET running_since = ? WHERE id = ?", (started, job_id)
         )
 
     def clear_marker(self, job_id: str, started: float) -> bool:
@@ -363,13 +355,15 @@ class JobTable:
         )
         return cursor.rowcount > 0
 
-    def strike(self, job_id: str, time: float) -> None:
-        """A process died while the job ran: count a crash strike, give back the attempt."""
-        self.conn.execute(
-            "UPDATE nj_jobs SET crash_strikes = crash_strikes + 1, time = ?,"
-            " attempts = MAX(attempts - 1, 0), running_since = NULL WHERE id = ?",
-            (time, job_id),
+    def strike(self, job_id: str, started: float, time: float) -> bool:
+        """A process died while the job (started at ``started``) ran: count a crash
+        strike and re-time it. Idempotent per death (``last_crash``)."""
+        cursor = self.conn.execute(
+            "UPDATE nj_jobs SET crash_strikes = crash_strikes + 1, time = ?, last_crash = ?,"
+            " running_since = NULL WHERE id = ? AND last_crash IS NOT ?",
+            (time, started, job_id, started),
         )
+        return cursor.rowcount > 0
 
     # -- dead letters ---------------------------------------------------------------
     def bury(self, row: JobRow, error: str, reason: str, now: float, *, attempts: int) -> None:
@@ -554,11 +548,13 @@ class Jobs:
 
     def get(self, id: str) -> Job | None:
         """Return this owner's job ``id``, or None. Does not checkpoint."""
+        self._lifecycle._flush()
         row = self._lifecycle.table.row(check_job_id(id))
         return None if row is None or row.job.owner != self.owner else row.job
 
     def list(self) -> list[Job]:
         """Return this owner's jobs by due time (then push order)."""
+        self._lifecycle._flush()
         return [row.job for row in self._lifecycle.table.rows(self.owner)]
 
     async def rearm(self) -> None:

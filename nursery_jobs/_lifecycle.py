@@ -9,10 +9,12 @@ never mistaken for a job that never ran.
 from __future__ import annotations
 
 import contextvars
+import json
 import logging
 import math
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, Final
 
 import attrs
@@ -51,6 +53,11 @@ FALLBACK_ALARM: Final = 30.0
 BACKLOG_WARNING: Final = 10
 # Jobs dispatched between forced checkpoints, so one busy object cannot starve others.
 _CHECKPOINT_EVERY: Final = 32
+# Due rows read per query in an alarm run (re-read whenever a mutation intervenes).
+_DUE_BATCH: Final = 64
+# Completed jobs whose outcome may wait for one commit: a process death re-runs at most
+# this many completed jobs per object (at-least-once). 1 commits every completion.
+DEFAULT_COMPLETION_GROUP: Final = 64
 # Full-jitter backoff draws from this; tests may seed or patch it.
 RNG: Final = random.Random()
 
@@ -92,7 +99,13 @@ class Lifecycle:
     """The job queue of one object. Create it with ``Lifecycle.install(self)`` in the
     object's ``__init__``; it then owns the object's alarm."""
 
-    def __init__(self, host: DurableObject, *, max_alarm_memory_limit_strikes: int = 3) -> None:
+    def __init__(
+        self,
+        host: DurableObject,
+        *,
+        max_alarm_memory_limit_strikes: int = 3,
+        completion_group: int = DEFAULT_COMPLETION_GROUP,
+    ) -> None:
         if not isinstance(host, DurableObject):
             raise TypeError(f"Lifecycle.install() needs a DurableObject, got {host!r}")
         if (
@@ -104,8 +117,13 @@ class Lifecycle:
                 "max_alarm_memory_limit_strikes must be an int >= 1, got "
                 f"{max_alarm_memory_limit_strikes!r}"
             )
+        if isinstance(completion_group, bool) or not isinstance(completion_group, int) or (
+            completion_group < 1
+        ):
+            raise ValueError(f"completion_group must be an int >= 1, got {completion_group!r}")
         ctx = host.ctx
         self.host = host
+        self.completion_group = completion_group
         self.ctx = ctx
         self.max_alarm_memory_limit_strikes = max_alarm_memory_limit_strikes
         self.table = JobTable(ctx.storage.conn)
@@ -121,11 +139,30 @@ class Lifecycle:
         self._watch_scope: trio.CancelScope | None = None
         self._watch_row: Job | None = None
         self._watch_deadline = math.inf
+        # Outcomes of clean runs not yet committed (see _stage), and what runs now.
+        self._finished: list[tuple[str]] = []
+        self._later: list[tuple[float, bool, str]] = []
+        self._clean: list[tuple[str]] = []
+        self._running_id: str | None = None
+        self._superseded = False
+        # Bumped by every mutation through the API: an alarm run re-reads due rows then.
+        self._version = 0
 
     @classmethod
-    def install(cls, host: DurableObject, max_alarm_memory_limit_strikes: int = 3) -> Lifecycle:
-        """Create the Lifecycle of ``host`` and hand it the object's alarm."""
-        return cls(host, max_alarm_memory_limit_strikes=max_alarm_memory_limit_strikes)
+    def install(
+        cls,
+        host: DurableObject,
+        max_alarm_memory_limit_strikes: int = 3,
+        *,
+        completion_group: int = DEFAULT_COMPLETION_GROUP,
+    ) -> Lifecycle:
+        """Create the Lifecycle of ``host`` and hand it the object's alarm.
+
+        ``completion_group`` bounds how many completed jobs a process death may re-run
+        (their outcomes are committed together); 1 commits each completion.
+        """
+        return cls(host, max_alarm_memory_limit_strikes=max_alarm_memory_limit_strikes,
+                   completion_group=completion_group)
 
     def __repr__(self) -> str:
         return f"<Lifecycle {self.ctx.namespace}/{self.ctx.id}>"
@@ -185,31 +222,100 @@ class Lifecycle:
         self._rearm_now()
 
     def _recover_crashes(self) -> list[JobRow]:
-        """Give each job left running by a dead process a crash strike; seal it at the
-        limit. Returns the sealed rows."""
+        """Give each job that a dead process was running (its flight record, or the
+        marker of its tracked work) a crash strike; seal it at the limit. A crash uses
+        up no attempt. Returns the sealed rows."""
+        crashed: dict[str, float] = {}
+        for token in self.ctx._take_crash_tokens():
+            job_id, started = json.loads(token)
+            crashed[str(job_id)] = float(started)
+        for marked in self.table.running():
+            assert marked.running_since is not None
+            crashed.setdefault(marked.job.id, marked.running_since)
         sealed = []
         now = _clock.now()
-        for row in self.table.running():
+        for job_id, started in crashed.items():
+            row = self.table.row(job_id)
+            if row is None:
+                continue
             strikes = row.crash_strikes + 1
             job = row.job
             if strikes >= self.max_alarm_memory_limit_strikes:
                 error = f"it was running at {strikes} process deaths"
-                with self.ctx.storage.transaction():
-                    self.table.bury(row, error, "crash", now, attempts=max(row.attempts - 1, 0))
+                with self._writing():
+                    self.table.bury(row, error, "crash", now, attempts=row.attempts)
                 logger.error("job %r of %s sealed: %s", job.id, self._label(), error)
                 self._emit("job:crash_strike", id=job.id, owner=job.owner, fn=job.fn,
                            strikes=strikes, sealed=True)
                 sealed.append(row)
-            else:
-                delay = min(300.0, 30.0 * strikes)
-                self.table.strike(job.id, now + delay)
+                continue
+            delay = min(300.0, 30.0 * strikes)
+            with self._writing():
+                applied = self.table.strike(job_id, started, now + delay)
+            if applied:
                 logger.warning(
                     "job %r of %s was running when its process died (crash strike %d);"
                     " it runs again in %.0f s", job.id, self._label(), strikes, delay,
                 )
                 self._emit("job:crash_strike", id=job.id, owner=job.owner, fn=job.fn,
                            strikes=strikes, sealed=False, delay=delay)
+        self.ctx._crashes_recovered()
         return sealed
+
+    # -- staged completions ---------------------------------------------------------
+    def _stage(self, job: Job, outcome: JobOutcome, *, keep_marker: bool) -> None:
+        """Stage a clean run's outcome; commit the group when it is full. A same-id
+        push, reschedule or cancel made during the run supersedes the outcome."""
+        if self._superseded:
+            self._clean.append((job.id,))
+        elif outcome is None:
+            self._finished.append((job.id,))
+        elif isinstance(outcome, Reschedule):
+            self._later.append((outcome.time, keep_marker, job.id))
+        else:  # YIELD: stays due
+            self._later.append((job.time, keep_marker, job.id))
+        if len(self._finished) + len(self._later) + len(self._clean) >= self.completion_group:
+            self._flush()
+
+    def _apply_staged(self) -> None:
+        if self._finished or self._later or self._clean:
+            self.table.apply_completions(self._finished, self._later, self._clean)
+
+    def _clear_staged(self) -> None:
+        self._finished, self._later, self._clean = [], [], []
+
+    @contextmanager
+    def _writing(self) -> Iterator[None]:
+        """One transaction for the staged outcomes and the writes in the block (or
+        the caller's open transaction, if any)."""
+        conn = self.ctx.storage.conn
+        if conn.in_transaction:
+            self._apply_staged()
+            self._clear_staged()
+            yield
+            return
+        conn.execute("BEGIN")
+        try:
+            self._apply_staged()
+            yield
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+        self._clear_staged()
+
+    def _flush(self) -> None:
+        """Commit the staged outcomes now. Does not checkpoint."""
+        if self._finished or self._later or self._clean:
+            with self._writing():
+                pass
+
+    def _touch(self, job_id: str) -> None:
+        """A mutation through the API is about to change ``job_id``."""
+        self._version += 1
+        if job_id == self._running_id:
+            self._superseded = True
 
     # -- the job API (owner-scoped through Jobs) --------------------------------------
     async def _push(
@@ -248,15 +354,17 @@ class Lifecycle:
         if not self.ctx.storage.conn.in_transaction:
             await trio.lowlevel.checkpoint()
         replaced = False
-        if id is not None:
-            holder = self.table.owner_of(job_id)
-            if holder is not None and holder != owner:
-                raise ownership_error(owner, holder, job_id)
-            replaced = holder is not None
-        # Lower the alarm before the row commits: an early wake is harmless, a lost one
-        # is not.
-        self._lower_alarm(when, exclusive)
-        self.table.upsert(job, payload_text)
+        with self._writing():
+            if id is not None:
+                holder = self.table.owner_of(job_id)
+                if holder is not None and holder != owner:
+                    raise ownership_error(owner, holder, job_id)
+                replaced = holder is not None
+                self._touch(job_id)
+            # Lower the alarm before the row commits: an early wake is harmless, a lost
+            # one is not.
+            self._lower_alarm(when, exclusive)
+            self.table.upsert(job, payload_text)
         if replaced:
             stored = self.table.row(job_id)
             if stored is not None:
@@ -270,7 +378,10 @@ class Lifecycle:
         in_transaction = self.ctx.storage.conn.in_transaction
         if not in_transaction:
             await trio.lowlevel.checkpoint()
-        deleted = self.table.delete(owner, job_id)
+        with self._writing():
+            deleted = self.table.delete(owner, job_id)
+            if deleted:
+                self._touch(job_id)
         # Inside storage.transaction() the alarm must not be raised: a rollback would
         # bring the job back with the alarm above it (an early wake is harmless).
         if deleted and not in_transaction:
@@ -286,11 +397,13 @@ class Lifecycle:
         in_transaction = self.ctx.storage.conn.in_transaction
         if not in_transaction:
             await trio.lowlevel.checkpoint()
-        row = self.table.row(job_id)
-        if row is None or row.job.owner != owner:
-            return False
-        self._lower_alarm(when, row.job.exclusive)
-        self.table.retime(owner, job_id, when)
+        with self._writing():
+            row = self.table.row(job_id)
+            if row is None or row.job.owner != owner:
+                return False
+            self._touch(job_id)
+            self._lower_alarm(when, row.job.exclusive)
+            self.table.retime(owner, job_id, when)
         if not in_transaction:  # as in _cancel: never raise the alarm before a commit
             self._rearm_now()
         return True
@@ -312,6 +425,7 @@ class Lifecycle:
             self._alarm.set(time)
 
     def _rearm_now(self) -> None:
+        self._flush()
         if self._disabled:
             return
         time = self.table.next_alarm_time(_clock.now())
@@ -342,7 +456,7 @@ class Lifecycle:
             if not self._started:
                 await self.start()
                 now = _clock.now()
-                if not self._disabled and self.table.next_due(now, (-math.inf, -1)):
+                if not self._disabled and self.table.has_due(now):
                     self._alarm.set(now + FALLBACK_ALARM)  # the backup alarm
             if not self._disabled:
                 await self._run_due(run, now)
@@ -350,6 +464,7 @@ class Lifecycle:
             if on_alarm is not None:
                 await on_alarm()
         except trio.Cancelled:
+            self._flush()  # the jobs that completed stay completed
             if self.ctx._host.reset_reason is None:
                 # A graceful shutdown is no failure: what was due stays due, so the
                 # object wakes as soon as a runtime opens the path again.
@@ -372,15 +487,23 @@ class Lifecycle:
                 self._emit("job:backlog_warning", owner=owner, count=count)
         cursor: tuple[float, int] = (-math.inf, -1)
         ran: set[str] = set()
+        batch: list[JobRow] = []
+        index = 0
+        read_at = -1
         dispatched = 0
         while not self._disabled:
-            row = self.table.next_due(now, cursor)
-            if row is None:
-                return
+            if index == len(batch) or read_at != self._version:
+                # Re-read when a push, reschedule or cancel may have changed the rows.
+                batch = self.table.next_due(now, cursor, _DUE_BATCH)
+                index, read_at = 0, self._version
+                if not batch:
+                    return
+            row = batch[index]
+            index += 1
             cursor = (row.job.time, row.seq)
             job = row.job
             if job.id in ran:
-                continue  # replaced during its own run: it runs at the next alarm
+                continue  # replaced or yielded during this run: it runs at the next alarm
             ran.add(job.id)
             if job.singleflight and row.running_since is not None:
                 age = _clock.now() - row.running_since
@@ -413,42 +536,42 @@ class Lifecycle:
                 "no installed capability or host handler for job %r (owner %r, fn %r) of %s;"
                 " dropping it", job.id, job.owner, job.fn, self._label(),
             )
-            self.table.delete(job.owner, job.id)
+            with self._writing():
+                self.table.delete(job.owner, job.id)
             self._emit("job:dropped", id=job.id, owner=job.owner, fn=job.fn)
             return
-        attempt = row.attempts + 1
         started = _clock.now()
-        self.table.mark_running(job.id, started)
+        # Record what runs before it runs, where a SIGKILL cannot erase it (a memory
+        # write, not a commit): a death is then attributed to this job.
+        flight = self.ctx._flight
+        if flight is not None:
+            flight.record(json.dumps([job.id, started]))
+        self._running_id, self._superseded = job.id, False
         run.job, run.started, run.tracked = job, started, False
-        ctx = JobContext(job=job, attempt=attempt)
+        ctx = JobContext(job=job, attempt=row.attempts + 1)
         self._watch(job)
         try:
             outcome = coerce_outcome(await on_job(ctx))
         except trio.Cancelled:
-            # Shutdown or reset: a platform failure uses up no attempt.
-            self.table.give_back(job.id, started)
-            raise
+            raise  # shutdown or reset: a platform failure uses up no attempt
         except Exception as exc:
             self._unwatch()
-            await self._failed(owner, ctx, started, exc, keep_marker=run.tracked)
+            await self._failed(owner, ctx, exc, keep_marker=run.tracked)
         else:
             self._unwatch()
-            self._apply(job, started, outcome, keep_marker=run.tracked)
+            self._stage(job, outcome, keep_marker=run.tracked)
         finally:
+            if flight is not None:
+                flight.clear()
             run.job = None
-
-    def _apply(self, job: Job, started: float, outcome: JobOutcome, *, keep_marker: bool) -> None:
-        if outcome is None:
-            self.table.finish(job.id, started)
-        elif isinstance(outcome, Reschedule):
-            self.table.finish_later(job.id, started, outcome.time, keep_marker=keep_marker)
-        else:  # YIELD: stays due
-            self.table.finish_later(job.id, started, job.time, keep_marker=keep_marker)
+            self._running_id = None
 
     async def _failed(
-        self, owner: Any, ctx: JobContext, started: float, error: Exception, *, keep_marker: bool
+        self, owner: Any, ctx: JobContext, error: Exception, *, keep_marker: bool
     ) -> None:
         job = ctx.job
+        if self._superseded:
+            return  # pushed, re-timed or cancelled during the run: that change wins
         if ctx.attempt < job.retry.max_attempts:
             bound = job.retry.backoff_bound(ctx.attempt)
             delay = RNG.uniform(0.0, bound) if job.retry.jitter else bound
@@ -456,7 +579,9 @@ class Lifecycle:
                 "job %r of %s failed (attempt %d of %d): %r; retrying in %.3f s",
                 job.id, self._label(), ctx.attempt, job.retry.max_attempts, error, delay,
             )
-            self.table.retry_later(job.id, started, _clock.now() + delay)
+            # Committed at once (with any staged outcomes): attempts survive restarts.
+            with self._writing():
+                self.table.retry_later(job.id, _clock.now() + delay, ctx.attempt)
             self._emit("job:retry", id=job.id, owner=job.owner, fn=job.fn, attempt=ctx.attempt,
                        max_attempts=job.retry.max_attempts, delay=delay, error=repr(error))
             return
@@ -467,37 +592,39 @@ class Lifecycle:
                 outcome = coerce_outcome(await on_job_error(ctx, error))
             except Exception:
                 logger.exception("on_job_error of %r failed for job %r", job.owner, job.id)
+            if self._superseded:
+                return
         if outcome is not None:
-            self._apply(job, started, outcome, keep_marker=keep_marker)
+            self._stage(job, outcome, keep_marker=keep_marker)
             return
-        row = self.table.row(job.id)
-        if row is None or row.running_since != started:
-            return  # pushed, re-timed or cancelled meanwhile: that change wins
         logger.error("job %r of %s failed after %d attempts: %r", job.id, self._label(),
                      ctx.attempt, error)
-        with self.ctx.storage.transaction():
+        with self._writing():
+            row = self.table.row(job.id)
+            if row is None:
+                return
             self.table.bury(row, _error_text(error), "failed", _clock.now(),
                             attempts=ctx.attempt)
         self._emit("job:dead_letter", id=job.id, owner=job.owner, fn=job.fn,
                    attempts=ctx.attempt, error=_error_text(error))
 
     # -- slow dispatch --------------------------------------------------------------
+    # The watchdog's deadline is moved only when it must come earlier; a stale, later
+    # deadline just wakes it once to look (setting a deadline per job cost ~5 µs).
     def _watch(self, job: Job) -> None:
         self._watch_row = job
-        self._watch_deadline = trio.current_time() + job.hung_timeout
-        if self._watch_scope is None:
+        self._watch_deadline = deadline = trio.current_time() + job.hung_timeout
+        scope = self._watch_scope
+        if scope is None:
             # Made here, not in the task: jobs that never checkpoint would otherwise
             # each start a watchdog before the first one runs.
-            self._watch_scope = trio.CancelScope(deadline=self._watch_deadline)
+            self._watch_scope = trio.CancelScope(deadline=deadline)
             self.ctx.nursery.start_soon(self._slow_dispatch_watchdog)
-        else:
-            self._watch_scope.deadline = self._watch_deadline
+        elif deadline < scope.deadline:
+            scope.deadline = deadline
 
     def _unwatch(self) -> None:
         self._watch_row = None
-        self._watch_deadline = math.inf
-        if self._watch_scope is not None:
-            self._watch_scope.deadline = math.inf
 
     async def _slow_dispatch_watchdog(self) -> None:
         while True:
@@ -505,15 +632,19 @@ class Lifecycle:
             with self._watch_scope:
                 await trio.sleep_forever()
             job = self._watch_row
-            if job is not None and trio.current_time() >= self._watch_deadline:
-                logger.warning(
-                    "job %r (fn %r) of %s has run longer than its hung_timeout of %.1f s",
-                    job.id, job.fn, self._label(), job.hung_timeout,
-                )
-                self._emit("job:slow_dispatch", id=job.id, owner=job.owner, fn=job.fn,
-                           threshold=job.hung_timeout)
-                self._watch_deadline = math.inf
-            self._watch_scope = trio.CancelScope(deadline=self._watch_deadline)
+            deadline = math.inf
+            if job is not None:
+                if trio.current_time() >= self._watch_deadline:
+                    logger.warning(
+                        "job %r (fn %r) of %s has run longer than its hung_timeout of %.1f s",
+                        job.id, job.fn, self._label(), job.hung_timeout,
+                    )
+                    self._emit("job:slow_dispatch", id=job.id, owner=job.owner, fn=job.fn,
+                               threshold=job.hung_timeout)
+                    self._watch_row = None
+                else:
+                    deadline = self._watch_deadline  # another job runs now: watch it
+            self._watch_scope = trio.CancelScope(deadline=deadline)
 
     # -- long work --------------------------------------------------------------------
     def track_alarm_work(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> bool:
@@ -528,6 +659,11 @@ class Lifecycle:
             return False
         job, started = run.job, run.started
         if job is not None:
+            if not run.tracked:
+                # The job counts as running until its work ends (single-flight, and a
+                # death meanwhile is a crash strike of this job).
+                with self._writing():
+                    self.table.set_marker(job.id, started)
             run.tracked = True
             key = (job.id, started)
             self._tracked[key] = self._tracked.get(key, 0) + 1
@@ -555,9 +691,8 @@ class Lifecycle:
                     self._tracked[key] = left
                 else:
                     del self._tracked[key]
-                    if self.ctx.storage.conn is not None and self.table.clear_marker(
-                        job.id, started
-                    ):
+                    self._flush()
+                    if self.table.clear_marker(job.id, started):
                         self._rearm_now()
 
     # -- dead letters -----------------------------------------------------------------
@@ -573,7 +708,7 @@ class Lifecycle:
     async def _requeue(self, owner: str, job_id: str) -> Job | None:
         job_id = check_job_id(job_id)
         await trio.lowlevel.checkpoint()
-        with self.ctx.storage.transaction():
+        with self._writing():
             letter = self.table.unbury(owner, job_id)
             if letter is None:
                 return None

@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     import trio
 
     from ._events import EventBus
+    from ._flight import FlightSlot
     from ._runtime import Runtime, Stub
     from ._storage import Storage
 
@@ -66,6 +67,7 @@ class ObjectContext:
     __slots__ = (
         "_alarm_handler",
         "_alarm_retry_delay",
+        "_flight",
         "_host",
         "env",
         "events",
@@ -99,6 +101,17 @@ class ObjectContext:
         self._alarm_handler: Callable[[AlarmInfo], Awaitable[None]] | None = None
         # Delay before retrying a failed alarm run, or None to give up.
         self._alarm_retry_delay: Callable[[int], float | None] = durable_object_retry_delay
+        # The flight-record slot of the alarm run in progress (None outside one).
+        self._flight: FlightSlot | None = None
+
+    def _take_crash_tokens(self) -> list[str]:
+        """What the work recorder (``_flight``) held for this object when a process on
+        this path died: the tokens of work that was running."""
+        return self.runtime.catalog.crashes(self.namespace, self.id)
+
+    def _crashes_recovered(self) -> None:
+        """The object has accounted for its crash tokens; forget them."""
+        self.runtime.catalog.clear_crashes(self.namespace, self.id)
 
     def get(self, cls: type[DurableObject], object_id: str) -> Stub:
         """Return a stub for another object of the same runtime."""

@@ -26,6 +26,7 @@ from . import _clock
 from ._catalog import Catalog, check_object_id, connect, object_file_name
 from ._errors import ObjectResetError, RpcError, RuntimeClosedError, RuntimeLockedError
 from ._events import EventBus
+from ._flight import FlightRecord
 from ._object import (
     AlarmInfo,
     DurableObject,
@@ -307,11 +308,18 @@ class ObjectHost:
             handler = self.ctx._alarm_handler or self.instance.alarm
             version = self.alarm_version
             failure: Exception | None = None
-            with self.working() as scope:
-                try:
-                    await handler(AlarmInfo(retry_count=retry, is_retry=retry > 0))
-                except Exception as exc:
-                    failure = exc
+            flight = self.runtime.flight.acquire(self.namespace, self.object_id)
+            self.ctx._flight = flight
+            try:
+                with self.working() as scope:
+                    try:
+                        await handler(AlarmInfo(retry_count=retry, is_retry=retry > 0))
+                    except Exception as exc:
+                        failure = exc
+            finally:
+                self.ctx._flight = None
+                if flight is not None:
+                    self.runtime.flight.release(flight)
             if scope.cancelled_caught:
                 return  # reset: whoever reset the object decides what happens to its alarm
             if failure is None:
@@ -413,6 +421,7 @@ class Runtime:
     def _open(self) -> None:
         if self.path is None:
             self.catalog = Catalog(connect(":memory:", synchronous=self._synchronous))
+            self.flight = FlightRecord(None, _MAX_CONCURRENT_ALARMS)
             return
         (self.path / "objects").mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path / "runtime.lock", os.O_RDWR | os.O_CREAT, 0o644)
@@ -428,9 +437,18 @@ class Runtime:
             self.catalog = Catalog(
                 connect(str(self.path / "catalog.sqlite3"), synchronous=self._synchronous)
             )
+            self.flight = FlightRecord(self.path / "flight.rec", _MAX_CONCURRENT_ALARMS)
         except BaseException:
             self._unlock()
             raise
+        # Work the last process on this path was doing when it died: hand it to the
+        # objects (durably) before the record is wiped.
+        crashed = self.flight.recover()
+        if crashed:
+            logger.warning("%d alarm run(s) were in flight when the last process on %s died",
+                           len(crashed), self.path)
+            self.catalog.add_crashes(crashed, _clock.now())
+        self.flight.wipe()
 
     def _close(self) -> None:
         for host in list(self._hosts.values()):
@@ -440,6 +458,8 @@ class Runtime:
         self._memory_dbs.clear()
         with suppress(AttributeError):
             self.catalog.close()
+        with suppress(AttributeError):
+            self.flight.close()
         self._unlock()
 
     def _unlock(self) -> None:

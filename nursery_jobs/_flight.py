@@ -1,0 +1,109 @@
+"""The flight record: which work each running alarm is doing, kept where a SIGKILL
+cannot erase it.
+
+A memory-mapped file of fixed slots, one per alarm run in progress. Writing a slot is a
+memory copy into the page cache (microseconds, where a SQLite commit costs ~100 µs) and
+survives the death of the process, though not a power loss. When a runtime opens the
+path again, the slots still filled name the work that a dead process was doing.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import struct
+from pathlib import Path
+from typing import Final
+
+SLOT_SIZE: Final = 4096
+_LENGTH = struct.Struct("<I")
+# The header of a slot entry: namespace and object id, JSON-encoded, then the token.
+_MAX_ENTRY = SLOT_SIZE - _LENGTH.size
+
+
+class FlightSlot:
+    """One alarm run's slot. ``record(token)`` before work starts, ``clear()`` after."""
+
+    __slots__ = ("_buf", "_offset", "_prefix")
+
+    def __init__(self, buf: mmap.mmap | bytearray, offset: int, namespace: str, object_id: str):
+        self._buf = buf
+        self._offset = offset
+        self._prefix = json.dumps([namespace, object_id])[:-1].encode() + b","
+
+    def record(self, token: str) -> None:
+        """Note that the work named ``token`` is starting. Does not checkpoint."""
+        entry = self._prefix + json.dumps(token).encode() + b"]"
+        if len(entry) > _MAX_ENTRY:
+            raise ValueError(f"flight record entry too long ({len(entry)} bytes)")
+        start = self._offset + _LENGTH.size
+        buf = self._buf
+        # The entry first, its length last: a death between the two leaves the
+        # previous length, whose entry is a prefix-complete record or 0 (empty).
+        _LENGTH.pack_into(buf, self._offset, 0)
+        buf[start:start + len(entry)] = entry
+        _LENGTH.pack_into(buf, self._offset, len(entry))
+
+    def clear(self) -> None:
+        """Note that no work is running. Does not checkpoint."""
+        _LENGTH.pack_into(self._buf, self._offset, 0)
+
+
+class FlightRecord:
+    """The slots of one runtime, in ``<data dir>/flight.rec`` (or in memory)."""
+
+    def __init__(self, path: Path | None, slots: int) -> None:
+        self._size = slots * SLOT_SIZE
+        self._free = list(range(slots - 1, -1, -1))
+        self._file: int | None = None
+        self._buf: mmap.mmap | bytearray
+        if path is None:
+            self._buf = bytearray(self._size)
+            return
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            if os.fstat(fd).st_size < self._size:
+                os.ftruncate(fd, self._size)
+            self._buf = mmap.mmap(fd, self._size)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._file = fd
+
+    def recover(self) -> list[tuple[str, str, str]]:
+        """Return (namespace, object_id, token) of every filled slot: work that was
+        running when the last process on this path died."""
+        found = []
+        for offset in range(0, self._size, SLOT_SIZE):
+            (length,) = _LENGTH.unpack_from(self._buf, offset)
+            if not 0 < length <= _MAX_ENTRY:
+                continue
+            raw = bytes(self._buf[offset + _LENGTH.size:offset + _LENGTH.size + length])
+            try:
+                namespace, object_id, token = json.loads(raw)
+            except ValueError:
+                continue
+            found.append((str(namespace), str(object_id), str(token)))
+        return found
+
+    def wipe(self) -> None:
+        """Empty every slot (after the recovered entries are stored elsewhere)."""
+        self._buf[:] = bytes(self._size)
+
+    def acquire(self, namespace: str, object_id: str) -> FlightSlot | None:
+        """Take a free slot for an alarm run, or None if all are taken."""
+        if not self._free:
+            return None
+        return FlightSlot(self._buf, self._free.pop() * SLOT_SIZE, namespace, object_id)
+
+    def release(self, slot: FlightSlot) -> None:
+        slot.clear()
+        self._free.append(slot._offset // SLOT_SIZE)
+
+    def close(self) -> None:
+        if isinstance(self._buf, mmap.mmap):
+            self._buf.close()
+        if self._file is not None:
+            os.close(self._file)
+            self._file = None
