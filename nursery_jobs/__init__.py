@@ -3,6 +3,7 @@
 from ._agent import Agent as Agent
 from ._agent import TaskInfo as TaskInfo
 from ._agent import TaskRecord as TaskRecord
+from ._breaker import MemoryLimitContext as MemoryLimitContext
 from ._capability import Capability as Capability
 from ._clock import jitter as jitter
 from ._clock import now as now
@@ -30,7 +31,6 @@ from ._jobs import Reschedule as Reschedule
 from ._jobs import RetryOptions as RetryOptions
 from ._lifecycle import CapabilityLifecycle as CapabilityLifecycle
 from ._lifecycle import Lifecycle as Lifecycle
-from ._lifecycle import MemoryLimitContext as MemoryLimitContext
 from ._object import AlarmInfo as AlarmInfo
 from ._object import DurableObject as DurableObject
 from ._object import ObjectContext as ObjectContext

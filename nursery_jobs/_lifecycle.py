@@ -21,6 +21,7 @@ import attrs
 import trio
 
 from . import _clock
+from ._breaker import MemoryBreaker, MemoryLimitContext
 from ._capability import Capability
 from ._codec import encode_payload
 from ._errors import CapabilityError, JobError
@@ -60,16 +61,6 @@ _DUE_BATCH: Final = 64
 DEFAULT_COMPLETION_GROUP: Final = 64
 # Full-jitter backoff draws from this; tests may seed or patch it.
 RNG: Final = random.Random()
-
-
-@attrs.frozen(kw_only=True)
-class MemoryLimitContext:
-    """Passed to ``on_memory_limit`` / ``on_alarm_memory_limit`` after a reset."""
-
-    sealed: bool
-    next_time: float | None
-    executing: Job | None
-    purged_recovery_loop_jobs: list[Job]
 
 
 def lifecycle_retry_delay(retry_count: int) -> float | None:
@@ -147,6 +138,7 @@ class Lifecycle:
         self._superseded = False
         # Bumped by every mutation through the API: an alarm run re-reads due rows then.
         self._version = 0
+        self._breaker = MemoryBreaker(self)
 
     @classmethod
     def install(
@@ -465,7 +457,10 @@ class Lifecycle:
                 await on_alarm()
         except trio.Cancelled:
             self._flush()  # the jobs that completed stay completed
-            if self.ctx._host.reset_reason is None:
+            host = self.ctx._host
+            if host.memory_reset and not self._breaker.tripped:
+                await self._observe_reset(None, host.reset_reason)
+            if host.reset_reason is None:
                 # A graceful shutdown is no failure: what was due stays due, so the
                 # object wakes as soon as a runtime opens the path again.
                 self._rearm_now()
@@ -478,7 +473,17 @@ class Lifecycle:
         finally:
             run.active = False
             _current_run.reset(token)
+        if not self._tracked:
+            self._breaker.clear()  # a clean, quiescent alarm run
         self._rearm_now()
+
+    async def _observe_reset(self, executing: Job | None, error: str | None) -> None:
+        """This object was reset for memory while ``executing`` ran: strike, move or
+        seal, re-arm, then tell the capabilities and the host (shielded, bounded)."""
+        context = self._breaker.observe(executing, error or "memory limit")
+        self._rearm_now()
+        with trio.move_on_after(10, shield=True):
+            await self._call_memory_hooks(context)
 
     async def _run_due(self, run: _AlarmRun, now: float) -> None:
         for owner, count in self.table.due_counts(now):
@@ -553,7 +558,12 @@ class Lifecycle:
         try:
             outcome = coerce_outcome(await on_job(ctx))
         except trio.Cancelled:
-            raise  # shutdown or reset: a platform failure uses up no attempt
+            # Shutdown or reset: a platform failure uses up no attempt.
+            if self.ctx._host.memory_reset:
+                await self._observe_reset(job, self.ctx._host.reset_reason)
+            raise
+        except MemoryError as exc:
+            await self._memory_error(job, exc)
         except Exception as exc:
             self._unwatch()
             await self._failed(owner, ctx, exc, keep_marker=run.tracked)
@@ -670,15 +680,30 @@ class Lifecycle:
         self.ctx.nursery.start_soon(self._tracked_work, fn, args, job, started)
         return True
 
+    async def _memory_error(self, job: Job | None, error: MemoryError) -> None:
+        """A ``MemoryError`` escaped alarm work: reset the object as the watchdog would."""
+        host = self.ctx._host
+        host.reset(f"MemoryError in the alarm work of {self._label()}: {error!r}", memory=True)
+        await self._observe_reset(job, host.reset_reason)
+        await trio.lowlevel.checkpoint()  # the reset cancels this task here
+
     async def _tracked_work(
         self, fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...], job: Job | None,
         started: float,
     ) -> None:
         host = self.ctx._host
         try:
-            with host.working():
+            with host.working(alarm=True):
                 try:
                     await fn(*args)
+                except trio.Cancelled:
+                    # Work that hits the memory limit counts against the job that
+                    # started it.
+                    if host.memory_reset and (job is not None or not self._breaker.tripped):
+                        await self._observe_reset(job, host.reset_reason)
+                    raise
+                except MemoryError as exc:
+                    await self._memory_error(job, exc)
                 except Exception as exc:
                     logger.exception("tracked work %r of %s failed", fn, self._label())
                     self._emit("alarm:tracked_work_failed", job=None if job is None else job.id,

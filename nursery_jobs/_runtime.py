@@ -14,12 +14,13 @@ import math
 import os
 import sqlite3
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager, suppress
 from pathlib import Path
 from typing import Any, Literal
 
 import attrs
+import psutil
 import trio
 
 from . import _clock
@@ -48,6 +49,13 @@ _TIMER_BATCH = 256
 _MAX_CONCURRENT_ALARMS = 64
 # Delay before retrying the alarm of an object whose class is not importable.
 _ORPHAN_RETRY = 60.0
+# How often the memory watchdog samples the probe (when memory_limit is set).
+MEMORY_CHECK_INTERVAL = 0.1
+
+
+def process_rss() -> int:
+    """The default memory probe: this process's resident set size, in bytes."""
+    return int(psutil.Process().memory_info().rss)
 
 
 @attrs.frozen(kw_only=True)
@@ -82,6 +90,7 @@ class ObjectHost:
     """One active object: its task, nursery, cancel scope, database and instance."""
 
     __slots__ = (
+        "_alarm_work",
         "_busy",
         "_destroy",
         "_idle_scope",
@@ -96,6 +105,7 @@ class ObjectHost:
         "error",
         "instance",
         "key",
+        "memory_reset",
         "namespace",
         "object_id",
         "ready",
@@ -126,6 +136,8 @@ class ObjectHost:
         self._busy = 0
         self._destroy = False
         self.reset_reason: str | None = None
+        self.memory_reset = False
+        self._alarm_work = 0
         self.alarm_time: float | None = None
         self.alarm_retry = 0
         self.alarm_version = 0
@@ -206,11 +218,13 @@ class ObjectHost:
 
     # -- work accounting ----------------------------------------------------------
     @contextmanager
-    def working(self) -> Iterator[trio.CancelScope]:
+    def working(self, *, alarm: bool = False) -> Iterator[trio.CancelScope]:
         """Run a block as work of this object: it holds off eviction, and a reset of
-        the object cancels it (``scope.cancelled_caught`` tells)."""
+        the object cancels it (``scope.cancelled_caught`` tells). ``alarm=True`` marks
+        alarm work (an alarm run, tracked work): what the memory watchdog resets."""
         scope = trio.CancelScope()
         self._busy += 1
+        self._alarm_work += alarm
         self._idle_scope.deadline = math.inf
         self._work_scopes.add(scope)
         try:
@@ -219,6 +233,7 @@ class ObjectHost:
         finally:
             self._work_scopes.discard(scope)
             self._busy -= 1
+            self._alarm_work -= alarm
             if self._busy == 0:
                 if self._destroy:
                     self._idle_scope.cancel(reason="destroyed")
@@ -236,9 +251,16 @@ class ObjectHost:
         if self._busy == 0:
             self._idle_scope.cancel(reason="destroyed")
 
-    def reset(self, reason: str) -> None:
+    @property
+    def running_alarm_work(self) -> bool:
+        return self._alarm_work > 0
+
+    def reset(self, reason: str, *, memory: bool = False) -> None:
         """Cancel everything the object is doing and drop it from memory."""
+        if self.reset_reason is not None:
+            return
         self.reset_reason = reason
+        self.memory_reset = memory
         for scope in list(self._work_scopes):
             scope.cancel(reason=reason)
         self.scope.cancel(reason=reason)
@@ -311,7 +333,7 @@ class ObjectHost:
             flight = self.runtime.flight.acquire(self.namespace, self.object_id)
             self.ctx._flight = flight
             try:
-                with self.working() as scope:
+                with self.working(alarm=True) as scope:
                     try:
                         await handler(AlarmInfo(retry_count=retry, is_retry=retry > 0))
                     except Exception as exc:
@@ -321,7 +343,10 @@ class ObjectHost:
                 if flight is not None:
                     self.runtime.flight.release(flight)
             if scope.cancelled_caught:
-                return  # reset: whoever reset the object decides what happens to its alarm
+                if self.ctx._alarm_handler is None and self.memory_reset:
+                    # A plain object has no breaker: a reset is a failed alarm run.
+                    self.alarm_failed(ObjectResetError(self.reset_reason), retry)
+                return  # a Lifecycle's breaker decided what happens to its alarm
             if failure is None:
                 if self.alarm_version == version:
                     self.write_alarm(None, 0)
@@ -398,8 +423,12 @@ class Runtime:
         idle_timeout: float,
         max_active: int | None,
         durability: Durability,
+        memory_limit: int | None = None,
+        memory_probe: Callable[[], float] | None = None,
     ) -> None:
         self.path = None if path is None else Path(path)
+        self.memory_limit = memory_limit
+        self.memory_probe = memory_probe or process_rss
         self.env = env
         self.idle_timeout = idle_timeout
         self.max_active = max_active
@@ -552,6 +581,24 @@ class Runtime:
         """Whether the runtime is shutting down (or has shut down)."""
         return self._closing
 
+    async def _memory_watchdog(self) -> None:
+        """Sample memory; over the limit, reset every object whose alarm work runs."""
+        assert self.memory_limit is not None
+        while True:
+            await trio.sleep(MEMORY_CHECK_INTERVAL)
+            used = self.memory_probe()
+            if used <= self.memory_limit:
+                continue
+            victims = [h for h in self._hosts.values()
+                       if h.state == "ready" and h.running_alarm_work]
+            if not victims:
+                continue
+            logger.error("memory %d > limit %d: resetting %d object(s) running alarm work",
+                         used, self.memory_limit, len(victims))
+            for host in victims:
+                host.reset(f"memory limit exceeded ({used:.0f} > {self.memory_limit})",
+                           memory=True)
+
     def statistics(self) -> RuntimeStatistics:
         """Return a snapshot of the runtime's state. Does not checkpoint."""
         return RuntimeStatistics(
@@ -658,12 +705,25 @@ async def open_runtime(
     idle_timeout: float = 60.0,
     max_active: int | None = None,
     durability: Durability = "normal",
+    memory_limit: int | None = None,
+    memory_probe: Callable[[], float] | None = None,
 ) -> AsyncIterator[Runtime]:
     """Open a runtime on data directory ``path`` (None: everything in memory).
 
     Leaving the block stops the timer, cancels in-flight work and closes every
     database. Raises ``RuntimeLockedError`` if another runtime holds ``path``.
+
+    With ``memory_limit`` (bytes), a watchdog samples ``memory_probe()`` (default:
+    the process's RSS) every 0.1 s; over the limit, every object whose alarm work is
+    running is reset, and its Lifecycle's circuit breaker records a strike.
     """
+    if memory_limit is not None and (
+        isinstance(memory_limit, bool) or not isinstance(memory_limit, (int, float))
+        or not (memory_limit > 0 and math.isfinite(memory_limit))
+    ):
+        raise ValueError(f"memory_limit must be a number of bytes > 0, got {memory_limit!r}")
+    if memory_probe is not None and not callable(memory_probe):
+        raise TypeError(f"memory_probe must be a callable returning bytes, got {memory_probe!r}")
     if not isinstance(idle_timeout, (int, float)) or isinstance(idle_timeout, bool) or not (
         idle_timeout > 0 and math.isfinite(idle_timeout)
     ):
@@ -677,7 +737,7 @@ async def open_runtime(
     if durability not in _SYNCHRONOUS:
         raise ValueError(f"durability must be 'normal' or 'full', got {durability!r}")
     rt = Runtime(path, env=env, idle_timeout=float(idle_timeout), max_active=max_active,
-                 durability=durability)
+                 durability=durability, memory_limit=memory_limit, memory_probe=memory_probe)
     rt._open()
     body_error: BaseException | None = None
     try:
@@ -685,6 +745,8 @@ async def open_runtime(
             async with trio.open_nursery() as nursery:
                 rt._nursery = nursery
                 nursery.start_soon(rt._timer)
+                if memory_limit is not None:
+                    nursery.start_soon(rt._memory_watchdog)
                 try:
                     yield rt
                 except BaseException as exc:
