@@ -1,5 +1,7 @@
 """nursery_jobs: durable objects with one alarm and a durable job queue each, for Trio."""
 
+__version__ = "0.1.0"
+
 from ._agent import Agent as Agent
 from ._agent import TaskInfo as TaskInfo
 from ._agent import TaskRecord as TaskRecord

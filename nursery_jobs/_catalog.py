@@ -31,7 +31,8 @@ CREATE TABLE IF NOT EXISTS nj_crashes (
     namespace TEXT NOT NULL,
     object_id TEXT NOT NULL,
     token TEXT NOT NULL,
-    PRIMARY KEY (namespace, object_id, token)
+    started REAL NOT NULL,
+    PRIMARY KEY (namespace, object_id, token, started)
 ) WITHOUT ROWID;
 """
 
@@ -165,24 +166,26 @@ class Catalog:
         ).fetchone()
         return None if row is None or row[0] is None else float(row[0])
 
-    def add_crashes(self, entries: list[tuple[str, str, str]], now: float) -> None:
+    def add_crashes(self, entries: list[tuple[str, str, str, float]], now: float) -> None:
         """Store the work a dead process was doing (from its flight record) until each
         object handles it, and wake those objects now."""
         with self._conn:
             self._conn.execute("BEGIN")
             self._conn.executemany(
-                "INSERT OR IGNORE INTO nj_crashes (namespace, object_id, token) VALUES (?, ?, ?)",
+                "INSERT OR IGNORE INTO nj_crashes (namespace, object_id, token, started)"
+                " VALUES (?, ?, ?, ?)",
                 entries,
             )
             self._conn.executemany(
                 "UPDATE nj_alarms SET time = ? WHERE namespace = ? AND object_id = ? AND time > ?",
-                [(now, ns, oid, now) for ns, oid, _ in entries],
+                [(now, ns, oid, now) for ns, oid, _, _ in entries],
             )
 
-    def crashes(self, namespace: str, object_id: str) -> list[str]:
+    def crashes(self, namespace: str, object_id: str) -> list[tuple[str, float]]:
+        """(token, started) of the work this object was doing when a process died."""
         return [
-            str(row[0]) for row in self._conn.execute(
-                "SELECT token FROM nj_crashes WHERE namespace = ? AND object_id = ?",
+            (str(token), float(started)) for token, started in self._conn.execute(
+                "SELECT token, started FROM nj_crashes WHERE namespace = ? AND object_id = ?",
                 (namespace, object_id),
             )
         ]

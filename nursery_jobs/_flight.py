@@ -17,33 +17,39 @@ from pathlib import Path
 from typing import Final
 
 SLOT_SIZE: Final = 4096
+# A slot: u32 length of what follows (0 = empty), then the owner as JSON
+# ([namespace, object_id]), a NUL, the start time (f64) and the token (UTF-8).
 _LENGTH = struct.Struct("<I")
-# The header of a slot entry: namespace and object id, JSON-encoded, then the token.
+_STARTED = struct.Struct("<d")
 _MAX_ENTRY = SLOT_SIZE - _LENGTH.size
 
 
 class FlightSlot:
-    """One alarm run's slot. ``record(token)`` before work starts, ``clear()`` after."""
+    """One alarm run's slot: ``record(token, started)`` before work starts,
+    ``clear()`` after."""
 
-    __slots__ = ("_buf", "_offset", "_prefix")
+    __slots__ = ("_body", "_buf", "_offset")
 
     def __init__(self, buf: mmap.mmap | bytearray, offset: int, namespace: str, object_id: str):
         self._buf = buf
         self._offset = offset
-        self._prefix = json.dumps([namespace, object_id])[:-1].encode() + b","
+        owner = json.dumps([namespace, object_id]).encode() + b"\0"
+        self._body = offset + _LENGTH.size + len(owner)
+        buf[offset + _LENGTH.size:self._body] = owner
 
-    def record(self, token: str) -> None:
-        """Note that the work named ``token`` is starting. Does not checkpoint."""
-        entry = self._prefix + json.dumps(token).encode() + b"]"
-        if len(entry) > _MAX_ENTRY:
-            raise ValueError(f"flight record entry too long ({len(entry)} bytes)")
-        start = self._offset + _LENGTH.size
+    def record(self, token: str, started: float) -> None:
+        """Note that the work named ``token`` starts (at epoch ``started``). A memory
+        write of a few bytes; does not checkpoint."""
+        data = token.encode()
+        end = self._body + _STARTED.size + len(data)
+        if end > self._offset + SLOT_SIZE:
+            raise ValueError(f"flight record token too long ({len(data)} bytes)")
         buf = self._buf
-        # The entry first, its length last: a death between the two leaves the
-        # previous length, whose entry is a prefix-complete record or 0 (empty).
+        # The entry first, its length last: a death in between leaves an empty slot.
         _LENGTH.pack_into(buf, self._offset, 0)
-        buf[start:start + len(entry)] = entry
-        _LENGTH.pack_into(buf, self._offset, len(entry))
+        _STARTED.pack_into(buf, self._body, started)
+        buf[self._body + _STARTED.size:end] = data
+        _LENGTH.pack_into(buf, self._offset, end - self._offset - _LENGTH.size)
 
     def clear(self) -> None:
         """Note that no work is running. Does not checkpoint."""
@@ -71,20 +77,25 @@ class FlightRecord:
             raise
         self._file = fd
 
-    def recover(self) -> list[tuple[str, str, str]]:
-        """Return (namespace, object_id, token) of every filled slot: work that was
-        running when the last process on this path died."""
+    def recover(self) -> list[tuple[str, str, str, float]]:
+        """Return (namespace, object_id, token, started) of every filled slot: work
+        that was running when the last process on this path died."""
         found = []
         for offset in range(0, self._size, SLOT_SIZE):
             (length,) = _LENGTH.unpack_from(self._buf, offset)
             if not 0 < length <= _MAX_ENTRY:
                 continue
-            raw = bytes(self._buf[offset + _LENGTH.size:offset + _LENGTH.size + length])
+            entry = bytes(self._buf[offset + _LENGTH.size:offset + _LENGTH.size + length])
+            owner, sep, rest = entry.partition(b"\0")
+            if not sep or len(rest) < _STARTED.size:
+                continue
             try:
-                namespace, object_id, token = json.loads(raw)
+                namespace, object_id = json.loads(owner)
+                token = rest[_STARTED.size:].decode()
             except ValueError:
                 continue
-            found.append((str(namespace), str(object_id), str(token)))
+            (started,) = _STARTED.unpack_from(rest)
+            found.append((str(namespace), str(object_id), token, started))
         return found
 
     def wipe(self) -> None:

@@ -9,7 +9,6 @@ never mistaken for a job that never ran.
 from __future__ import annotations
 
 import contextvars
-import json
 import logging
 import math
 import random
@@ -218,9 +217,8 @@ class Lifecycle:
         marker of its tracked work) a crash strike; seal it at the limit. A crash uses
         up no attempt. Returns the sealed rows."""
         crashed: dict[str, float] = {}
-        for token in self.ctx._take_crash_tokens():
-            job_id, started = json.loads(token)
-            crashed[str(job_id)] = float(started)
+        for job_id, started in self.ctx._take_crash_tokens():
+            crashed[job_id] = started
         for marked in self.table.running():
             assert marked.running_since is not None
             crashed.setdefault(marked.job.id, marked.running_since)
@@ -326,8 +324,8 @@ class Lifecycle:
         recovery_loop: bool,
     ) -> Job:
         fn = check_fn(fn)
-        job_id = new_job_id() if id is None else check_job_id(id)
         now = _clock.now()
+        job_id = new_job_id(now) if id is None else check_job_id(id)
         when = resolve_time(time, delay, now, job=job_id)
         retry = check_retry(retry, job=job_id)
         hung_timeout = check_hung_timeout(hung_timeout, job=job_id)
@@ -550,7 +548,7 @@ class Lifecycle:
         # write, not a commit): a death is then attributed to this job.
         flight = self.ctx._flight
         if flight is not None:
-            flight.record(json.dumps([job.id, started]))
+            flight.record(job.id, started)
         self._running_id, self._superseded = job.id, False
         run.job, run.started, run.tracked = job, started, False
         ctx = JobContext(job=job, attempt=row.attempts + 1)

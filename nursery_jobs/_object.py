@@ -104,7 +104,7 @@ class ObjectContext:
         # The flight-record slot of the alarm run in progress (None outside one).
         self._flight: FlightSlot | None = None
 
-    def _take_crash_tokens(self) -> list[str]:
+    def _take_crash_tokens(self) -> list[tuple[str, float]]:
         """What the work recorder (``_flight``) held for this object when a process on
         this path died: the tokens of work that was running."""
         return self.runtime.catalog.crashes(self.namespace, self.id)

@@ -72,7 +72,9 @@ def next_cron_time(expr: str, after: float) -> float:
 def check_cron(expr: str) -> str:
     fields = expr.split()
     if len(fields) != 5:
-        raise JobError(f"cron expression {expr!r} must have 5 fields (minute hour day month weekday)")
+        raise JobError(
+            f"cron expression {expr!r} must have 5 fields (minute hour day month weekday)"
+        )
     try:
         CronSim(" ".join(fields), datetime.datetime(2000, 1, 1, tzinfo=datetime.UTC))
     except CronSimError as exc:
@@ -95,7 +97,9 @@ class Scheduler(Capability):
         id: str = "scheduler",
     ) -> None:
         if not isinstance(callbacks, Mapping):
-            raise TypeError(f"Scheduler callbacks must be a mapping of name -> callable, got {callbacks!r}")
+            raise TypeError(
+                f"Scheduler callbacks must be a mapping of name -> callable, got {callbacks!r}"
+            )
         if retry is not None and not isinstance(retry, RetryOptions):
             raise JobError(f"Scheduler retry must be RetryOptions, got {retry!r}")
         if not isinstance(id, str) or not id:
@@ -104,7 +108,7 @@ class Scheduler(Capability):
         self.callbacks = callbacks
         self.retry = retry or DEFAULT_RETRY
         self.on_error = on_error
-        # The job context of the callback now running, if any.
+        # The job context of the callback (or on_error) now running, if any.
         self.running: JobContext | None = None
 
     # -- the API ------------------------------------------------------------------------
@@ -202,7 +206,7 @@ class Scheduler(Capability):
                 await jobs.rearm()  # a dedupe hit still re-arms the alarm
                 return schedule_of(existing)
         else:
-            job_id = "sched:" + new_job_id()
+            job_id = "sched:" + new_job_id(_clock.now())
         job = await jobs.push(
             callback, time=time, payload=envelope, id=job_id, retry=retry or self.retry,
             singleflight=kind == "interval",
@@ -264,9 +268,12 @@ class Scheduler(Capability):
         self.lifecycle.emit("schedule:error", callback=schedule.callback, id=schedule.id,
                             error=repr(error), attempts=ctx.attempt)
         if self.on_error is not None:
+            self.running = ctx
             try:
                 await call_callback(self.on_error, error, schedule)
             except Exception:
                 logger.exception("on_error of Scheduler %r failed for %r", self.id, schedule.id)
+            finally:
+                self.running = None
         # A recurring schedule goes on; a one-shot becomes a dead letter.
         return self._next(schedule, _clock.now())

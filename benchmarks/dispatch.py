@@ -1,0 +1,14 @@
+"""Dispatch throughput against the plain-sqlite3 ceiling and the peers, in one run.
+
+Run: python benchmarks/dispatch.py [-n 20000] [--dir DIR] [--no-peers] [--json]
+(the same as `nursery-jobs bench`; peers need `pip install -e '.[bench]'`).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from nursery_jobs._bench import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,348 @@
+"""The dispatch benchmark behind ``nursery-jobs bench`` and ``benchmarks/dispatch.py``.
+
+In one run, on one disk: the plain-sqlite3 ceiling (insert a job row, claim it, delete
+it; per job and in batches of 100), nursery_jobs (pushes, dispatch of no-op jobs on one
+object and on 100 objects, with durability "normal" and "full", and the latency of a
+job pushed for now and of a 100 ms timer), and the peers, each in its own subprocess.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import trio
+
+import nursery_jobs as nj
+
+PEERS = ("huey", "persistqueue", "dbos", "apscheduler")
+SYNCHRONOUS = {"normal": "NORMAL", "full": "FULL"}
+
+
+class _Progress:
+    """A one-line progress display on stderr (silent when stderr is not a terminal)."""
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.total, self.done, self.enabled = total, 0, enabled
+        self.tty = enabled and sys.stderr.isatty()
+
+    def step(self, label: str) -> None:
+        self.done += 1
+        if not self.enabled:
+            return
+        width = 24
+        filled = width * self.done // self.total
+        line = f"[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} {label}"
+        if self.tty:
+            sys.stderr.write("\r\x1b[2K" + line)
+            if self.done == self.total:
+                sys.stderr.write("\n")
+        else:
+            sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+# -- the ceiling: plain sqlite3 ---------------------------------------------------------
+def ceiling(directory: Path, n: int, durability: str) -> dict[str, float]:
+    """Plain sqlite3 doing the same durable work: insert a job; claim it; delete it."""
+    results: dict[str, float] = {}
+    for mode, batch in (("per_job", 1), ("batch_100", 100)):
+        path = directory / f"ceiling-{durability}-{mode}.sqlite3"
+        conn = sqlite3.connect(path, isolation_level=None)
+        conn.execute(f"PRAGMA synchronous={SYNCHRONOUS[durability]}")
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute(
+            "CREATE TABLE jobs (seq INTEGER PRIMARY KEY, id TEXT UNIQUE, time REAL,"
+            " payload TEXT, running REAL)"
+        )
+        conn.execute("CREATE INDEX jobs_time ON jobs (time)")
+        t0 = time.perf_counter()
+        for start in range(0, n, batch):
+            conn.execute("BEGIN")
+            for i in range(start, min(n, start + batch)):
+                conn.execute("INSERT INTO jobs (id, time, payload) VALUES (?, ?, ?)",
+                             (f"job-{i}", time.time(), str(i)))
+            conn.execute("COMMIT")
+        t1 = time.perf_counter()
+        while True:
+            rows = conn.execute(
+                "SELECT seq FROM jobs WHERE time <= ? ORDER BY time LIMIT ?", (time.time(), batch)
+            ).fetchall()
+            if not rows:
+                break
+            conn.execute("BEGIN")
+            for (seq,) in rows:
+                conn.execute("UPDATE jobs SET running = ? WHERE seq = ?", (time.time(), seq))
+            if batch == 1:  # per job: the claim commits before the work, as a queue must
+                conn.execute("COMMIT")
+                conn.execute("BEGIN")
+            for (seq,) in rows:
+                conn.execute("DELETE FROM jobs WHERE seq = ?", (seq,))
+            conn.execute("COMMIT")
+        t2 = time.perf_counter()
+        conn.close()
+        results[f"{mode}_enqueue_per_s"] = n / (t1 - t0)
+        results[f"{mode}_drain_per_s"] = n / (t2 - t1)
+    return results
+
+
+# -- nursery_jobs -------------------------------------------------------------------------
+class BenchObject(nj.DurableObject):
+    """A Lifecycle object whose no-op jobs wait for the starting gun, then count."""
+
+    namespace = "nursery_jobs.bench"
+
+    def __init__(self, ctx: nj.ObjectContext) -> None:
+        super().__init__(ctx)
+        self.lifecycle = nj.Lifecycle.install(self)
+        self.bench: _Bench = ctx.env
+
+    async def push_each(self, n: int) -> float:
+        t0 = time.perf_counter()
+        for i in range(n):
+            await self.lifecycle.jobs.push("noop", payload=i, delay=3600)
+        return time.perf_counter() - t0
+
+    async def push_batched(self, n: int) -> float:
+        t0 = time.perf_counter()
+        with self.ctx.storage.transaction():
+            for i in range(n):
+                await self.lifecycle.jobs.push("noop", payload=i, delay=3600)
+        return time.perf_counter() - t0
+
+    async def fill(self, n: int) -> None:
+        with self.ctx.storage.transaction():
+            await self.lifecycle.jobs.push("gate")
+            for i in range(n):
+                await self.lifecycle.jobs.push("noop", payload=i)
+
+    async def push_now(self, fn: str, delay: float | None = None) -> None:
+        self.bench.pushed = trio.current_time() + (delay or 0.0)
+        await self.lifecycle.jobs.push(fn, delay=delay)
+
+    async def on_job(self, ctx: nj.JobContext) -> nj.JobOutcome:
+        bench = self.bench
+        fn = ctx.job.fn
+        if fn == "noop":
+            bench.count += 1
+            if bench.count == bench.target:
+                bench.done.set()
+        elif fn == "gate":
+            await bench.go.wait()
+        else:  # "latency"
+            bench.latencies.append(trio.current_time() - bench.pushed)
+            bench.done.set()
+        return None
+
+
+class _Bench:
+    def __init__(self) -> None:
+        self.go = trio.Event()
+        self.done = trio.Event()
+        self.count = 0
+        self.target = 0
+        self.pushed = 0.0
+        self.latencies: list[float] = []
+
+
+async def _pushes(path: Path, n: int, durability: str) -> dict[str, float]:
+    async with nj.open_runtime(path, env=_Bench(), durability=durability) as rt:  # type: ignore[arg-type]
+        obj = rt.get(BenchObject, "pushes")
+        each = await obj.push_each(min(n, 5000))
+        batched = await obj.push_batched(n)
+    return {"push_per_call_per_s": min(n, 5000) / each, "push_batched_per_s": n / batched}
+
+
+async def _dispatch(path: Path, objects: int, n: int, durability: str) -> float:
+    bench = _Bench()
+    per_object = n // objects
+    bench.target = per_object * objects
+    async with nj.open_runtime(path, env=bench, durability=durability) as rt:
+        for i in range(objects):
+            await rt.get(BenchObject, f"o{i}").fill(per_object)
+        await trio.sleep(0.05)  # every object's alarm run is now parked on its gate job
+        t0 = time.perf_counter()
+        bench.go.set()
+        await bench.done.wait()
+        return bench.target / (time.perf_counter() - t0)
+
+
+async def _latency(path: Path, samples: int, delay: float | None) -> dict[str, float]:
+    bench = _Bench()
+    async with nj.open_runtime(path, env=bench) as rt:
+        obj = rt.get(BenchObject, "latency")
+        for _ in range(samples):
+            bench.done = trio.Event()
+            await obj.push_now("latency", delay)
+            await bench.done.wait()
+            await trio.sleep(0.005)  # idle again before the next sample
+    ms = [x * 1000 for x in bench.latencies]
+    return {"p50_ms": _pct(ms, 0.5), "p99_ms": _pct(ms, 0.99), "samples": len(ms)}
+
+
+def ours(directory: Path, n: int, progress: _Progress) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for durability in ("normal", "full"):
+        out[f"pushes_{durability}"] = trio.run(
+            _pushes, directory / f"nj-push-{durability}", n, durability)
+        progress.step(f"nursery_jobs pushes ({durability})")
+        for objects in (1, 100):
+            out[f"dispatch_{objects}x_{durability}_per_s"] = trio.run(
+                _dispatch, directory / f"nj-{objects}-{durability}", objects, n, durability)
+            progress.step(f"nursery_jobs dispatch {objects} object(s) ({durability})")
+    out["latency_now"] = trio.run(_latency, directory / "nj-latency", 200, None)
+    out["latency_timer_100ms"] = trio.run(_latency, directory / "nj-timer", 20, 0.1)
+    progress.step("nursery_jobs latency")
+    return out
+
+
+# -- peers ----------------------------------------------------------------------------------
+def peer(name: str, directory: Path, n: int, durability: str) -> dict[str, Any]:
+    """Run one peer in its own interpreter, as its docs run it."""
+    workdir = directory / f"peer-{name}-{durability}"
+    workdir.mkdir(parents=True, exist_ok=True)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "nursery_jobs._bench_peers", name, "--n", str(n),
+             "--dir", str(workdir), "--durability", durability],
+            capture_output=True, text=True, timeout=600, check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return {"peer": name, "error": "timed out after 600 s"}
+    try:
+        result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"peer": name, "error": f"exit {proc.returncode}: {tail}"}
+    return result
+
+
+def peers_available() -> list[str]:
+    import importlib.util
+
+    modules = {"huey": "huey", "persistqueue": "persistqueue", "dbos": "dbos",
+               "apscheduler": "apscheduler"}
+    return [p for p in PEERS if importlib.util.find_spec(modules[p]) is not None]
+
+
+# -- the report -----------------------------------------------------------------------------
+def run(n: int, directory: Path | None, with_peers: bool, progress_enabled: bool) -> dict[str, Any]:
+    available = peers_available() if with_peers else []
+    progress = _Progress(2 + 7 + 2 * len(available), progress_enabled)
+    tmp = Path(tempfile.mkdtemp(prefix="nj-bench-", dir=directory))
+    try:
+        report: dict[str, Any] = {"n": n, "disk": str(tmp), "python": sys.version.split()[0],
+                                  "nursery_jobs": nj.__version__, "ceiling": {}, "peers": {}}
+        for durability in ("normal", "full"):
+            report["ceiling"][durability] = ceiling(tmp, n, durability)
+            progress.step(f"sqlite3 ceiling ({durability})")
+        report["ours"] = ours(tmp, n, progress)
+        for name in available:
+            report["peers"][name] = {
+                d: peer(name, tmp, n, d) for d in ("normal", "full")
+            }
+            progress.step(f"peer {name}")
+            progress.step(f"peer {name} done")
+        if with_peers and not available:
+            report["peers_note"] = "no peer installed: pip install -e '.[bench]'"
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return report
+
+
+def _fmt_rate(value: float | None) -> str:
+    return "—" if value is None else f"{value:,.0f}/s"
+
+
+def render(report: dict[str, Any]) -> str:
+    ours_ = report["ours"]
+    lines = [f"nursery_jobs {report['nursery_jobs']} dispatch benchmark — N = {report['n']:,},"
+             f" Python {report['python']}, one disk, SQLite WAL", ""]
+    head = f"{'what':<44}{'normal':>14}{'full':>14}{'vs ceiling':>12}"
+    lines += [head, "-" * len(head)]
+    ceil = report["ceiling"]
+
+    def row(label: str, normal: float, full: float, ceiling_value: float | None) -> None:
+        ratio = "" if ceiling_value is None else f"{normal / ceiling_value:>11.0%}"
+        lines.append(f"{label:<44}{_fmt_rate(normal):>14}{_fmt_rate(full):>14}{ratio:>12}")
+
+    row("sqlite3 ceiling: enqueue, commit per job", ceil["normal"]["per_job_enqueue_per_s"],
+        ceil["full"]["per_job_enqueue_per_s"], None)
+    row("sqlite3 ceiling: claim+delete, per job", ceil["normal"]["per_job_drain_per_s"],
+        ceil["full"]["per_job_drain_per_s"], None)
+    row("sqlite3 ceiling: enqueue, batches of 100", ceil["normal"]["batch_100_enqueue_per_s"],
+        ceil["full"]["batch_100_enqueue_per_s"], None)
+    row("sqlite3 ceiling: claim+delete, batches of 100", ceil["normal"]["batch_100_drain_per_s"],
+        ceil["full"]["batch_100_drain_per_s"], None)
+    row("nursery_jobs: push, one durable push per call",
+        ours_["pushes_normal"]["push_per_call_per_s"], ours_["pushes_full"]["push_per_call_per_s"],
+        ceil["normal"]["per_job_enqueue_per_s"])
+    row("nursery_jobs: push, batched in a transaction",
+        ours_["pushes_normal"]["push_batched_per_s"], ours_["pushes_full"]["push_batched_per_s"],
+        ceil["normal"]["batch_100_enqueue_per_s"])
+    row("nursery_jobs: dispatch, 1 object x N", ours_["dispatch_1x_normal_per_s"],
+        ours_["dispatch_1x_full_per_s"], ceil["normal"]["batch_100_drain_per_s"])
+    row("nursery_jobs: dispatch, 100 objects x N/100", ours_["dispatch_100x_normal_per_s"],
+        ours_["dispatch_100x_full_per_s"], ceil["normal"]["batch_100_drain_per_s"])
+    now, timer = ours_["latency_now"], ours_["latency_timer_100ms"]
+    lines += ["", f"latency of a job pushed for now (idle runtime): p50 {now['p50_ms']:.3f} ms,"
+              f" p99 {now['p99_ms']:.3f} ms ({now['samples']} samples)",
+              f"lateness of a 100 ms timer: p50 {timer['p50_ms']:.3f} ms,"
+              f" p99 {timer['p99_ms']:.3f} ms ({timer['samples']} samples)"]
+    if report["peers"]:
+        lines += ["", f"{'peer (durability)':<28}{'enqueue':>12}{'drain':>12}"
+                  f"{'timer p50':>11}{'timer p99':>11}{'ours/peer drain':>17}"]
+        ours_drain = {"normal": ours_["dispatch_1x_normal_per_s"],
+                      "full": ours_["dispatch_1x_full_per_s"]}
+        for name, by_durability in report["peers"].items():
+            for durability, result in by_durability.items():
+                label = f"{name} ({durability})"
+                if "error" in result:
+                    lines.append(f"{label:<28}error: {result['error']}")
+                    continue
+                timer_ = result.get("timer_lateness_ms") or {}
+                drain = result.get("drain_per_s")
+                ratio = f"{ours_drain[durability] / drain:>16.1f}x" if drain else ""
+                p50 = f"{timer_['p50']:.1f} ms" if timer_ else "n/a"
+                p99 = f"{timer_['p99']:.1f} ms" if timer_ else "n/a"
+                lines.append(f"{label:<28}{_fmt_rate(result.get('enqueue_per_s')):>12}"
+                             f"{_fmt_rate(drain):>12}{p50:>11}{p99:>11}{ratio}")
+                notes = [f"{k}: {v}" for k, v in result.items() if k.endswith("note")]
+                settings = result.get("settings")
+                if settings:
+                    notes.append(f"settings: {settings}")
+                lines += [f"    {note}" for note in notes]
+    elif report.get("peers_note"):
+        lines += ["", report["peers_note"]]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="nursery-jobs bench", description="Measure dispatch throughput against the"
+        " plain-sqlite3 ceiling and the peers, in one run on one disk.")
+    parser.add_argument("-n", type=int, default=20_000, help="jobs per measurement")
+    parser.add_argument("--dir", type=Path, default=None,
+                        help="where to put the databases (default: the temp dir)")
+    parser.add_argument("--no-peers", action="store_true", help="skip the peers")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    args = parser.parse_args(argv)
+    if args.n < 100:
+        parser.error("-n must be at least 100")
+    report = run(args.n, args.dir, not args.no_peers, progress_enabled=True)
+    print(json.dumps(report, indent=2) if args.json else render(report))
+    return 0
+
