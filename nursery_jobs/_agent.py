@@ -11,7 +11,7 @@ import attrs
 
 from . import _clock
 from ._errors import UnknownCallbackError
-from ._jobs import JobContext, JobOutcome, RetryOptions
+from ._jobs import Job, JobContext, JobOutcome, RetryOptions
 from ._lifecycle import Lifecycle
 from ._object import DurableObject, ObjectContext
 from ._queue import Queue, QueueItem, call_callback
@@ -93,6 +93,9 @@ class Agent(DurableObject):
     """
 
     max_alarm_memory_limit_strikes: ClassVar[int] = 3
+    # Dispatch hooks are called by the Lifecycle, never by a stub.
+    _rpc_hidden: ClassVar[frozenset[str]] = DurableObject._rpc_hidden | {
+        "on_job", "on_task", "on_error"}
 
     def __init__(self, ctx: ObjectContext) -> None:
         super().__init__(ctx)
@@ -153,20 +156,28 @@ class Agent(DurableObject):
 
     def list_schedules(self) -> list[TaskRecord]:
         """Every queued and scheduled task, by due time."""
-        table = self.lifecycle.table
-        records = []
-        for owner in (self._task_queue.id, self._task_scheduler.id):
-            for row in table.rows(owner):
-                job = row.job
-                envelope = job.payload
-                due = envelope.get("pos", job.time) if owner == self._task_queue.id else job.time
-                records.append(TaskRecord(
-                    id=job.id, name=job.fn, payload=envelope["p"], due=due,
-                    every=envelope.get("i"), attempts=row.attempts,
-                    max_retries=job.retry.max_attempts - 1, created_at=job.created_at,
-                ))
+        lifecycle = self.lifecycle
+        lifecycle._flush()  # completions staged by the alarm run must not show here
+        records = [
+            self._record(row.job, row.attempts)
+            for owner in (self._task_queue.id, self._task_scheduler.id)
+            for row in lifecycle.table.rows(owner)
+        ]
         records.sort(key=lambda r: r.due)
         return records
+
+    def _record(self, job: Job, attempts: int) -> TaskRecord:
+        envelope = job.payload
+        due = job.time
+        if job.owner == self._task_queue.id:
+            # A queue item's time encodes its place in line; it is due from its push
+            # ("pos") until a failed attempt re-times it for the retry.
+            due = max(envelope["pos"], job.time)
+        return TaskRecord(
+            id=job.id, name=job.fn, payload=envelope["p"], due=due, every=envelope.get("i"),
+            attempts=attempts, max_retries=job.retry.max_attempts - 1,
+            created_at=job.created_at,
+        )
 
     # -- running tasks ----------------------------------------------------------------
     async def _run_task(self, name: str, payload: Any, item: QueueItem | Schedule) -> Any:
@@ -187,15 +198,11 @@ class Agent(DurableObject):
                      self.ctx.namespace, self.ctx.id, error)
 
     async def _task_failed(self, error: Exception, item: QueueItem | Schedule) -> None:
-        interval = item.interval if isinstance(item, Schedule) else None
-        row = self.lifecycle.table.row(item.id)
-        task = TaskRecord(
-            id=item.id, name=item.callback, payload=item.payload,
-            due=item.time if isinstance(item, Schedule) else item.created_at,
-            every=interval, attempts=0 if row is None else row.attempts,
-            max_retries=item.retry.max_attempts - 1, created_at=item.created_at,
-        )
-        await self.on_error(error, task)
+        # The failed attempt's context (its number is not in the table yet, and the
+        # job is as it was due for that attempt), set by the Queue or Scheduler.
+        failing = self._task_queue.running or self._task_scheduler.running
+        assert failing is not None and failing.job.id == item.id
+        await self.on_error(error, self._record(failing.job, failing.attempt))
 
     # -- destroy ----------------------------------------------------------------------
     async def destroy(self) -> None:

@@ -7,6 +7,7 @@ priority sorts first and the push sequence breaks ties. All items are due at onc
 
 from __future__ import annotations
 
+import builtins
 import inspect
 import logging
 from collections.abc import Callable, Mapping
@@ -82,7 +83,9 @@ class Queue(Capability):
         id: str = "queue",
     ) -> None:
         if not isinstance(callbacks, Mapping):
-            raise TypeError(f"Queue callbacks must be a mapping of name -> callable, got {callbacks!r}")
+            raise TypeError(
+                f"Queue callbacks must be a mapping of name -> callable, got {callbacks!r}"
+            )
         for name, fn in callbacks.items():
             if not isinstance(name, str) or not name or not callable(fn):
                 raise TypeError(f"Queue callback {name!r} must be a non-empty name and a callable")
@@ -94,7 +97,7 @@ class Queue(Capability):
         self.callbacks = callbacks
         self.retry = retry or DEFAULT_RETRY
         self.on_error = on_error
-        # The job context of the callback now running, if any.
+        # The job context of the callback (or on_error) now running, if any.
         self.running: JobContext | None = None
 
     # -- the API ------------------------------------------------------------------------
@@ -134,7 +137,8 @@ class Queue(Capability):
             -MAX_PRIORITY <= priority <= MAX_PRIORITY
         ):
             raise JobError(
-                f"queue priority must be an int in [-{MAX_PRIORITY}, {MAX_PRIORITY}], got {priority!r}"
+                f"queue priority must be an int in [-{MAX_PRIORITY}, {MAX_PRIORITY}],"
+                f" got {priority!r}"
             )
         jobs = self.lifecycle.jobs
         existing = None if id is None else jobs.get(check_job_id(id))
@@ -176,7 +180,7 @@ class Queue(Capability):
             count += await self.lifecycle.jobs.cancel(item.id)
         return count
 
-    def dead_letters(self) -> list[QueueDeadLetter]:
+    def dead_letters(self) -> builtins.list[QueueDeadLetter]:  # (list: the method above)
         """Items whose retries ran out, oldest first."""
         return [
             QueueDeadLetter(item=item_of(letter.job), error=letter.error,
@@ -218,9 +222,12 @@ class Queue(Capability):
         self.lifecycle.emit("queue:error", callback=job.fn, id=job.id, error=repr(error),
                             attempts=ctx.attempt)
         if self.on_error is not None:
+            self.running = ctx
             try:
                 await call_callback(self.on_error, error, item)
             except Exception:
                 logger.exception("on_error of Queue %r failed for item %r", self.id, job.id)
+            finally:
+                self.running = None
         return None  # the Lifecycle keeps it as a dead letter
 

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 
-
 def _connect(path: Path) -> sqlite3.Connection:
     if not path.exists():
         raise SystemExit(f"nursery-jobs: {path} does not exist")

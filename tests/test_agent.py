@@ -1,0 +1,520 @@
+"""The Agent (DESIGN.md §4): dispatch by method name, the ``on_task`` fallback, private
+methods schedulable but not callable through a stub, unknown names refused at once,
+retries 1, 2, 4, 8, 16 s then a dead letter and ``on_error``, handlers that change their
+own schedules, ``list_schedules`` records, ``cancel_schedule`` and ``destroy``.
+
+Every timer test runs under ``autojump_clock`` and asserts exact virtual times relative
+to ``EPOCH``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+from conftest import EPOCH
+
+import nursery_jobs as nj
+
+# A generous virtual-time bound: under autojump a hang jumps here and fails the test.
+HANG = 100_000
+
+
+def rel() -> float:
+    return nj.now() - EPOCH
+
+
+class Env:
+    """Shared between a test and its agents (passed as the runtime's ``env``)."""
+
+    def __init__(self) -> None:
+        # (task name, time - EPOCH, payload, attempt or None) per task run, in run order.
+        self.runs: list[tuple[str, float, Any, int | None]] = []
+        # (error, task, time - EPOCH) per on_error call.
+        self.errors: list[tuple[Exception, nj.TaskRecord, float]] = []
+        self.events: list[nj.Event] = []
+
+    def record(self, name: str, payload: Any, attempt: int | None = None) -> None:
+        self.runs.append((name, rel(), payload, attempt))
+
+    def ran(self) -> list[tuple[str, float, Any]]:
+        return [(name, t, payload) for name, t, payload, _ in self.runs]
+
+    def times(self, name: str) -> list[float]:
+        return [t for n, t, _, _ in self.runs if n == name]
+
+    def of(self, type: str) -> list[nj.Event]:
+        return [e for e in self.events if e.type == type]
+
+
+class Worker(nj.Agent):
+    """An Agent whose tasks report to ``env``; no ``on_task`` override."""
+
+    namespace = "tests.test_agent.Worker"
+    not_a_method = "a class attribute"
+
+    def __init__(self, ctx: nj.ObjectContext) -> None:
+        super().__init__(ctx)
+        self.env: Env = ctx.env
+        self.counter = 0  # an instance attribute: not a task either
+
+    # -- tasks --
+    async def work(self, payload: Any) -> None:
+        self.env.record("work", payload)
+
+    def sync_work(self, payload: Any) -> str:
+        self.env.record("sync_work", payload)
+        return "ignored"
+
+    async def flaky(self, payload: Any) -> None:
+        self.env.record("flaky", payload)
+        raise RuntimeError(f"flaky {payload}")
+
+    async def _secret(self, payload: Any) -> None:
+        self.env.record("_secret", payload)
+
+    async def stop_after_three(self, task_id: str) -> None:
+        self.env.record("stop_after_three", task_id)
+        if len(self.env.times("stop_after_three")) == 3:
+            assert await self.cancel_schedule(task_id) is True
+
+    async def chain(self, n: int) -> None:
+        self.env.record("chain", n)
+        if n < 3:
+            await self.schedule(5, "chain", n + 1, id="chain")
+
+    async def spawn(self, payload: Any) -> None:
+        self.env.record("spawn", payload)
+        await self.queue("work", "spawned now")
+        await self.schedule(5, "work", "spawned later", id="later")
+
+    async def retune(self, payload: Any) -> None:
+        self.env.record("retune", payload)
+        if len(self.env.times("retune")) == 1:
+            await self.every(3, "retune", payload, id="r")
+
+    async def nap(self, seconds: float) -> None:
+        self.env.record("nap", seconds)
+        await trio.sleep(seconds)
+
+    async def cancel_then_fail(self, payload: Any) -> None:
+        self.env.record("cancel_then_fail", payload)
+        assert await self.cancel_schedule("cf") is True
+        raise RuntimeError("fails after cancelling itself")
+
+    # -- hooks --
+    async def on_error(self, error: Exception, task: nj.TaskRecord) -> None:
+        self.env.errors.append((error, task, rel()))
+
+    # -- test access --
+    async def put(self, key: str, value: Any) -> None:
+        self.ctx.storage.put(key, value)
+
+    async def read(self, key: str) -> Any:
+        return self.ctx.storage.get(key)
+
+    async def dead_letters(self) -> list[nj.DeadLetter]:
+        return self.lifecycle.dead_letters()
+
+    async def destroy_and_look(self) -> tuple[Any, list[nj.Job]]:
+        await self.destroy()
+        return self.ctx.storage.get("k"), self.lifecycle.jobs.list()
+
+    async def schedule_secret(self, when: float) -> str:
+        return await self.schedule(when, "_secret", "from inside")
+
+
+class Fallback(nj.Agent):
+    """An Agent that handles unknown task names in ``on_task``."""
+
+    namespace = "tests.test_agent.Fallback"
+
+    async def known(self, payload: Any) -> None:
+        self.ctx.env.record("known", payload)
+
+    async def on_task(self, name: str, payload: Any, info: nj.TaskInfo) -> None:
+        assert info.name == name
+        self.ctx.env.record(f"on_task:{name}", (info.id, payload), info.attempt)
+        if payload == "fail twice" and info.attempt <= 2:
+            raise RuntimeError(f"attempt {info.attempt} fails")
+
+
+def alarm(rt: nj.Runtime, cls: type[nj.DurableObject] = Worker, object_id: str = "w") -> Any:
+    found = rt.catalog.get_alarm(cls.namespace, object_id)
+    return None if found is None else found[0] - EPOCH
+
+
+def listen(rt: nj.Runtime, env: Env) -> None:
+    rt.events.add_listener(env.events.append)
+
+
+# -- dispatch ---------------------------------------------------------------------------------
+
+
+async def test_tasks_call_the_method_of_their_name(autojump_clock: trio.testing.MockClock) -> None:
+    env = Env()
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(env=env) as rt:
+            agent = rt.get(Worker, "w")
+            queued = await agent.queue("work", {"n": 1})
+            assert isinstance(queued, str) and queued
+            assert await agent.queue("sync_work", [1, 2], id="sync") == "sync"
+            assert await agent.schedule(5, "work", "in 5", id="five") == "five"
+            assert await agent.schedule(dt.timedelta(seconds=7), "work", "td") != "five"
+            assert await agent.schedule(
+                dt.datetime.fromtimestamp(EPOCH + 9, dt.UTC), "sync_work", "at 9") != "five"
+            assert await agent.every(10, "work", "beat", id="beat") == "beat"
+            await trio.sleep(25)
+            assert env.ran() == [
+                ("work", 0, {"n": 1}), ("sync_work", 0, [1, 2]), ("work", 5, "in 5"),
+                ("work", 7, "td"), ("sync_work", 9, "at 9"), ("work", 10, "beat"),
+                ("work", 20, "beat"),
+            ]
+
+
+async def test_on_task_handles_names_without_a_method(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    env = Env()
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(env=env) as rt:
+            agent = rt.get(Fallback, "f")
+            await agent.queue("known", "k")
+            await agent.queue("missing", "fail twice", id="m")
+            await agent.schedule(5, "later", "x", id="l")
+            await trio.sleep(10)
+            assert env.runs == [
+                ("known", 0, "k", None),
+                ("on_task:missing", 0, ("m", "fail twice"), 1),
+                ("on_task:missing", 1, ("m", "fail twice"), 2),  # retried after 1 s
+                ("on_task:missing", 3, ("m", "fail twice"), 3),  # then 2 s
+                ("on_task:later", 5, ("l", "x"), 1),
+            ]
+
+
+async def test_private_methods_run_when_scheduled_but_not_through_a_stub(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    env = Env()
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(env=env) as rt:
+            agent = rt.get(Worker, "w")
+            with pytest.raises(nj.RpcError):
+                await agent._secret("direct")
+            with pytest.raises(nj.RpcError):
+                await agent.call("_secret", "direct")
+            await agent.schedule(5, "_secret", "scheduled")
+            await agent.queue("_secret", "queued")
+            await agent.schedule_secret(7)
+            await trio.sleep(10)
+            assert env.ran() == [("_secret", 0, "queued"), ("_secret", 5, "scheduled"),
+                                 ("_secret", 7, "from inside")]
+
+
+@pytest.mark.parametrize("hook", ["on_task", "on_error", "on_job", "on_start", "alarm"])
+async def test_agent_hooks_are_not_callable_through_a_stub(
+    autojump_clock: trio.testing.MockClock, hook: str
+) -> None:
+    env = Env()
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(env=env) as rt:
+            with pytest.raises(nj.RpcError, match=hook):
+                await rt.get(Worker, "w").call(hook, "x", None, None)
+            assert env.runs == [] and env.errors == []
+
+
+UNKNOWN = ["nope", "not_a_method", "counter", "destroy", "queue", "every", "on_task",
+           "on_job", "on_error", "lifecycle", "ctx", "env", ""]
+
+
+@pytest.mark.parametrize("name", UNKNOWN)
+@pytest.mark.parametrize("how", ["queue", "schedule", "every"])
+async def test_a_name_that_is_no_task_is_refused_at_once(
+    autojump_clock: trio.testing.MockClock, name: str, how: str
+) -> None:
+    env = Env()
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(env=env) as rt:
+            agent = rt.get(Worker, "w")
+            args = (name,) if how == "queue" else (5, name)
+            with pytest.raises(nj.UnknownCallbackError) as info:
+                await agent.call(how, *args, "payload", id="t")
+            assert repr(name) in str(info.value) and "Worker" in str(info.value)
+            assert await agent.list_schedules() == []
+            assert alarm(rt) is None
+            # With an on_task override the same name is accepted (and handled there).
+            fallback = rt.get(Fallback, "f")
+            if name:
+                await fallback.call(how, *args, "payload", id="t")
+                await trio.sleep(6)
+                assert [n for n, _, _, _ in env.runs] == [f"on_task:{name}"]
+
+
+# -- retries ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("max_retries", "offsets"),
+    [
+        (5, [0, 1, 3, 7, 15, 31]),  # the default: waits of 1, 2, 4, 8, 16 s
+        (0, [0]),
+        (2, [0, 1, 3]),
+        (10, [0, 1, 3, 7, 15, 31, 63, 127, 255, 511, 811]),  # the wait caps at 300 s
+    ],
+)
+@pytest.mark.parametrize("how", ["queue", "schedule"])
+async def test_retries_back_off_exactly_then_dead_letter_and_on_error(
+    autojump_clock: trio.testing.MockClock, how: str, max_retries: int, offsets: list[int]
+) -> None:
+    env = Env()
+    start = 0 if how == "queue" else 10
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(env=env) as rt:
+            agent = rt.get(Worker, "w")
+            kwargs = {} if max_retries == 5 else {"max_retries": max_retries}
+            if how == "queue":
+                await agent.queue("flaky", "p", id="f", **kwargs)
+            else:
+                await agent.schedule(10, "flaky", "p", id="f", **kwargs)
+            await trio.sleep(2000)
+            assert env.times("flaky") == [start + t for t in offsets]
+            last = start + offsets[-1]
+            [(error, task, t)] = env.errors
+            assert isinstance(error, RuntimeError) and str(error) == "flaky p" and t == last
+            assert task == nj.TaskRecord(
+                id="f", name="flaky", payload="p", due=EPOCH + last, every=None,
+                attempts=max_retries + 1, max_retries=max_retries, created_at=EPOCH,
+            )
+            [letter] = await agent.dead_letters()
+            assert (letter.job.id, letter.attempts, letter.error) == (
+                "f", max_retries + 1, "RuntimeError: flaky p")
+            assert await agent.list_schedules() == []
+            assert alarm(rt) is None
+
+
+@pytest.mark.parametrize("max_retries", [-1, True, 1.5, "5"])
+async def test_invalid_max_retries_raises_and_stores_nothing(
+    autojump_clock: trio.testing.MockClock, max_retries: Any
+) -> None:
+    env = Env()
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(env=env) as rt:
+            agent = rt.get(Worker, "w")
+            for how, args in [("queue", ("work",)), ("schedule", (5, "work")),
+                              ("every", (5, "work"))]:
+                with pytest.raises(ValueError, match="max_retries"):
+                    await agent.call(how, *args, max_retries=max_retries)
+            assert await agent.list_schedules() == []
+            assert alarm(rt) is None
+
+
+# -- handlers that change schedules ----------------------------------------------------------------
+
+
+async def test_a_handler_may_cancel_its_own_schedule(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    env = Env()
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(env=env) as rt:
+            agent = rt.get(Worker, "w")
+            await agent.every(10, "stop_after_three", "s", id="s")
+            await trio.sleep(100)
+            assert env.times("stop_after_three") == [10, 20, 30]
+            assert await agent.list_schedules() == []
+            assert alarm(rt) is None
+
+
+async def test_a_handler_that_cancels_itself_then_fails_stays_cancelled(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    env = Env()
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(env=env) as rt:
+            agent = rt.get(Worker, "w")
+            await agent.queue("cancel_then_fail", None, id="cf")
+            await trio.sleep(100)
+            assert env.times("cancel_then_fail") == [0]
+            assert env.errors == []
+            assert await agent.dead_letters() == []
+            assert await agent.list_schedules() == []
+
+
+async def test_a_one_shot_handler_may_reschedule_its_own_id(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    env = Env()
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(env=env) as rt:
+            agent = rt.get(Worker, "w")
+            await agent.schedule(10, "chain", 1, id="chain")
+            await trio.sleep(100)
+            # Each run's "done" is discarded for the schedule it left.
+            assert env.ran() == [("chain", 10, 1), ("chain", 15, 2), ("chain", 20, 3)]
+            assert await agent.list_schedules() == []
+
+
+async def test_an_interval_handler_may_change_its_own_interval(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    env = Env()
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(env=env) as rt:
+            agent = rt.get(Worker, "w")
+            await agent.every(10, "retune", "r", id="r")
+            await trio.sleep(20)
+            # Its first run re-schedules "r" every 3 s: that wins over "next in 10 s".
+            assert env.times("retune") == [10, 13, 16, 19]
+            [task] = await agent.list_schedules()
+            assert (task.id, task.every, task.due) == ("r", 3.0, EPOCH + 22)
+
+
+async def test_a_handler_may_schedule_new_tasks(autojump_clock: trio.testing.MockClock) -> None:
+    env = Env()
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(env=env) as rt:
+            agent = rt.get(Worker, "w")
+            await agent.queue("spawn", None)
+            await trio.sleep(10)
+            assert env.ran() == [("spawn", 0, None), ("work", 0, "spawned now"),
+                                 ("work", 5, "spawned later")]
+
+
+# -- listing and cancelling ------------------------------------------------------------------------
+
+
+async def test_list_schedules_records(autojump_clock: trio.testing.MockClock) -> None:
+    env = Env()
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(env=env) as rt:
+            agent = rt.get(Worker, "w")
+            await agent.queue("flaky", "q", id="q")  # fails at 0: attempt 2 due at 1
+            await agent.schedule(30, "work", {"s": 1}, id="s", max_retries=2)
+            await agent.every(60, "work", "e", id="e", max_retries=0)
+            cron = await agent.schedule("0 9 * * *", "sync_work", None)
+            await trio.sleep(0.5)
+            assert await agent.list_schedules() == [
+                nj.TaskRecord(id="q", name="flaky", payload="q", due=EPOCH + 1, every=None,
+                              attempts=1, max_retries=5, created_at=EPOCH),
+                nj.TaskRecord(id="s", name="work", payload={"s": 1}, due=EPOCH + 30,
+                              every=None, attempts=0, max_retries=2, created_at=EPOCH),
+                nj.TaskRecord(id="e", name="work", payload="e", due=EPOCH + 60, every=60.0,
+                              attempts=0, max_retries=0, created_at=EPOCH),
+                nj.TaskRecord(id=cron, name="sync_work", payload=None, due=EPOCH + 3600,
+                              every=None, attempts=0, max_retries=5, created_at=EPOCH),
+            ]
+
+
+async def test_list_schedules_during_a_run_omits_tasks_already_done(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    env = Env()
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(env=env) as rt:
+            agent = rt.get(Worker, "w")
+            await agent.queue("work", "a", id="a")
+            await agent.queue("work", "b", id="b")
+            await agent.queue("nap", 10, id="nap")
+            await agent.schedule(100, "work", "later", id="later")
+            await trio.sleep(5)  # "a" and "b" are done; "nap" runs until 10
+            assert [t.id for t in await agent.list_schedules()] == ["nap", "later"]
+            await trio.sleep(10)
+            assert [t.id for t in await agent.list_schedules()] == ["later"]
+
+
+async def test_cancel_schedule(autojump_clock: trio.testing.MockClock) -> None:
+    env = Env()
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(env=env) as rt:
+            listen(rt, env)
+            agent = rt.get(Worker, "w")
+            assert await agent.cancel_schedule("unknown") is False
+            await agent.queue("flaky", "q", id="q")  # waiting for its retry
+            await agent.schedule(30, "work", "s", id="s")
+            await agent.every(10, "work", "e", id="e")
+            await trio.sleep(0.5)
+            assert await agent.cancel_schedule("q") is True
+            assert await agent.cancel_schedule("s") is True
+            assert await agent.cancel_schedule("s") is False
+            assert [t.id for t in await agent.list_schedules()] == ["e"]
+            assert alarm(rt) == 10
+            assert await agent.cancel_schedule("e") is True
+            assert alarm(rt) is None
+            await trio.sleep(100)
+            assert env.ran() == [("flaky", 0, "q")]
+            assert [e.data["id"] for e in env.of("schedule:cancel")] == ["s", "e"]
+
+
+# -- destroy ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("on_disk", [False, True], ids=["memory", "disk"])
+async def test_destroy_leaves_an_empty_object(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path, on_disk: bool
+) -> None:
+    env = Env()
+    path = tmp_path if on_disk else None
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(path, env=env) as rt:
+            listen(rt, env)
+            agent = rt.get(Worker, "w")
+            other = rt.get(Worker, "other")
+            await agent.put("k", "v")
+            await other.put("k", "kept")
+            await agent.every(10, "work", "beat", id="beat")
+            await agent.schedule(100, "work", "later", id="later")
+            await agent.queue("flaky", "f", id="f", max_retries=0)  # a dead letter
+            await trio.sleep(15)
+            assert env.ran() == [("flaky", 0, "f"), ("work", 10, "beat")]
+            [file] = [f for ns, oid, f in rt.catalog.objects()
+                      if (ns, oid) == (Worker.namespace, "w")]
+            if on_disk:
+                assert (tmp_path / "objects" / file).exists()
+            await agent.destroy()
+            await trio.sleep(1)
+            # Gone: registry row, alarm and (on disk) the database files.
+            assert [e.object_id for e in env.of("object:destroyed")] == ["w"]
+            assert alarm(rt) is None
+            assert (Worker.namespace, "w") not in {
+                (ns, oid) for ns, oid, _ in rt.catalog.objects()}
+            if on_disk:
+                assert [f.name for f in (tmp_path / "objects").iterdir()
+                        if f.name.startswith(file)] == []
+            # The next activation starts empty.
+            assert await agent.read("k") is None
+            assert await agent.list_schedules() == []
+            assert await agent.dead_letters() == []
+            assert await other.read("k") == "kept"
+            await trio.sleep(200)
+            assert env.ran() == [("flaky", 0, "f"), ("work", 10, "beat")]
+        if on_disk:
+            async with nj.open_runtime(path, env=env) as rt:
+                assert alarm(rt) is None
+                assert await rt.get(Worker, "w").read("k") is None
+                assert await rt.get(Worker, "other").read("k") == "kept"
+
+
+async def test_destroy_runs_through_an_exclusive_job_after_the_call_returns(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    env = Env()
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(env=env) as rt:
+            listen(rt, env)
+            agent = rt.get(Worker, "w")
+            await agent.put("k", "v")
+            await agent.every(10, "work", "beat", id="beat")
+            # Deferred: the call returns with the object intact, and the destroy job
+            # (exclusive: it alone decides the alarm) due at once.
+            value, jobs = await agent.destroy_and_look()
+            assert value == "v"
+            assert [(j.fn, j.exclusive, j.time) for j in jobs] == [
+                ("nj:destroy", True, EPOCH)]
+            assert alarm(rt) == 0
+            await trio.sleep(1)
+            assert len(env.of("object:destroyed")) == 1
+            assert await agent.read("k") is None

@@ -1,0 +1,568 @@
+"""The Queue capability (DESIGN.md §4): FIFO within a priority, higher priority first,
+stable ids replaced in place (keeping their position, superseding a run in flight), a
+failing item never blocking the next, retries, dead letters and requeue, argument checks,
+cancel, and durability across a restart.
+
+Every timer test runs under ``autojump_clock`` and asserts exact virtual times relative
+to ``EPOCH``. A "gate" item holds the queue (items run one at a time) while a test lines
+up the items behind it, so the order they run in is the queue's decision alone.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+from conftest import EPOCH
+
+import nursery_jobs as nj
+
+# A generous virtual-time bound: under autojump a hang jumps here and fails the test.
+HANG = 100_000
+
+
+def rel() -> float:
+    return nj.now() - EPOCH
+
+
+class Env:
+    """Shared between a test and its objects (passed as the runtime's ``env``)."""
+
+    def __init__(self, retry: nj.RetryOptions | None = None) -> None:
+        self.retry = retry
+        # (callback, item id, time - EPOCH, payload) per callback run, in run order.
+        self.runs: list[tuple[str, str, float, Any]] = []
+        # (error, item, time - EPOCH) per on_error call.
+        self.errors: list[tuple[Exception, nj.QueueItem, float]] = []
+        self.events: list[nj.Event] = []
+        self.gate = trio.Event()
+        self.gate_entered = trio.Event()
+        self.failing = True
+        self.finished: list[tuple[str, Any, float]] = []
+
+    def record(self, callback: str, payload: Any, item: nj.QueueItem) -> None:
+        assert item.callback == callback and item.payload == payload
+        self.runs.append((callback, item.id, rel(), payload))
+
+    def ran(self) -> list[tuple[str, Any]]:
+        """(item id, payload) of every run."""
+        return [(item_id, payload) for _cb, item_id, _t, payload in self.runs]
+
+    def of(self, type: str) -> list[tuple[float, dict[str, Any]]]:
+        return [(e.time - EPOCH, e.data) for e in self.events if e.type == type]
+
+    def callbacks(self) -> dict[str, Any]:
+        env = self
+
+        async def rec(payload: Any, item: nj.QueueItem) -> None:
+            env.record("rec", payload, item)
+
+        def rec_sync(payload: Any, item: nj.QueueItem) -> str:
+            env.record("rec_sync", payload, item)
+            return "a sync result is ignored"
+
+        async def other(payload: Any, item: nj.QueueItem) -> None:
+            env.record("other", payload, item)
+
+        async def gate(payload: Any, item: nj.QueueItem) -> None:
+            env.record("gate", payload, item)
+            env.gate_entered.set()
+            await env.gate.wait()
+
+        async def fail(payload: Any, item: nj.QueueItem) -> None:
+            env.record("fail", payload, item)
+            if env.failing:
+                raise RuntimeError(f"boom {payload}")
+
+        async def slow(payload: Any, item: nj.QueueItem) -> None:
+            # The first version of an item blocks on the gate; a replacement does not.
+            env.record("slow", payload, item)
+            if payload == "old":
+                env.gate_entered.set()
+                await env.gate.wait()
+                if env.failing:
+                    raise RuntimeError("the superseded run failed")
+            env.finished.append(("slow", payload, rel()))
+
+        return {"rec": rec, "rec_sync": rec_sync, "other": other, "gate": gate, "fail": fail,
+                "slow": slow}
+
+    async def on_error(self, error: Exception, item: nj.QueueItem) -> None:
+        self.errors.append((error, item, rel()))
+
+
+class Uploads(nj.DurableObject):
+    """A Lifecycle object with one Queue whose callbacks come from ``env``."""
+
+    namespace = "tests.test_queue.Uploads"
+
+    def __init__(self, ctx: nj.ObjectContext) -> None:
+        super().__init__(ctx)
+        env: Env = ctx.env
+        self.queue = nj.Queue(env.callbacks(), retry=env.retry, on_error=env.on_error)
+        self.lifecycle = nj.Lifecycle.install(self).use(self.queue)
+
+    async def push(self, callback: str, payload: Any = None, **kwargs: Any) -> nj.QueueItem:
+        return await self.queue.push(callback, payload, **kwargs)
+
+    async def get(self, item_id: str) -> nj.QueueItem | None:
+        return self.queue.get(item_id)
+
+    async def items(self, callback: str | None = None) -> list[nj.QueueItem]:
+        return self.queue.list(callback)
+
+    async def cancel(self, item_id: str) -> bool:
+        return await self.queue.cancel(item_id)
+
+    async def cancel_all(self, callback: str | None = None) -> int:
+        return await self.queue.cancel_all(callback)
+
+    async def dead_letters(self) -> list[nj.QueueDeadLetter]:
+        return self.queue.dead_letters()
+
+    async def requeue(self, item_id: str) -> nj.QueueItem | None:
+        return await self.queue.requeue(item_id)
+
+
+def ids(items: list[nj.QueueItem]) -> list[str]:
+    return [item.id for item in items]
+
+
+async def hold_the_queue(obj: nj.Stub, env: Env) -> None:
+    """Start a "gate" item and wait until it runs: the queue is busy until env.gate."""
+    await obj.push("gate", id="gate")
+    await env.gate_entered.wait()
+
+
+def alarm(rt: nj.Runtime, object_id: str = "o") -> float | None:
+    found = rt.catalog.get_alarm(Uploads.namespace, object_id)
+    return None if found is None else found[0] - EPOCH
+
+
+def listen(rt: nj.Runtime, env: Env) -> None:
+    rt.events.add_listener(env.events.append)
+
+
+# -- order ---------------------------------------------------------------------------------
+
+
+async def test_items_run_one_at_a_time_in_push_order(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    env = Env()
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(env=env) as rt:
+            obj = rt.get(Uploads, "o")
+            await hold_the_queue(obj, env)
+            # Ids against the alphabet, sync and async callbacks mixed, one anonymous.
+            await obj.push("rec", "1", id="z")
+            await obj.push("rec_sync", "2", id="y")
+            anonymous = await obj.push("rec", "3")
+            await obj.push("other", "4", id="a")
+            await trio.sleep(5)
+            # Nothing else runs while the gate item runs: one at a time.
+            assert env.ran() == [("gate", None)]
+            env.gate.set()
+            await trio.sleep(1)
+            assert env.ran() == [
+                ("gate", None), ("z", "1"), ("y", "2"), (anonymous.id, "3"), ("a", "4"),
+            ]
+            # Pushed at 5 (while the gate held the queue), all ran at once when it opened.
+            assert {t for _, _, t, _ in env.runs[1:]} == {5}
+            assert await obj.items() == []
+            assert alarm(rt) is None
+
+
+async def test_higher_priority_runs_first_and_fifo_within_a_priority(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    env = Env()
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(env=env) as rt:
+            obj = rt.get(Uploads, "o")
+            await hold_the_queue(obj, env)
+            await trio.sleep(1)
+            for item_id, priority in [
+                ("a0", 0), ("hi", 5), ("b0", 0), ("hi2", 5), ("top", 1000), ("c0", 0),
+                ("one", 1),
+            ]:
+                item = await obj.push("rec", item_id, id=item_id, priority=priority)
+                assert item.priority == priority
+                await trio.sleep(1)  # pushed at different times: only priority may decide
+            # list() is in run order (the running gate item ahead of the later
+            # priority-0 items).
+            assert ids(await obj.items()) == ["top", "hi", "hi2", "one", "gate", "a0", "b0",
+                                              "c0"]
+            env.gate.set()
+            await trio.sleep(1)
+            assert [item_id for item_id, _ in env.ran()] == [
+                "gate", "top", "hi", "hi2", "one", "a0", "b0", "c0",
+            ]
+            # Every item was due at once, whatever its priority.
+            assert {t for _, _, t, _ in env.runs[1:]} == {8}
+            assert await obj.items() == []
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="_queue.py: time = position - priority * 1e9 puts a negative priority 31 years"
+    " in the future; the fix (offset every priority by MAX_PRIORITY) needs the Lifecycle to"
+    " rewind its run cursor for jobs pushed ahead of it (see the next test)",
+)
+async def test_negative_priority_runs_after_priority_zero(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    env = Env()
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(env=env) as rt:
+            obj = rt.get(Uploads, "o")
+            await hold_the_queue(obj, env)
+            for item_id, priority in [("low", -1), ("a0", 0), ("bottom", -1000), ("b0", 0)]:
+                await obj.push("rec", item_id, id=item_id, priority=priority)
+                await trio.sleep(1)
+            env.gate.set()
+            await trio.sleep(10)
+            assert [item_id for item_id, _ in env.ran()] == ["gate", "a0", "b0", "low",
+                                                               "bottom"]
+            assert [t for _, _, t, _ in env.runs[1:]] == [4, 4, 4, 4]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="_lifecycle.py: a job pushed during an alarm run that sorts before the run's"
+    " cursor waits until every job after the cursor that was due at the run's start has run",
+)
+async def test_a_higher_priority_push_overtakes_a_due_backlog(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    env = Env()
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(env=env) as rt:
+            obj = rt.get(Uploads, "o")
+            # The gate and a backlog, all due when the alarm run starts at 0.
+            await obj.push("gate", id="gate")
+            for n in range(3):
+                await obj.push("rec", f"n{n}", id=f"n{n}")
+            await env.gate_entered.wait()
+            await trio.sleep(100)
+            await obj.push("rec", "urgent", id="urgent", priority=1)
+            env.gate.set()
+            await trio.sleep(1)
+            assert [item_id for item_id, _ in env.ran()] == ["gate", "urgent", "n0", "n1",
+                                                               "n2"]
+
+
+# -- stable ids ------------------------------------------------------------------------------
+
+
+async def test_stable_id_replaces_in_place_keeping_its_position(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    env = Env()
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(env=env) as rt:
+            obj = rt.get(Uploads, "o")
+            listen(rt, env)
+            await hold_the_queue(obj, env)
+            a = await obj.push("rec", "A", id="a")
+            b = await obj.push("rec", "B", id="b")
+            await obj.push("rec", "C", id="c")
+            await trio.sleep(3)
+            b2 = await obj.push("rec", "B'", id="b")
+            # One item, replaced: new payload, same creation time, same place in line.
+            assert (b2.id, b2.payload, b2.created_at) == ("b", "B'", b.created_at)
+            assert await obj.get("b") == b2
+            assert ids(await obj.items()) == ["gate", "a", "b", "c"]
+            assert await obj.get("a") == a
+            env.gate.set()
+            await trio.sleep(1)
+            assert env.ran() == [("gate", None), ("a", "A"), ("b", "B'"), ("c", "C")]
+            assert [data["id"] for _, data in env.of("queue:create")] == [
+                "gate", "a", "b", "c", "b",
+            ]
+
+
+async def test_replacing_a_running_item_runs_the_new_payload_too(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    env = Env()
+    env.failing = False
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(env=env) as rt:
+            obj = rt.get(Uploads, "o")
+            listen(rt, env)
+            await obj.push("slow", "old", id="s")
+            await env.gate_entered.wait()
+            await trio.sleep(2)
+            await obj.push("slow", "new", id="s")
+            await obj.push("rec", "behind", id="behind")
+            await trio.sleep(2)
+            env.gate.set()
+            await trio.sleep(1)
+            # The old run finished, but its result (delete the item) was discarded: the
+            # replacement runs too, once, at the next alarm, still ahead of the item
+            # pushed behind it.
+            assert env.ran() == [("s", "old"), ("s", "new"), ("behind", "behind")]
+            assert env.finished == [("slow", "old", 4), ("slow", "new", 4)]
+            assert await obj.items() == []
+            assert env.of("queue:retry") == [] and env.of("queue:error") == []
+            await trio.sleep(100)
+            assert len(env.runs) == 3
+
+
+async def test_a_superseded_run_that_fails_is_discarded_too(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    env = Env(retry=nj.RetryOptions(max_attempts=1))
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(env=env) as rt:
+            obj = rt.get(Uploads, "o")
+            listen(rt, env)
+            await obj.push("slow", "old", id="s")
+            await env.gate_entered.wait()
+            await obj.push("slow", "new", id="s")
+            env.gate.set()  # the old run now raises: its last attempt, but superseded
+            await trio.sleep(1)
+            assert env.ran() == [("s", "old"), ("s", "new")]
+            assert env.finished == [("slow", "new", 0)]
+            assert await obj.dead_letters() == []
+            assert env.of("queue:error") == []
+            assert env.errors == []
+
+
+# -- failures, retries, dead letters -----------------------------------------------------------
+
+
+async def test_a_failing_item_does_not_block_the_next(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    env = Env(retry=nj.RetryOptions(max_attempts=3, base_delay=4, max_delay=100, jitter=False))
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(env=env) as rt:
+            obj = rt.get(Uploads, "o")
+            listen(rt, env)
+            await hold_the_queue(obj, env)
+            await obj.push("fail", "f", id="f")
+            await obj.push("rec", "n1", id="n1")
+            await obj.push("rec", "n2", id="n2")
+            env.gate.set()
+            await trio.sleep(2)
+            await obj.push("rec", "n3", id="n3")  # pushed while "f" waits for its retry
+            await trio.sleep(100)
+            assert [(item_id, t) for _, item_id, t, _ in env.runs] == [
+                ("gate", 0), ("f", 0), ("n1", 0), ("n2", 0), ("n3", 2),
+                ("f", 4), ("f", 12),  # backoff 4 s, then 8 s
+            ]
+            assert env.of("queue:retry") == [
+                (4, {"callback": "fail", "id": "f", "attempt": 2, "max_attempts": 3}),
+                (12, {"callback": "fail", "id": "f", "attempt": 3, "max_attempts": 3}),
+            ]
+            assert env.of("queue:error") == [
+                (12, {"callback": "fail", "id": "f", "error": "RuntimeError('boom f')",
+                      "attempts": 3}),
+            ]
+
+
+async def test_dead_letter_on_error_and_requeue(autojump_clock: trio.testing.MockClock) -> None:
+    env = Env(retry=nj.RetryOptions(max_attempts=2, base_delay=1, jitter=False))
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(env=env) as rt:
+            obj = rt.get(Uploads, "o")
+            listen(rt, env)
+            pushed = await obj.push("fail", {"file": "a.bin"}, id="up-1")
+            await trio.sleep(10)
+            assert [(item_id, t) for _, item_id, t, _ in env.runs] == [("up-1", 0), ("up-1", 1)]
+            # Terminal failure: the event, on_error(error, item), and a dead letter.
+            assert env.of("queue:error") == [
+                (1, {"callback": "fail", "id": "up-1",
+                     "error": "RuntimeError(\"boom {'file': 'a.bin'}\")", "attempts": 2}),
+            ]
+            [(error, item, t)] = env.errors
+            assert isinstance(error, RuntimeError) and str(error) == "boom {'file': 'a.bin'}"
+            assert item == pushed and t == 1
+            assert await obj.items() == []
+            [letter] = await obj.dead_letters()
+            assert letter == nj.QueueDeadLetter(
+                item=pushed, error="RuntimeError: boom {'file': 'a.bin'}", attempts=2,
+                time=EPOCH + 1,
+            )
+            assert alarm(rt) is None
+            # Fixed: requeue runs it again, with fresh attempts, and the letter is gone.
+            env.failing = False
+            requeued = await obj.requeue("up-1")
+            assert requeued is not None
+            assert (requeued.id, requeued.callback, requeued.payload) == (
+                "up-1", "fail", {"file": "a.bin"})
+            assert await obj.dead_letters() == []
+            await trio.sleep(1)
+            assert [(item_id, t) for _, item_id, t, _ in env.runs][2:] == [("up-1", 10)]
+            assert len(env.of("queue:retry")) == 1  # only the first life's retry
+            assert len(env.errors) == 1
+            assert await obj.items() == []
+            assert await obj.requeue("up-1") is None
+            assert await obj.requeue("never-queued") is None
+
+
+async def test_on_error_that_raises_still_keeps_the_dead_letter(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    env = Env(retry=nj.RetryOptions(max_attempts=1))
+
+    async def broken(error: Exception, item: nj.QueueItem) -> None:
+        raise ValueError("on_error is broken")
+
+    env.on_error = broken  # type: ignore[method-assign]
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(env=env) as rt:
+            obj = rt.get(Uploads, "o")
+            await obj.push("fail", 1, id="x")
+            await obj.push("rec", 2, id="y")
+            await trio.sleep(1)
+            assert env.ran() == [("x", 1), ("y", 2)]
+            assert [d.item.id for d in await obj.dead_letters()] == ["x"]
+    assert "on_error of Queue 'queue' failed for item 'x'" in caplog.text
+
+
+# -- arguments -------------------------------------------------------------------------------
+
+
+async def test_unknown_callback_raises_at_push_and_stores_nothing(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    env = Env()
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(env=env) as rt:
+            obj = rt.get(Uploads, "o")
+            listen(rt, env)
+            with pytest.raises(nj.UnknownCallbackError, match="'nope'") as info:
+                await obj.push("nope", 1, id="n")
+            assert isinstance(info.value, ValueError) and isinstance(info.value, LookupError)
+            assert await obj.items() == []
+            assert await obj.get("n") is None
+            assert alarm(rt) is None
+            assert env.of("queue:create") == []
+            await trio.sleep(10)
+            assert env.runs == []
+
+
+BAD_PUSHES: dict[str, dict[str, Any]] = {
+    "empty id": {"id": ""},
+    "blank id": {"id": "   "},
+    "id not a str": {"id": 7},
+    "retry not RetryOptions": {"retry": {"max_attempts": 2}},
+    "retry a number": {"retry": 3},
+    "priority a float": {"priority": 1.5},
+    "priority a bool": {"priority": True},
+    "priority too high": {"priority": 10**6},
+    "priority too low": {"priority": -(10**6)},
+}
+
+
+@pytest.mark.parametrize("case", BAD_PUSHES)
+async def test_invalid_push_raises_value_error_and_stores_nothing(
+    autojump_clock: trio.testing.MockClock, case: str
+) -> None:
+    env = Env()
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(env=env) as rt:
+            obj = rt.get(Uploads, "o")
+            listen(rt, env)
+            await hold_the_queue(obj, env)
+            kept = await obj.push("rec", "kept", id="keep")
+            before = await obj.items()
+            with pytest.raises(ValueError) as info:
+                await obj.push("other", "bad", **{"id": "keep", **BAD_PUSHES[case]})
+            assert isinstance(info.value, nj.NurseryJobsError)
+            assert await obj.items() == before
+            assert await obj.get("keep") == kept
+            assert len(env.of("queue:create")) == 2
+            env.gate.set()
+            await trio.sleep(1)
+            assert env.ran() == [("gate", None), ("keep", "kept")]
+
+
+async def test_unencodable_payload_raises_codec_error_and_stores_nothing(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    env = Env()
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(env=env) as rt:
+            obj = rt.get(Uploads, "o")
+            with pytest.raises(nj.CodecError):
+                await obj.push("rec", object(), id="x")
+            assert await obj.items() == []
+            assert alarm(rt) is None
+
+
+# -- get, list, cancel -------------------------------------------------------------------------
+
+
+async def test_get_list_cancel_and_cancel_all(autojump_clock: trio.testing.MockClock) -> None:
+    env = Env()
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(env=env) as rt:
+            obj = rt.get(Uploads, "o")
+            await hold_the_queue(obj, env)
+            a1 = await obj.push("rec", 1, id="a1")
+            await obj.push("rec", 2, id="a2")
+            b1 = await obj.push("other", 3, id="b1")
+            await obj.push("rec", 4, id="a3", priority=2)
+            await obj.push("rec", 5, id="a4")
+            assert a1 == nj.QueueItem(id="a1", callback="rec", payload=1, priority=0,
+                                      created_at=EPOCH, retry=nj.RetryOptions())
+            assert await obj.get("a1") == a1
+            assert await obj.get("missing") is None
+            # list(callback) filters, in run order (priority first).
+            assert ids(await obj.items("rec")) == ["a3", "a1", "a2", "a4"]
+            assert await obj.items("other") == [b1]
+            assert await obj.items("fail") == []
+            assert ids(await obj.items()) == ["a3", "gate", "a1", "a2", "b1", "a4"]
+            assert await obj.cancel("a2") is True
+            assert await obj.cancel("a2") is False
+            assert await obj.cancel("never") is False
+            assert await obj.cancel_all("rec") == 3
+            assert ids(await obj.items()) == ["gate", "b1"]
+            assert await obj.cancel_all("rec") == 0
+            assert await obj.cancel_all("other") == 1
+            env.gate.set()
+            await trio.sleep(10)
+            assert env.ran() == [("gate", None)]
+            assert await obj.cancel_all() == 0
+            await obj.push("rec", 6, id="c1", priority=-1)
+            await obj.push("other", 7, id="c2", priority=-1)
+            assert await obj.cancel_all() == 2
+            await trio.sleep(10)
+            assert env.ran() == [("gate", None)]
+            assert alarm(rt) is None
+
+
+# -- durability ----------------------------------------------------------------------------------
+
+
+async def test_waiting_items_survive_a_restart_in_order(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    env = Env()
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(tmp_path, env=env) as rt:
+            obj = rt.get(Uploads, "o")
+            await hold_the_queue(obj, env)
+            await obj.push("rec", "one", id="one")
+            await obj.push("rec", "two", id="two")
+            await obj.push("rec", "high", id="high", priority=1)
+        # A graceful shutdown while the gate item runs: it stays due, with its attempt.
+        env.gate.set()
+        async with nj.open_runtime(tmp_path, env=env) as rt:
+            obj = rt.get(Uploads, "o")
+            assert ids(await obj.items()) == ["high", "gate", "one", "two"]
+            await trio.sleep(100)
+            # The pushes behind the gate lowered the alarm below the interrupted run's
+            # fallback: the object wakes at once, and the gate item runs again (the
+            # shutdown used no attempt) in its place in line.
+            assert [(item_id, t) for _, item_id, t, _ in env.runs] == [
+                ("gate", 0), ("high", 0), ("gate", 0), ("one", 0), ("two", 0),
+            ]
+            assert await obj.items() == []
