@@ -488,15 +488,21 @@ class Lifecycle:
             if count >= BACKLOG_WARNING:
                 logger.warning("%s: %d due jobs of %r in one alarm", self._label(), count, owner)
                 self._emit("job:backlog_warning", owner=owner, count=count)
-        cursor: tuple[float, int] = (-math.inf, -1)
+        start: tuple[float, int] = (-math.inf, -1)
+        cursor = start
         ran: set[str] = set()
+        readmitted: set[str] = set()
         batch: list[JobRow] = []
         index = 0
         read_at = -1
         dispatched = 0
         while not self._disabled:
+            if read_at != self._version:
+                # A push, reschedule or cancel may have changed the rows, perhaps ahead
+                # of the cursor (a higher-priority queue item): read again from the top;
+                # ``ran`` keeps what already ran from running twice.
+                cursor = start
             if index == len(batch) or read_at != self._version:
-                # Re-read when a push, reschedule or cancel may have changed the rows.
                 batch = self.table.next_due(now, cursor, _DUE_BATCH)
                 index, read_at = 0, self._version
                 if not batch:
@@ -518,7 +524,11 @@ class Lifecycle:
                     job.id, self._label(), age,
                 )
                 self._emit("job:hung_reset", id=job.id, owner=job.owner, fn=job.fn, age=age)
-            await self._dispatch(run, row)
+            if await self._dispatch(run, row) and job.id not in readmitted:
+                # Replaced during its own run: the replacement keeps the job's place in
+                # line, so it runs next in this pass (once; after that, next alarm).
+                readmitted.add(job.id)
+                ran.discard(job.id)
             dispatched += 1
             if dispatched % _CHECKPOINT_EVERY == 0:
                 await trio.lowlevel.checkpoint()
@@ -531,7 +541,9 @@ class Lifecycle:
             return cap, None
         return cap, cap.on_job
 
-    async def _dispatch(self, run: _AlarmRun, row: JobRow) -> None:
+    async def _dispatch(self, run: _AlarmRun, row: JobRow) -> bool:
+        """Run one job; return whether a same-id push, reschedule or cancel superseded
+        its outcome."""
         job = row.job
         owner, on_job = self._handler(job.owner)
         if on_job is None:
@@ -542,7 +554,7 @@ class Lifecycle:
             with self._writing():
                 self.table.delete(job.owner, job.id)
             self._emit("job:dropped", id=job.id, owner=job.owner, fn=job.fn)
-            return
+            return False
         started = _clock.now()
         # Record what runs before it runs, where a SIGKILL cannot erase it (a memory
         # write, not a commit): a death is then attributed to this job.
@@ -573,6 +585,7 @@ class Lifecycle:
                 flight.clear()
             run.job = None
             self._running_id = None
+        return self._superseded
 
     async def _failed(
         self, owner: Any, ctx: JobContext, error: Exception, *, keep_marker: bool

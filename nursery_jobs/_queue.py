@@ -1,7 +1,7 @@
 """The Queue capability: named callbacks run one at a time, FIFO within a priority.
 
 Every item is a job of the capability (no storage of its own). Order is kept through
-the job's due time: ``time = position - priority * PRIORITY_SPAN``, so a higher
+the job's due time: ``time = position - (priority + 1000) * PRIORITY_SPAN``, so a higher
 priority sorts first and the push sequence breaks ties. All items are due at once.
 """
 
@@ -148,7 +148,7 @@ class Queue(Capability):
             position = _clock.now()
         job = await jobs.push(
             callback,
-            time=position - priority * PRIORITY_SPAN,
+            time=position - (priority + MAX_PRIORITY) * PRIORITY_SPAN,
             payload={"p": payload, "pr": priority, "pos": position},
             id=id,
             retry=retry or self.retry,

@@ -206,12 +206,6 @@ async def test_higher_priority_runs_first_and_fifo_within_a_priority(
             assert await obj.items() == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="_queue.py: time = position - priority * 1e9 puts a negative priority 31 years"
-    " in the future; the fix (offset every priority by MAX_PRIORITY) needs the Lifecycle to"
-    " rewind its run cursor for jobs pushed ahead of it (see the next test)",
-)
 async def test_negative_priority_runs_after_priority_zero(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -230,11 +224,6 @@ async def test_negative_priority_runs_after_priority_zero(
             assert [t for _, _, t, _ in env.runs[1:]] == [4, 4, 4, 4]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="_lifecycle.py: a job pushed during an alarm run that sorts before the run's"
-    " cursor waits until every job after the cursor that was due at the run's start has run",
-)
 async def test_a_higher_priority_push_overtakes_a_due_backlog(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
