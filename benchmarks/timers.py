@@ -91,9 +91,10 @@ def main() -> None:
     parser.add_argument("--objects", type=int, default=10_000)
     parser.add_argument("--spread", type=float, default=10.0)
     parser.add_argument("--cold-objects", type=int, default=2_000)
+    parser.add_argument("--dir", default=None, help="where to put the data (default: tmp)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         result = trio.run(lateness, os.path.join(tmp, "warm"), args.objects, args.spread, 60.0)
         # Cold: every object is evicted after arming, so each alarm re-activates it
         # (opens its database) before it runs.

@@ -555,6 +555,28 @@ class Lifecycle:
                 self.table.delete(job.owner, job.id)
             self._emit("job:dropped", id=job.id, owner=job.owner, fn=job.fn)
             return False
+        if row.crash_strikes:
+            # Jobs with crash strikes run one at a time per runtime ("probation"). A
+            # job that kills its process is a suspect after its first death; the jobs
+            # that were running beside it are suspects too, and with the same strikes
+            # they fall due again at the same moment. Were they to run beside it
+            # again, they would die with it again and be sealed with it. On probation
+            # no death can take two suspects: the others finish and are cleared.
+            version = self._version
+            async with self.ctx.runtime.probation:
+                if self._version != version:
+                    # Pushed, re-timed or cancelled while it waited: run what is there.
+                    fresh = self.table.row(job.id)
+                    if fresh is None or fresh.job.time > _clock.now():
+                        return False
+                    row, job = fresh, fresh.job
+                return await self._run_job(run, row, owner, on_job)
+        return await self._run_job(run, row, owner, on_job)
+
+    async def _run_job(
+        self, run: _AlarmRun, row: JobRow, owner: Any, on_job: Callable[..., Awaitable[Any]]
+    ) -> bool:
+        job = row.job
         started = _clock.now()
         # Record what runs before it runs, where a SIGKILL cannot erase it (a memory
         # write, not a commit): a death is then attributed to this job.
@@ -576,16 +598,22 @@ class Lifecycle:
             await self._memory_error(job, exc)
         except Exception as exc:
             self._unwatch()
-            await self._failed(owner, ctx, exc, keep_marker=run.tracked)
+            await self._failed(owner, ctx, exc, keep_marker=self._keeps_marker(run, job))
         else:
             self._unwatch()
-            self._stage(job, outcome, keep_marker=run.tracked)
+            self._stage(job, outcome, keep_marker=self._keeps_marker(run, job))
         finally:
             if flight is not None:
                 flight.clear()
             run.job = None
             self._running_id = None
         return self._superseded
+
+    def _keeps_marker(self, run: _AlarmRun, job: Job) -> bool:
+        """Whether the job's running marker must stay after this run: its tracked work
+        goes on, started by this run or an earlier one (a heartbeat that found the work
+        running must not erase what a crash during it is attributed by)."""
+        return run.tracked or any(key[0] == job.id for key in self._tracked)
 
     async def _failed(
         self, owner: Any, ctx: JobContext, error: Exception, *, keep_marker: bool

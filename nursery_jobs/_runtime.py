@@ -320,10 +320,20 @@ class ObjectHost:
         still has the database."""
         assert self.ctx is not None
         done = trio.Event()
-        self.ctx.nursery.start_soon(self._alarm_task, done)
+        # Busy from delivery on: were the idle deadline to pass before the task starts,
+        # the object would be evicted (its nursery cancelled) and the alarm would begin
+        # its work in a closing object, then be cut off at the first checkpoint.
+        self._busy += 1
+        self._idle_scope.deadline = math.inf
+        try:
+            self.ctx.nursery.start_soon(self._alarm_task, done)
+        except BaseException:
+            self._busy -= 1
+            raise
         await done.wait()
 
     async def _alarm_task(self, done: trio.Event) -> None:
+        self._busy -= 1  # handed over: working() below holds the object from here
         try:
             assert self.ctx is not None and self.instance is not None
             retry = self.alarm_retry
@@ -332,6 +342,7 @@ class ObjectHost:
             failure: Exception | None = None
             flight = self.runtime.flight.acquire(self.namespace, self.object_id)
             self.ctx._flight = flight
+            scope: trio.CancelScope | None = None
             try:
                 with self.working(alarm=True) as scope:
                     try:
@@ -342,11 +353,15 @@ class ObjectHost:
                 self.ctx._flight = None
                 if flight is not None:
                     self.runtime.flight.release(flight)
-            if scope.cancelled_caught:
-                if self.ctx._alarm_handler is None and self.memory_reset:
-                    # A plain object has no breaker: a reset is a failed alarm run.
+                if (scope is not None and scope.cancel_called and self.memory_reset
+                        and self.ctx._alarm_handler is None):
+                    # A plain object has no breaker: a reset is a failed alarm run. Done
+                    # here, on the way out: the reset cancels the object's own scope too,
+                    # so the Cancelled goes on past this scope rather than stop at it.
                     self.alarm_failed(ObjectResetError(self.reset_reason), retry)
-                return  # a Lifecycle's breaker decided what happens to its alarm
+            assert scope is not None
+            if scope.cancelled_caught:
+                return  # reset: a Lifecycle's breaker decided what happens to its alarm
             if failure is None:
                 if self.alarm_version == version:
                     self.write_alarm(None, 0)
@@ -444,6 +459,9 @@ class Runtime:
         self._timer_target = math.inf
         self._lock_fd: int | None = None
         self._closing = False
+        # Work under suspicion of killing the process runs one at a time (the
+        # Lifecycle holds it around jobs with crash strikes).
+        self.probation = trio.Lock()
         self.catalog: Catalog
 
     # -- opening and closing ------------------------------------------------------
