@@ -20,6 +20,7 @@ from ._errors import ObjectResetError as ObjectResetError
 from ._errors import RpcError as RpcError
 from ._errors import RuntimeClosedError as RuntimeClosedError
 from ._errors import RuntimeLockedError as RuntimeLockedError
+from ._errors import StorageError as StorageError
 from ._errors import UnknownCallbackError as UnknownCallbackError
 from ._events import Event as Event
 from ._events import EventBus as EventBus
@@ -84,6 +85,7 @@ __all__ = [
     "Schedule",
     "Scheduler",
     "Storage",
+    "StorageError",
     "Stub",
     "TaskInfo",
     "TaskRecord",

@@ -67,9 +67,16 @@ def object_file_name(namespace: str, object_id: str) -> str:
     return hashlib.sha256(key).hexdigest()[:40] + ".sqlite3"
 
 
-def connect(path: str, *, synchronous: str) -> sqlite3.Connection:
-    """Open a SQLite connection in autocommit mode with WAL and the given sync level."""
+def connect(path: str, *, synchronous: str, exclusive: bool = False) -> sqlite3.Connection:
+    """Open a SQLite connection in autocommit mode with WAL and the given sync level.
+
+    ``exclusive`` holds the file's lock for the connection's life: no shared-memory
+    index file (one file descriptor fewer per open object) and cheaper commits
+    (measured: 26 µs instead of 35 µs). Object databases are the runtime's alone.
+    """
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    if exclusive:
+        conn.execute("PRAGMA locking_mode=EXCLUSIVE")
     # The sync level first: switching a new file to WAL under the default FULL costs
     # several fsyncs (measured: 13 ms per new object database on this disk).
     conn.execute(f"PRAGMA synchronous={synchronous}")

@@ -9,6 +9,7 @@ lookup errors derive from :class:`LookupError`::
      ├─ CodecError (ValueError)           a payload that cannot be stored
      ├─ RuntimeLockedError                another runtime holds the data directory
      ├─ RuntimeClosedError                the runtime is not running
+     ├─ StorageError                      an object's database cannot be opened
      ├─ RpcError (TypeError)              a stub call to a private name or a non-method
      ├─ ObjectResetError                  the object was evicted or reset during a call
      ├─ AlarmOwnedError                   set_alarm on an object whose Lifecycle owns the alarm
@@ -39,6 +40,10 @@ class RuntimeLockedError(NurseryJobsError):
 
 class RuntimeClosedError(NurseryJobsError):
     """The runtime has not started or has already shut down."""
+
+
+class StorageError(NurseryJobsError):
+    """An object's database cannot be opened (too many open files, disk full...)."""
 
 
 class RpcError(NurseryJobsError, TypeError):

@@ -414,20 +414,23 @@ class Lifecycle:
         if current is None or time < current:
             self._alarm.set(time)
 
-    def _rearm_now(self) -> None:
+    def _rearm_now(self, *, write_through: bool = False) -> None:
         self._flush()
         if self._disabled:
             return
         time = self.table.next_alarm_time(_clock.now())
-        if time is None:
+        if write_through:
+            self._alarm.write_through(time)
+        elif time is None:
             self._alarm.delete()
         elif self._alarm.get() != time:
             self._alarm.set(time)
 
     async def rearm_alarm(self) -> None:
-        """Set the alarm for the next due job as the queue stands. Checkpoints."""
+        """Set the alarm for the next due job as the queue stands, writing it through
+        to the runtime's alarm index even if it seems to be there. Checkpoints."""
         await trio.lowlevel.checkpoint()
-        self._rearm_now()
+        self._rearm_now(write_through=True)
 
     async def disable_alarms(self) -> None:
         """Stop arming the alarm and stop the current run after its job. Jobs stay."""

@@ -12,6 +12,7 @@ import inspect
 import logging
 import math
 import os
+import resource
 import sqlite3
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -25,7 +26,13 @@ import trio
 
 from . import _clock
 from ._catalog import Catalog, check_object_id, connect, object_file_name
-from ._errors import ObjectResetError, RpcError, RuntimeClosedError, RuntimeLockedError
+from ._errors import (
+    ObjectResetError,
+    RpcError,
+    RuntimeClosedError,
+    RuntimeLockedError,
+    StorageError,
+)
 from ._events import EventBus
 from ._flight import FlightRecord
 from ._object import (
@@ -51,6 +58,14 @@ _MAX_CONCURRENT_ALARMS = 64
 _ORPHAN_RETRY = 60.0
 # How often the memory watchdog samples the probe (when memory_limit is set).
 MEMORY_CHECK_INTERVAL = 0.1
+
+
+def default_max_active() -> int:
+    """How many objects may be resident by default: what the open-file limit allows."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 100_000
+    return max(16, (soft - 256) // 2)
 
 
 def process_rss() -> int:
@@ -84,6 +99,10 @@ class _AlarmSlot:
 
     def delete(self) -> None:
         self._host.write_alarm(None, 0)
+
+    def write_through(self, time: float | None) -> None:
+        """Write the alarm to the catalog even if the cached time says it is there."""
+        self._host.write_alarm(time, 0, force=True)
 
 
 class ObjectHost:
@@ -299,10 +318,11 @@ class ObjectHost:
         return result
 
     # -- the alarm ----------------------------------------------------------------
-    def write_alarm(self, time: float | None, retry: int) -> None:
-        """Set (``time``) or delete (None) the alarm, durably, and tell the timer."""
+    def write_alarm(self, time: float | None, retry: int, *, force: bool = False) -> None:
+        """Set (``time``) or delete (None) the alarm, durably, and tell the timer.
+        Skips the write when the cached alarm already says so, unless ``force``."""
         self.alarm_version += 1
-        if time == self.alarm_time and retry == self.alarm_retry:
+        if time == self.alarm_time and retry == self.alarm_retry and not force:
             return
         catalog = self.runtime.catalog
         if time is None:
@@ -446,7 +466,9 @@ class Runtime:
         self.memory_probe = memory_probe or process_rss
         self.env = env
         self.idle_timeout = idle_timeout
-        self.max_active = max_active
+        # Unbounded would run out of file descriptors: by default keep resident what
+        # the open-file limit allows (two per object, a margin for everything else).
+        self.max_active = default_max_active() if max_active is None else max_active
         self.durability = durability
         self.events = EventBus()
         self._synchronous = _SYNCHRONOUS[durability]
@@ -523,7 +545,15 @@ class Runtime:
             if conn is None:
                 conn = self._memory_dbs[host.key] = connect(":memory:", synchronous="OFF")
             return conn
-        return connect(str(self.path / "objects" / file), synchronous=self._synchronous)
+        try:
+            return connect(str(self.path / "objects" / file), synchronous=self._synchronous,
+                           exclusive=True)
+        except sqlite3.OperationalError as exc:
+            raise StorageError(
+                f"cannot open the database of {host.namespace}/{host.object_id}: {exc}."
+                f" {len(self._hosts)} objects are open, two file descriptors each: lower"
+                f" max_active (now {self.max_active}) or raise the open-file limit"
+            ) from exc
 
     def _destroy_object(self, host: ObjectHost) -> None:
         self.catalog.forget(host.namespace, host.object_id)

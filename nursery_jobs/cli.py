@@ -35,7 +35,13 @@ def inspect(data: Path, as_json: bool) -> int:
         db_path = data / "objects" / file
         if db_path.exists():
             db = _connect(db_path)
-            tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            try:
+                tables = {r[0] for r in db.execute(
+                    "SELECT name FROM sqlite_master WHERE type='table'")}
+            except sqlite3.OperationalError:
+                # A running runtime holds its active objects' databases exclusively.
+                entry["jobs"] = "in use by a running runtime"
+                tables = set()
             if "nj_jobs" in tables:
                 entry["jobs"] = db.execute("SELECT COUNT(*) FROM nj_jobs").fetchone()[0]
                 entry["dead_letters"] = [

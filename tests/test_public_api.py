@@ -44,6 +44,7 @@ EXPECTED = [
     "Schedule",
     "Scheduler",
     "Storage",
+    "StorageError",
     "Stub",
     "TaskInfo",
     "TaskRecord",

@@ -486,11 +486,6 @@ async def test_a_dedupe_hit_rearms_a_lost_alarm_on_activation(
             assert alarm(rt) == 162
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="_lifecycle.py/_runtime.py: rearm compares with the host's cached alarm time, so a"
-    " catalog alarm deleted while the object is resident is never written back",
-)
 async def test_a_dedupe_hit_rearms_an_alarm_lost_while_resident(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

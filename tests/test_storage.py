@@ -123,32 +123,33 @@ async def test_unencodable_values_are_refused_before_writing() -> None:
 
 
 async def test_transaction_commits_together(tmp_path: Path) -> None:
-    seen: list[int] = []
+    # The runtime holds each object database exclusively, so no outside reader can
+    # look in mid-transaction; the open transaction is checked from inside, and what
+    # it committed from outside once the runtime has closed.
+    seen: list[bool] = []
 
     def body(s: nj.Storage) -> None:
         s.execute("CREATE TABLE t (x INTEGER)")
-        reader = sqlite3.connect(object_db_path(tmp_path))
-        try:
-            def visible() -> int:
-                kv = reader.execute("SELECT COUNT(*) FROM nj_kv").fetchone()[0]
-                t = reader.execute("SELECT COUNT(*) FROM t").fetchone()[0]
-                return int(kv + t)
-
-            with s.transaction() as tx:
-                assert tx is s
-                s.put("a", 1)
-                s.put("b", 2)
-                s.execute("INSERT INTO t VALUES (?)", [1])
-                s.db["t"].insert({"x": 2})
-                seen.append(visible())  # nothing is visible from outside yet
-                assert s.get("a") == 1  # ... but it is from inside
-            seen.append(visible())
-        finally:
-            reader.close()
+        with s.transaction() as tx:
+            assert tx is s
+            s.put("a", 1)
+            s.put("b", 2)
+            s.execute("INSERT INTO t VALUES (?)", [1])
+            s.db["t"].insert({"x": 2})
+            seen.append(s.conn.in_transaction)  # one open transaction holds all four
+            assert s.get("a") == 1  # ... visible from inside
+        seen.append(s.conn.in_transaction)
 
     async with nj.open_runtime(tmp_path) as rt:
         await rt.get(Box, "b").run(body)
-    assert seen == [0, 4]
+    assert seen == [True, False]
+    reader = sqlite3.connect(object_db_path(tmp_path))
+    try:
+        kv = reader.execute("SELECT COUNT(*) FROM nj_kv").fetchone()[0]
+        t = reader.execute("SELECT COUNT(*) FROM t").fetchone()[0]
+    finally:
+        reader.close()
+    assert kv + t == 4
 
 
 async def test_raising_transaction_rolls_everything_back(tmp_path: Path) -> None:
