@@ -314,19 +314,20 @@ class JobTable:
     # Outcomes of clean runs are staged in memory and applied in groups (see
     # ``Lifecycle._stage``): a death re-runs at most one group of completed jobs.
     def apply_completions(
-        self, finished: list[tuple[str]], later: list[tuple[float, bool, str]],
+        self, finished: list[tuple[int]], later: list[tuple[float, bool, int]],
         clean: list[tuple[str]],
     ) -> None:
-        """Apply staged outcomes: delete finished jobs; re-time kept ones with attempts
+        """Apply staged outcomes (by push sequence, except ``clean``, by id): delete
+        finished jobs; re-time kept ones with attempts
         and strikes cleared (keeping the running marker where tracked work goes on);
         clear the attempts of jobs whose clean run was superseded."""
         conn = self.conn
         if finished:
-            conn.executemany("DELETE FROM nj_jobs WHERE id = ?", finished)
+            conn.executemany("DELETE FROM nj_jobs WHERE seq = ?", finished)
         if later:
             conn.executemany(
                 "UPDATE nj_jobs SET time = ?, attempts = 0, crash_strikes = 0,"
-                " running_since = CASE WHEN ? THEN running_since END WHERE id = ?",
+                " running_since = CASE WHEN ? THEN running_since END WHERE seq = ?",
                 later,
             )
         if clean:

@@ -130,10 +130,11 @@ class Lifecycle:
         self._watch_row: Job | None = None
         self._watch_deadline = math.inf
         # Outcomes of clean runs not yet committed (see _stage), and what runs now.
-        self._finished: list[tuple[str]] = []
-        self._later: list[tuple[float, bool, str]] = []
+        self._finished: list[tuple[int]] = []
+        self._later: list[tuple[float, bool, int]] = []
         self._clean: list[tuple[str]] = []
         self._running_id: str | None = None
+        self._running_seq = -1
         self._superseded = False
         # Bumped by every mutation through the API: an alarm run re-reads due rows then.
         self._version = 0
@@ -259,11 +260,13 @@ class Lifecycle:
         if self._superseded:
             self._clean.append((job.id,))
         elif outcome is None:
-            self._finished.append((job.id,))
+            # By push sequence (the rowid), not id: no index search. Safe because every
+            # mutation commits the staged outcomes first, so no row can take the seq.
+            self._finished.append((self._running_seq,))
         elif isinstance(outcome, Reschedule):
-            self._later.append((outcome.time, keep_marker, job.id))
+            self._later.append((outcome.time, keep_marker, self._running_seq))
         else:  # YIELD: stays due
-            self._later.append((job.time, keep_marker, job.id))
+            self._later.append((job.time, keep_marker, self._running_seq))
         if len(self._finished) + len(self._later) + len(self._clean) >= self.completion_group:
             self._flush()
 
@@ -586,7 +589,7 @@ class Lifecycle:
         flight = self.ctx._flight
         if flight is not None:
             flight.record(job.id, started)
-        self._running_id, self._superseded = job.id, False
+        self._running_id, self._running_seq, self._superseded = job.id, row.seq, False
         run.job, run.started, run.tracked = job, started, False
         ctx = JobContext(job=job, attempt=row.attempts + 1)
         self._watch(job)
@@ -616,6 +619,8 @@ class Lifecycle:
         """Whether the job's running marker must stay after this run: its tracked work
         goes on, started by this run or an earlier one (a heartbeat that found the work
         running must not erase what a crash during it is attributed by)."""
+        if not self._tracked:
+            return run.tracked
         return run.tracked or any(key[0] == job.id for key in self._tracked)
 
     async def _failed(
