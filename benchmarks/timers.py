@@ -59,17 +59,25 @@ async def lateness(path: str, objects: int, spread: float, idle_timeout: float) 
         for i in range(objects):
             await rt.get(Sleeper, f"o{i}").touch()
         created = time.perf_counter() - t0
-        start = nj.now() + 1.0
-        for i in range(objects):
+        t1 = time.perf_counter()
+        start = nj.now() + 1.0 + 0.2 * created  # arming resident objects is ~5x faster
+        # Armed latest-first: if more objects exist than may be resident (max_active,
+        # bounded by the open-file limit), the least recently used ones evicted are
+        # those whose alarms come last, as in a service whose busiest objects stay warm.
+        for i in reversed(range(objects)):
             oid = f"o{i}"
             DUE[oid] = start + spread * i / objects
             await rt.get(Sleeper, oid).arm(DUE[oid])
+        armed = time.perf_counter() - t1
+        max_active = rt.max_active
         with trio.fail_after(spread + 120):
             await ALL_FIRED[-1].wait()
     ms = [x * 1000 for x in LATENESS]
     return {"alarms": len(ms), "p50_ms": pct(ms, 0.50), "p99_ms": pct(ms, 0.99),
             "max_ms": max(ms), "mean_ms": statistics.fmean(ms),
-            "create_ms_per_object": created / objects * 1000}
+            "create_ms_per_object": created / objects * 1000,
+            "arm_ms_per_object": armed / objects * 1000, "max_active": max_active,
+            "armed_late": nj.now() > start}
 
 
 async def memory(path: str, objects: int) -> dict[str, float]:
@@ -95,19 +103,22 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
-        result = trio.run(lateness, os.path.join(tmp, "warm"), args.objects, args.spread, 60.0)
+        # Memory first, in a process that has not yet grown its heaps.
+        result = trio.run(memory, os.path.join(tmp, "memory"), 500)
+        catalog = os.path.getsize(os.path.join(tmp, "memory", "catalog.sqlite3"))
+        result["catalog_bytes_per_object"] = catalog / max(result.pop("registered"), 1)
+        result.update(trio.run(lateness, os.path.join(tmp, "warm"), args.objects, args.spread,
+                               60.0))
         # Cold: every object is evicted after arming, so each alarm re-activates it
         # (opens its database) before it runs.
         cold = trio.run(lateness, os.path.join(tmp, "cold"), args.cold_objects, args.spread, 0.2)
         result.update({f"cold_{k}": v for k, v in cold.items()})
-        result.update(trio.run(memory, os.path.join(tmp, "warm"), 500))
-        catalog = os.path.getsize(os.path.join(tmp, "warm", "catalog.sqlite3"))
-        result["catalog_bytes_per_object"] = catalog / max(result.pop("registered"), 1)
     if args.json:
         json.dump(result, sys.stdout, indent=2)
         print()
         return
-    print(f"{args.objects} objects, alarms spread over {args.spread:.0f} s (real time)")
+    print(f"{args.objects} objects, alarms spread over {args.spread:.0f} s (real time);"
+          f" at most {result['max_active']} resident (the open-file limit allows that many)")
     print(f"  lateness  p50 {result['p50_ms']:.2f} ms   p99 {result['p99_ms']:.2f} ms"
           f"   max {result['max_ms']:.2f} ms   (targets: p99 <= 5 ms, max <= 50 ms)")
     print(f"  cold ({args.cold_objects} objects evicted before their alarm): p50"
