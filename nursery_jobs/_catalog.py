@@ -67,7 +67,9 @@ def object_file_name(namespace: str, object_id: str) -> str:
     return hashlib.sha256(key).hexdigest()[:40] + ".sqlite3"
 
 
-def connect(path: str, *, synchronous: str, exclusive: bool = False) -> sqlite3.Connection:
+def connect(
+    path: str, *, synchronous: str, exclusive: bool = False, autocheckpoint: bool = True
+) -> sqlite3.Connection:
     """Open a SQLite connection in autocommit mode with WAL and the given sync level.
 
     ``exclusive`` holds the file's lock for the connection's life: no shared-memory
@@ -83,6 +85,11 @@ def connect(path: str, *, synchronous: str, exclusive: bool = False) -> sqlite3.
     # Up to 8 MiB of page cache (allocated only as a database grows): a 100k-job queue
     # then stays in memory instead of re-reading index pages for every job.
     conn.execute("PRAGMA cache_size=-8192")
+    if not autocheckpoint:
+        # The owner checkpoints from a worker thread instead: an automatic checkpoint
+        # runs inside a commit and fsyncs, stalling the Trio thread (measured: alarm
+        # lateness p99 409 ms with it, 1.6 ms without, 9,000 objects over 10 s).
+        conn.execute("PRAGMA wal_autocheckpoint=0")
     if path != ":memory:":
         conn.execute("PRAGMA journal_mode=WAL")
     return conn
@@ -202,6 +209,16 @@ class Catalog:
             "DELETE FROM nj_crashes WHERE namespace = ? AND object_id = ?",
             (namespace, object_id),
         )
+
+    @staticmethod
+    def checkpoint(path: str) -> None:
+        """Copy the catalog's WAL into the database (PASSIVE: never blocks the runtime's
+        writer). Blocks; meant for a worker thread, on a connection of its own."""
+        conn = sqlite3.connect(path, isolation_level=None)
+        try:
+            conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        finally:
+            conn.close()
 
     def alarm_count(self) -> int:
         return int(self._conn.execute("SELECT COUNT(*) FROM nj_alarms").fetchone()[0])
