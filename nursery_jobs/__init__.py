@@ -21,6 +21,8 @@ from ._errors import RpcError as RpcError
 from ._errors import RuntimeClosedError as RuntimeClosedError
 from ._errors import RuntimeLockedError as RuntimeLockedError
 from ._errors import StorageError as StorageError
+from ._errors import StorageKeyError as StorageKeyError
+from ._errors import TimeArgumentError as TimeArgumentError
 from ._errors import UnknownCallbackError as UnknownCallbackError
 from ._events import Event as Event
 from ._events import EventBus as EventBus
@@ -86,9 +88,11 @@ __all__ = [
     "Scheduler",
     "Storage",
     "StorageError",
+    "StorageKeyError",
     "Stub",
     "TaskInfo",
     "TaskRecord",
+    "TimeArgumentError",
     "UnknownCallbackError",
     "YIELD",
     "jitter",

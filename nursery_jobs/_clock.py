@@ -14,6 +14,8 @@ import time as _time
 
 import trio
 
+from ._errors import TimeArgumentError
+
 _EPOCH: trio.lowlevel.RunVar[float] = trio.lowlevel.RunVar("nursery_jobs_epoch")
 # Set by tests (``pin_epoch``) to make every Trio run start at the same epoch.
 _pinned: float | None = None
@@ -60,18 +62,20 @@ def coerce_time(value: object, *, name: str = "time") -> float:
     """Return ``value`` as finite epoch seconds; accept ints, floats and aware datetimes.
 
     Raises:
-        TypeError: for types that are not a time.
-        ValueError: for NaN, infinities and naive datetimes.
+        TimeArgumentError: (a TypeError and ValueError) for what is not a time: other
+            types, NaN, infinities and naive datetimes.
     """
     if isinstance(value, _dt.datetime):
         if value.tzinfo is None or value.utcoffset() is None:
-            raise ValueError(f"{name}: naive datetime {value!r}; pass an aware datetime")
+            raise TimeArgumentError(f"{name}: naive datetime {value!r}; pass an aware datetime")
         return value.timestamp()
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name}: expected epoch seconds or an aware datetime, got {value!r}")
+        raise TimeArgumentError(
+            f"{name}: expected epoch seconds or an aware datetime, got {value!r}"
+        )
     seconds = float(value)
     if not math.isfinite(seconds):
-        raise ValueError(f"{name}: {value!r} is not a finite time")
+        raise TimeArgumentError(f"{name}: {value!r} is not a finite time")
     return seconds
 
 
@@ -80,18 +84,18 @@ def coerce_delay(value: object, *, name: str = "delay") -> float:
     if isinstance(value, _dt.timedelta):
         seconds = value.total_seconds()
     elif isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name}: expected seconds or a timedelta, got {value!r}")
+        raise TimeArgumentError(f"{name}: expected seconds or a timedelta, got {value!r}")
     else:
         seconds = float(value)
     if not math.isfinite(seconds) or seconds < 0:
-        raise ValueError(f"{name}: {value!r} must be a finite number of seconds >= 0")
+        raise TimeArgumentError(f"{name}: {value!r} must be a finite number of seconds >= 0")
     return seconds
 
 
 def jitter(base: float, fraction: float = 0.5) -> float:
     """Return ``base + uniform(0, base * fraction)``: spread wake-ups of many objects."""
     if not math.isfinite(base) or base < 0:
-        raise ValueError(f"jitter: base {base!r} must be a finite number >= 0")
+        raise TimeArgumentError(f"jitter: base {base!r} must be a finite number >= 0")
     if not math.isfinite(fraction) or fraction < 0:
-        raise ValueError(f"jitter: fraction {fraction!r} must be a finite number >= 0")
+        raise TimeArgumentError(f"jitter: fraction {fraction!r} must be a finite number >= 0")
     return base + random.uniform(0.0, base * fraction)

@@ -6,6 +6,8 @@ lookup errors derive from :class:`LookupError`::
 
     NurseryJobsError
      ├─ ObjectIdError (ValueError)        a bad object id
+     ├─ TimeArgumentError (TypeError, ValueError)  a bad time, delay or jitter argument
+     ├─ StorageKeyError (TypeError, ValueError)    a storage key that is not a non-empty str
      ├─ CodecError (ValueError)           a payload that cannot be stored
      ├─ RuntimeLockedError                another runtime holds the data directory
      ├─ RuntimeClosedError                the runtime is not running
@@ -28,6 +30,15 @@ class NurseryJobsError(Exception):
 
 class ObjectIdError(NurseryJobsError, ValueError):
     """An object id is not a non-empty string of at most 1024 characters."""
+
+
+class TimeArgumentError(NurseryJobsError, TypeError, ValueError):
+    """A time, delay or jitter argument is not a finite number of seconds (or an aware
+    datetime where a time is taken)."""
+
+
+class StorageKeyError(NurseryJobsError, TypeError, ValueError):
+    """A storage key is not a non-empty str."""
 
 
 class CodecError(NurseryJobsError, ValueError):

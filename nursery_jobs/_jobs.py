@@ -96,7 +96,10 @@ class DeadLetter:
 
 
 def _reschedule_time(value: float | datetime.datetime) -> float:
-    return _clock.coerce_time(value, name="Reschedule.time")
+    try:
+        return _clock.coerce_time(value, name="Reschedule.time")
+    except (TypeError, ValueError) as exc:
+        raise JobError(str(exc)) from None
 
 
 @attrs.frozen

@@ -329,13 +329,14 @@ class Lifecycle:
         fn = check_fn(fn)
         now = _clock.now()
         job_id = new_job_id(now) if id is None else check_job_id(id)
-        when = resolve_time(time, delay, now, job=job_id)
-        retry = check_retry(retry, job=job_id)
-        hung_timeout = check_hung_timeout(hung_timeout, job=job_id)
+        label = job_id if id is not None else f"fn={fn}"  # name what the caller gave
+        when = resolve_time(time, delay, now, job=label)
+        retry = check_retry(retry, job=label)
+        hung_timeout = check_hung_timeout(hung_timeout, job=label)
         for name, flag in (("singleflight", singleflight), ("exclusive", exclusive),
                            ("recovery_loop", recovery_loop)):
             if not isinstance(flag, bool):
-                raise JobError(f"job {job_id!r}: {name} must be a bool, got {flag!r}")
+                raise JobError(f"job {label!r}: {name} must be a bool, got {flag!r}")
         payload_text = encode_payload(payload)
         job = Job(
             id=job_id, owner=owner, fn=fn, time=when, payload=payload, retry=retry,

@@ -11,7 +11,7 @@ import sqlite_utils
 
 from ._clock import coerce_time
 from ._codec import decode_payload, encode_payload
-from ._errors import AlarmOwnedError
+from ._errors import AlarmOwnedError, StorageKeyError
 
 if TYPE_CHECKING:
     import datetime
@@ -143,7 +143,7 @@ class Storage:
 
 def _key(key: object, *, allow_empty: bool = False) -> str:
     if not isinstance(key, str):
-        raise TypeError(f"storage key must be a str, got {type(key).__name__}")
+        raise StorageKeyError(f"storage key must be a str, got {type(key).__name__}")
     if not key and not allow_empty:
-        raise ValueError("storage key must be a non-empty string")
+        raise StorageKeyError("storage key must be a non-empty string")
     return key
