@@ -1,0 +1,100 @@
+"""Hostile arguments to every public entry point: a typed error (a NurseryJobsError that
+is also a ValueError or TypeError), and nothing written."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+import trio
+
+import nursery_jobs as nj
+
+
+class Target(nj.DurableObject):
+    def __init__(self, ctx: nj.ObjectContext) -> None:
+        super().__init__(ctx)
+        self.queue = nj.Queue({"a": lambda payload, item: None})
+        self.scheduler = nj.Scheduler({"a": lambda payload, schedule: None})
+        self.lifecycle = nj.Lifecycle.install(self).use(self.queue, self.scheduler)
+
+    async def attempt(self, case: str) -> tuple[str, bool, bool, int, float | None]:
+        """Run one hostile call; return (error type, is NurseryJobsError, is
+        ValueError/TypeError, jobs stored after, alarm after)."""
+        before = self.ctx.storage.get_alarm()
+        try:
+            result = ASYNC_CASES[case](self) if case in ASYNC_CASES else SYNC_CASES[case](self)
+            if isinstance(result, Awaitable):
+                await result
+        except Exception as exc:
+            kind = type(exc).__name__
+            typed = isinstance(exc, nj.NurseryJobsError)
+            argument = isinstance(exc, (ValueError, TypeError))
+        else:
+            kind, typed, argument = "no error", False, False
+        assert self.ctx.storage.get_alarm() == before
+        stored = len(self.lifecycle.jobs.list()) + len(self.queue.list())
+        return kind, typed, argument, stored, self.ctx.storage.get_alarm()
+
+
+ASYNC_CASES: dict[str, Callable[[Target], Awaitable[Any]]] = {
+    "fn not a str": lambda t: t.lifecycle.jobs.push(123),  # type: ignore[arg-type]
+    "empty fn": lambda t: t.lifecycle.jobs.push(""),
+    "payload object": lambda t: t.lifecycle.jobs.push("f", payload=object()),
+    "payload function": lambda t: t.lifecycle.jobs.push("f", payload=print),
+    "payload too big": lambda t: t.lifecycle.jobs.push("f", payload="x" * (1 << 20)),
+    "time a str": lambda t: t.lifecycle.jobs.push("f", time="2024"),  # type: ignore[arg-type]
+    "time nan": lambda t: t.lifecycle.jobs.push("f", time=math.nan),
+    "time inf": lambda t: t.lifecycle.jobs.push("f", time=math.inf),
+    "naive datetime": lambda t: t.lifecycle.jobs.push("f", time=dt.datetime(2030, 1, 1)),
+    "time and delay": lambda t: t.lifecycle.jobs.push("f", time=1.0, delay=1.0),
+    "negative delay": lambda t: t.lifecycle.jobs.push("f", delay=-1),
+    "blank id": lambda t: t.lifecycle.jobs.push("f", id="  "),
+    "id not a str": lambda t: t.lifecycle.jobs.push("f", id=5),  # type: ignore[arg-type]
+    "id too long": lambda t: t.lifecycle.jobs.push("f", id="x" * 1025),
+    "negative hung_timeout": lambda t: t.lifecycle.jobs.push("f", hung_timeout=-1),
+    "singleflight a str": lambda t: t.lifecycle.jobs.push("f", singleflight="yes"),  # type: ignore[arg-type]
+    "retry a dict": lambda t: t.lifecycle.jobs.push("f", retry={"max_attempts": 2}),  # type: ignore[arg-type]
+    "reschedule nan": lambda t: t.lifecycle.jobs.reschedule("x", math.nan),
+    "cancel an int": lambda t: t.lifecycle.jobs.cancel(5),  # type: ignore[arg-type]
+    "queue unknown callback": lambda t: t.queue.push("nope"),
+    "queue blank id": lambda t: t.queue.push("a", id=""),
+    "queue float priority": lambda t: t.queue.push("a", priority=1.5),  # type: ignore[arg-type]
+    "queue huge priority": lambda t: t.queue.push("a", priority=10**6),
+    "cron with 4 fields": lambda t: t.scheduler.schedule("*/5 * * *", "a"),
+    "cron out of range": lambda t: t.scheduler.schedule("99 * * * *", "a"),
+    "every 0": lambda t: t.scheduler.every(0, "a"),
+    "every inf": lambda t: t.scheduler.every(math.inf, "a"),
+    "schedule a list": lambda t: t.scheduler.schedule([1], "a"),  # type: ignore[arg-type]
+    "schedule unknown callback": lambda t: t.scheduler.schedule(5, "nope"),
+}
+SYNC_CASES: dict[str, Callable[[Target], Any]] = {
+    "storage key an int": lambda t: t.ctx.storage.put(5, 1),  # type: ignore[arg-type]
+    "storage key empty": lambda t: t.ctx.storage.put("", 1),
+    "storage value a function": lambda t: t.ctx.storage.put("k", print),
+    "set_alarm on a Lifecycle object": lambda t: t.ctx.storage.set_alarm(5),
+    "Reschedule of a str": lambda t: nj.Reschedule("soon"),  # type: ignore[arg-type]
+    "RetryOptions max_attempts 0": lambda t: nj.RetryOptions(max_attempts=0),
+    "RetryOptions negative base": lambda t: nj.RetryOptions(base_delay=-1),
+    "jitter of a negative base": lambda t: nj.jitter(-1),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ASYNC_CASES) + sorted(SYNC_CASES))
+async def test_a_hostile_argument_gets_a_typed_error_and_writes_nothing(case: str) -> None:
+    with trio.fail_after(10):
+        async with nj.open_runtime() as rt:
+            kind, typed, argument, stored, _alarm = await rt.get(Target, "t").attempt(case)
+    assert typed, f"{case}: {kind} is not a NurseryJobsError"
+    assert argument or kind == "AlarmOwnedError", f"{case}: {kind} is no ValueError/TypeError"
+    assert stored == 0
+
+
+@pytest.mark.parametrize("bad", [None, "", "x" * 1025, "\ud800", 5, b"bytes"])
+async def test_a_hostile_object_id_gets_object_id_error(bad: Any) -> None:
+    async with nj.open_runtime() as rt:
+        with pytest.raises(nj.ObjectIdError):
+            rt.get(Target, bad)
