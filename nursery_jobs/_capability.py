@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from ._errors import CapabilityError
 
 if TYPE_CHECKING:
     from ._jobs import JobContext, JobOutcome
@@ -41,3 +44,42 @@ class Capability:
     def __repr__(self) -> str:
         return f"<{type(self).__qualname__} id={self._capability_id()!r}>"
 
+
+class CallbackCapability(Capability):
+    """What Queue and Scheduler share: named callbacks, default retry options, an
+    ``on_error`` hook, an id, and the job context of the callback now running."""
+
+    kind: ClassVar[str] = "capability"
+
+    def __init__(
+        self,
+        callbacks: Mapping[str, Callable[..., Any]],
+        *,
+        retry: Any,
+        on_error: Callable[..., Any] | None,
+        id: str,
+    ) -> None:
+        from ._jobs import DEFAULT_RETRY, RetryOptions
+
+        kind = self.kind
+        if not isinstance(callbacks, Mapping):
+            raise CapabilityError(
+                f"{kind} callbacks must be a mapping of name -> callable, got {callbacks!r}"
+            )
+        for name, fn in callbacks.items():
+            if not isinstance(name, str) or not name or not callable(fn):
+                raise CapabilityError(
+                    f"{kind} callback {name!r} must be a non-empty name and a callable"
+                )
+        if retry is not None and not isinstance(retry, RetryOptions):
+            raise CapabilityError(f"{kind} retry must be RetryOptions, got {retry!r}")
+        if on_error is not None and not callable(on_error):
+            raise CapabilityError(f"{kind} on_error must be callable, got {on_error!r}")
+        if not isinstance(id, str) or not id:
+            raise CapabilityError(f"{kind} id must be a non-empty str, got {id!r}")
+        self.id = id  # type: ignore[misc]
+        self.callbacks = callbacks
+        self.retry: RetryOptions = retry or DEFAULT_RETRY
+        self.on_error = on_error
+        # The job context of the callback (or on_error) now running, if any.
+        self.running: JobContext | None = None

@@ -16,9 +16,9 @@ from typing import Any, Final
 import attrs
 
 from . import _clock
-from ._capability import Capability
+from ._capability import CallbackCapability
 from ._errors import JobError, UnknownCallbackError
-from ._jobs import DEFAULT_RETRY, Job, JobContext, JobOutcome, RetryOptions, check_job_id
+from ._jobs import Job, JobContext, JobOutcome, RetryOptions, check_job_id
 
 logger = logging.getLogger("nursery_jobs")
 
@@ -67,12 +67,14 @@ async def call_callback(fn: Callable[..., Any], *args: Any) -> Any:
     return result
 
 
-class Queue(Capability):
+class Queue(CallbackCapability):
     """``Queue(callbacks={name: fn}, retry=None, on_error=None, id="queue")``.
 
     ``fn(payload, item)`` may be sync or async. ``on_error(error, item)`` is called
     when an item's last attempt fails; the item is then kept as a dead letter.
     """
+
+    kind = "Queue"
 
     def __init__(
         self,
@@ -82,23 +84,7 @@ class Queue(Capability):
         on_error: Callable[[Exception, QueueItem], Any] | None = None,
         id: str = "queue",
     ) -> None:
-        if not isinstance(callbacks, Mapping):
-            raise TypeError(
-                f"Queue callbacks must be a mapping of name -> callable, got {callbacks!r}"
-            )
-        for name, fn in callbacks.items():
-            if not isinstance(name, str) or not name or not callable(fn):
-                raise TypeError(f"Queue callback {name!r} must be a non-empty name and a callable")
-        if retry is not None and not isinstance(retry, RetryOptions):
-            raise JobError(f"Queue retry must be RetryOptions, got {retry!r}")
-        if not isinstance(id, str) or not id:
-            raise JobError(f"Queue id must be a non-empty str, got {id!r}")
-        self.id = id  # type: ignore[misc]
-        self.callbacks = callbacks
-        self.retry = retry or DEFAULT_RETRY
-        self.on_error = on_error
-        # The job context of the callback (or on_error) now running, if any.
-        self.running: JobContext | None = None
+        super().__init__(callbacks, retry=retry, on_error=on_error, id=id)
 
     # -- the API ------------------------------------------------------------------------
     async def push(

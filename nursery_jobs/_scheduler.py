@@ -18,11 +18,10 @@ import attrs
 from cronsim import CronSim, CronSimError
 
 from . import _clock
-from ._capability import Capability
+from ._capability import CallbackCapability
 from ._codec import encode_payload
 from ._errors import JobError, UnknownCallbackError
 from ._jobs import (
-    DEFAULT_RETRY,
     Job,
     JobContext,
     JobOutcome,
@@ -82,11 +81,13 @@ def check_cron(expr: str) -> str:
     return " ".join(fields)
 
 
-class Scheduler(Capability):
+class Scheduler(CallbackCapability):
     """``Scheduler(callbacks={name: fn}, retry=None, on_error=None, id="scheduler")``.
 
     ``fn(payload, schedule)`` may be sync or async.
     """
+
+    kind = "Scheduler"
 
     def __init__(
         self,
@@ -96,20 +97,7 @@ class Scheduler(Capability):
         on_error: Callable[[Exception, Schedule], Any] | None = None,
         id: str = "scheduler",
     ) -> None:
-        if not isinstance(callbacks, Mapping):
-            raise TypeError(
-                f"Scheduler callbacks must be a mapping of name -> callable, got {callbacks!r}"
-            )
-        if retry is not None and not isinstance(retry, RetryOptions):
-            raise JobError(f"Scheduler retry must be RetryOptions, got {retry!r}")
-        if not isinstance(id, str) or not id:
-            raise JobError(f"Scheduler id must be a non-empty str, got {id!r}")
-        self.id = id  # type: ignore[misc]
-        self.callbacks = callbacks
-        self.retry = retry or DEFAULT_RETRY
-        self.on_error = on_error
-        # The job context of the callback (or on_error) now running, if any.
-        self.running: JobContext | None = None
+        super().__init__(callbacks, retry=retry, on_error=on_error, id=id)
 
     # -- the API ------------------------------------------------------------------------
     async def schedule(
