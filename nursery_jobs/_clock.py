@@ -48,6 +48,11 @@ def pin_epoch(epoch_at_trio_zero: float | None) -> None:
     _pinned = epoch_at_trio_zero
 
 
+def epoch() -> float:
+    """``now() - trio.current_time()``, exactly. Does not checkpoint."""
+    return _epoch0()
+
+
 def now() -> float:
     """Return the runtime's wall clock in Unix epoch seconds. Does not checkpoint."""
     return _epoch0() + trio.current_time()

@@ -70,10 +70,11 @@ def lifecycle_retry_delay(retry_count: int) -> float | None:
 class _AlarmRun:
     """The alarm run in progress: what ``track_alarm_work`` attaches work to."""
 
-    __slots__ = ("active", "job", "lifecycle", "started", "tracked")
+    __slots__ = ("active", "epoch", "job", "lifecycle", "started", "tracked")
 
     def __init__(self, lifecycle: Lifecycle) -> None:
         self.lifecycle = lifecycle
+        self.epoch = _clock.epoch()  # nj.now() == epoch + trio.current_time()
         self.active = True
         self.job: Job | None = None
         self.started = 0.0
@@ -584,7 +585,8 @@ class Lifecycle:
         self, run: _AlarmRun, row: JobRow, owner: Any, on_job: Callable[..., Awaitable[Any]]
     ) -> bool:
         job = row.job
-        started = _clock.now()
+        clock = trio.current_time()  # one clock read per job: both clocks derive from it
+        started = run.epoch + clock
         # Record what runs before it runs, where a SIGKILL cannot erase it (a memory
         # write, not a commit): a death is then attributed to this job.
         flight = self.ctx._flight
@@ -593,7 +595,7 @@ class Lifecycle:
         self._running_id, self._running_seq, self._superseded = job.id, row.seq, False
         run.job, run.started, run.tracked = job, started, False
         ctx = JobContext(job=job, attempt=row.attempts + 1)
-        self._watch(job)
+        self._watch(job, clock)
         try:
             outcome = coerce_outcome(await on_job(ctx))
         except trio.Cancelled:
@@ -669,9 +671,10 @@ class Lifecycle:
     # -- slow dispatch --------------------------------------------------------------
     # The watchdog's deadline is moved only when it must come earlier; a stale, later
     # deadline just wakes it once to look (setting a deadline per job cost ~5 µs).
-    def _watch(self, job: Job) -> None:
+    def _watch(self, job: Job, clock: float) -> None:
+        """Watch ``job``, started at Trio time ``clock``."""
         self._watch_row = job
-        self._watch_deadline = deadline = trio.current_time() + job.hung_timeout
+        self._watch_deadline = deadline = clock + job.hung_timeout
         scope = self._watch_scope
         if scope is None:
             # Made here, not in the task: jobs that never checkpoint would otherwise
