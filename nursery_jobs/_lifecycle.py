@@ -134,6 +134,7 @@ class Lifecycle:
         self._finished: list[tuple[int]] = []
         self._later: list[tuple[float, bool, int]] = []
         self._clean: list[tuple[str]] = []
+        self._staged = 0
         self._running_id: str | None = None
         self._running_seq = -1
         self._superseded = False
@@ -268,7 +269,8 @@ class Lifecycle:
             self._later.append((outcome.time, keep_marker, self._running_seq))
         else:  # YIELD: stays due
             self._later.append((job.time, keep_marker, self._running_seq))
-        if len(self._finished) + len(self._later) + len(self._clean) >= self.completion_group:
+        self._staged += 1
+        if self._staged >= self.completion_group:
             self._flush()
 
     def _apply_staged(self) -> None:
@@ -277,6 +279,7 @@ class Lifecycle:
 
     def _clear_staged(self) -> None:
         self._finished, self._later, self._clean = [], [], []
+        self._staged = 0
 
     @contextmanager
     def _writing(self) -> Iterator[None]:
