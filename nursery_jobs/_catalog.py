@@ -186,13 +186,14 @@ class Catalog:
 
     def add_crashes(self, entries: list[tuple[str, str, str, float]], now: float) -> None:
         """Store the work a dead process was doing (from its flight record) until each
-        object handles it, and wake those objects now."""
+        object handles it, and wake those objects now. An empty token only says an
+        alarm run was in flight: it wakes the object and is not stored."""
         with self._conn:
             self._conn.execute("BEGIN")
             self._conn.executemany(
                 "INSERT OR IGNORE INTO nj_crashes (namespace, object_id, token, started)"
                 " VALUES (?, ?, ?, ?)",
-                entries,
+                [entry for entry in entries if entry[2]],
             )
             self._conn.executemany(
                 "UPDATE nj_alarms SET time = ? WHERE namespace = ? AND object_id = ? AND time > ?",

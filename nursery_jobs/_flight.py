@@ -26,16 +26,20 @@ _MAX_ENTRY = SLOT_SIZE - _LENGTH.size
 
 class FlightSlot:
     """One alarm run's slot: ``record(token, started)`` before work starts,
-    ``clear()`` after."""
+    ``clear()`` after. While the slot is held, even between pieces of work, it names
+    its object with an empty token: a death then still wakes that object at once."""
 
-    __slots__ = ("_body", "_buf", "_offset")
+    __slots__ = ("_body", "_buf", "_idle", "_offset")
 
     def __init__(self, buf: mmap.mmap | bytearray, offset: int, namespace: str, object_id: str):
         self._buf = buf
         self._offset = offset
         owner = json.dumps([namespace, object_id]).encode() + b"\0"
         self._body = offset + _LENGTH.size + len(owner)
+        self._idle = len(owner) + _STARTED.size  # the entry with an empty token
         buf[offset + _LENGTH.size:self._body] = owner
+        _STARTED.pack_into(buf, self._body, 0.0)
+        _LENGTH.pack_into(buf, offset, self._idle)
 
     def record(self, token: str, started: float) -> None:
         """Note that the work named ``token`` starts (at epoch ``started``). A memory
@@ -52,8 +56,8 @@ class FlightSlot:
         _LENGTH.pack_into(buf, self._offset, end - self._offset - _LENGTH.size)
 
     def clear(self) -> None:
-        """Note that no work is running. Does not checkpoint."""
-        _LENGTH.pack_into(self._buf, self._offset, 0)
+        """Note that no work is running (the alarm run still is). Does not checkpoint."""
+        _LENGTH.pack_into(self._buf, self._offset, self._idle)
 
 
 class FlightRecord:
@@ -109,7 +113,7 @@ class FlightRecord:
         return FlightSlot(self._buf, self._free.pop() * SLOT_SIZE, namespace, object_id)
 
     def release(self, slot: FlightSlot) -> None:
-        slot.clear()
+        _LENGTH.pack_into(self._buf, slot._offset, 0)
         self._free.append(slot._offset // SLOT_SIZE)
 
     def close(self) -> None:

@@ -342,3 +342,22 @@ async def test_ten_thousand_alarms_each_fire_once_on_time(
     assert late == {}
     # Keep this test honest about its cost (measured ~ a few seconds).
     assert elapsed < 60, f"10,000 alarms took {elapsed:.1f} s of real time"
+
+
+async def test_an_alarm_run_in_flight_at_a_death_wakes_its_object_at_reopen(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    # A death while an alarm run holds its flight-record slot (between jobs, say) leaves
+    # the slot filled; the next runtime wakes that object at once instead of at the
+    # run's fallback alarm. Simulated here: a slot taken and never released.
+    log: list[Any] = []
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(tmp_path, env=log) as rt:
+            await rt.get(Alarmed, "o").arm(EPOCH + 30)  # as a run's fallback would be
+            await rt.get(Alarmed, "p").arm(EPOCH + 30)
+            assert rt.flight.acquire(Alarmed.namespace, "o") is not None
+        await trio.sleep(5)
+        async with nj.open_runtime(tmp_path, env=log) as rt:
+            await trio.sleep(40)
+    assert alarms(log, "o") == [(EPOCH + 5, FIRST)]
+    assert alarms(log, "p") == [(EPOCH + 30, FIRST)]
