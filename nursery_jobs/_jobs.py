@@ -254,8 +254,11 @@ class JobTable:
         )
         return [JobRow.from_sql(r) for r in cursor]
 
-    def first_exclusive_time(self) -> float | None:
-        row = self.conn.execute("SELECT MIN(time) FROM nj_jobs WHERE exclusive = 1").fetchone()
+    def first_exclusive_time(self, excluding: str | None = None) -> float | None:
+        """The earliest exclusive job's time (leaving out job ``excluding``)."""
+        row = self.conn.execute(
+            "SELECT MIN(time) FROM nj_jobs WHERE exclusive = 1 AND id IS NOT ?", (excluding,)
+        ).fetchone()
         return None if row[0] is None else float(row[0])
 
     def next_alarm_time(self, now: float) -> float | None:

@@ -141,6 +141,9 @@ class Lifecycle:
         # Bumped by every mutation through the API: an alarm run re-reads due rows then.
         self._version = 0
         self._breaker = MemoryBreaker(self)
+        # A transaction the user opens must not carry our staged outcomes (its rollback
+        # would undo them): commit them before it begins.
+        ctx.storage._before_transaction.append(self._flush)
 
     @classmethod
     def install(
@@ -361,14 +364,14 @@ class Lifecycle:
                 self._touch(job_id)
             # Lower the alarm before the row commits: an early wake is harmless, a lost
             # one is not.
-            self._lower_alarm(when, exclusive)
+            self._lower_alarm(when, exclusive, job_id)
             self.table.upsert(job, payload_text)
         if replaced:
             stored = self.table.row(job_id)
             if stored is not None:
                 job = attrs.evolve(job, created_at=stored.job.created_at)
-            if not self.ctx.storage.conn.in_transaction:
-                self._rearm_now()
+        if (replaced or exclusive) and not self.ctx.storage.conn.in_transaction:
+            self._rearm_now()  # committed: now the alarm may also rise
         return job
 
     async def _cancel(self, owner: str, job_id: str) -> bool:
@@ -400,23 +403,20 @@ class Lifecycle:
             if row is None or row.job.owner != owner:
                 return False
             self._touch(job_id)
-            self._lower_alarm(when, row.job.exclusive)
+            self._lower_alarm(when, row.job.exclusive, job_id)
             self.table.retime(owner, job_id, when)
         if not in_transaction:  # as in _cancel: never raise the alarm before a commit
             self._rearm_now()
         return True
 
     # -- the alarm ------------------------------------------------------------------
-    def _lower_alarm(self, time: float, exclusive: bool) -> None:
+    def _lower_alarm(self, time: float, exclusive: bool, job_id: str) -> None:
+        """Before a write commits: lower the alarm to ``time`` if it is later — never
+        raise it (a rollback would leave a pending job behind a raised alarm). Raising
+        it to an exclusive job's time is ``_rearm_now``'s, after the commit."""
         if self._disabled:
             return
-        first_exclusive = self.table.first_exclusive_time()
-        if exclusive:
-            target = time if first_exclusive is None else min(time, first_exclusive)
-            if self._alarm.get() != target:
-                self._alarm.set(target)
-            return
-        if first_exclusive is not None:
+        if not exclusive and self.table.first_exclusive_time(excluding=job_id) is not None:
             return  # an exclusive job alone decides when the object wakes
         current = self._alarm.get()
         if current is None or time < current:
@@ -475,6 +475,7 @@ class Lifecycle:
                 self._rearm_now()
             raise
         except Exception:
+            self._flush()  # the jobs that completed stay completed
             if self.table.next_alarm_time(_clock.now()) is None:
                 logger.exception("alarm run of %s failed; no jobs remain", self._label())
                 return
@@ -794,7 +795,7 @@ class Lifecycle:
             if self.table.owner_of(job_id) is not None:
                 raise ownership_error(owner, str(self.table.owner_of(job_id)), job_id)
             job = attrs.evolve(letter.job, time=_clock.now())
-            self._lower_alarm(job.time, job.exclusive)
+            self._lower_alarm(job.time, job.exclusive, job.id)
             self.table.upsert(job, encode_payload(job.payload))
         return job
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -35,7 +35,7 @@ class Storage:
     other tasks; the statement is cheaper than a thread hop.
     """
 
-    __slots__ = ("_alarm", "_alarm_owner", "_savepoints", "conn", "db")
+    __slots__ = ("_alarm", "_alarm_owner", "_before_transaction", "_savepoints", "conn", "db")
 
     def __init__(self, conn: sqlite3.Connection, alarm: AlarmSlot) -> None:
         self.conn = conn
@@ -43,6 +43,9 @@ class Storage:
         self._alarm = alarm
         self._alarm_owner: str | None = None
         self._savepoints = 0
+        # Called before an outermost transaction begins (the Lifecycle commits what it
+        # has staged, so the caller's rollback cannot undo it).
+        self._before_transaction: list[Callable[[], None]] = []
         conn.execute(_KV_SCHEMA)
 
     # -- SQL --------------------------------------------------------------------
@@ -61,6 +64,8 @@ class Storage:
         """
         conn = self.conn
         if not conn.in_transaction:
+            for hook in self._before_transaction:
+                hook()
             conn.execute("BEGIN")
             try:
                 yield self
