@@ -193,7 +193,7 @@ class ObjectHost:
                         start_error = exc
                         if self.ctx is not None:
                             # An alarm that activated us retries by the object's policy.
-                            exc._nj_alarm_retry_delay = self.ctx._alarm_retry_delay  # type: ignore[attr-defined]
+                            rt._start_failures[self.key] = self.ctx._alarm_retry_delay
                         nursery.cancel_scope.cancel(reason="on_start failed")
                     else:
                         self.state = "ready"
@@ -488,6 +488,9 @@ class Runtime:
         # Work under suspicion of killing the process runs one at a time (the
         # Lifecycle holds it around jobs with crash strikes).
         self.probation = trio.Lock()
+        # The alarm retry policy of objects whose on_start just failed (set up by their
+        # __init__, e.g. a Lifecycle's): an alarm that activated one retries by it.
+        self._start_failures: dict[Key, Callable[[int], float | None]] = {}
         self.catalog: Catalog
 
     # -- opening and closing ------------------------------------------------------
@@ -588,7 +591,8 @@ class Runtime:
         return Stub(self, cls, check_object_id(object_id))
 
     async def _activate(
-        self, cls: type[DurableObject], namespace: str, object_id: str
+        self, cls: type[DurableObject], namespace: str, object_id: str, *,
+        for_alarm: bool = False,
     ) -> ObjectHost:
         """Return the object's ready host, starting it (and ``on_start``) if needed."""
         key = (namespace, object_id)
@@ -606,6 +610,8 @@ class Runtime:
                     await self._nursery.start(host.run)
                 except BaseException as exc:
                     host.error = exc
+                    if not for_alarm:
+                        self._start_failures.pop(key, None)
                     raise
                 return host
             if host.state == "ready":
@@ -725,7 +731,7 @@ class Runtime:
                     self._orphaned(key)
                     return
                 try:
-                    host = await self._activate(cls, namespace, object_id)
+                    host = await self._activate(cls, namespace, object_id, for_alarm=True)
                 except RuntimeClosedError:
                     return  # shutting down: the alarm stays as it is for the next run
                 except Exception as exc:
@@ -763,8 +769,9 @@ class Runtime:
         namespace, object_id = key
         alarm = self.catalog.get_alarm(namespace, object_id)
         if alarm is None:
+            self._start_failures.pop(key, None)
             return
-        retry_delay = getattr(exc, "_nj_alarm_retry_delay", durable_object_retry_delay)
+        retry_delay = self._start_failures.pop(key, durable_object_retry_delay)
         ghost = ObjectHost(self, cls, namespace, object_id)
         ghost.alarm_time, ghost.alarm_retry = alarm
         ghost.alarm_failed(exc, alarm[1], retry_delay)
