@@ -100,3 +100,21 @@ def test_errors_share_one_root() -> None:
     assert errors
     for error in errors:
         assert issubclass(error, nj.NurseryJobsError), error
+
+
+def test_the_testing_helper_pins_the_epoch() -> None:
+    import trio.testing
+
+    import nursery_jobs.testing
+
+    async def main() -> float:
+        await trio.sleep(5)
+        return nj.now()
+
+    nursery_jobs.testing.pin_epoch(1_700_000_000.0)
+    try:
+        assert trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0)) == (
+            1_700_000_005.0
+        )
+    finally:
+        nursery_jobs.testing.pin_epoch(None)
