@@ -513,8 +513,8 @@ class Lifecycle:
                 # A push, reschedule or cancel may have changed the rows, perhaps ahead
                 # of the cursor (a higher-priority queue item): read again from the top;
                 # ``ran`` keeps what already ran from running twice.
-                cursor = start
-            if index == len(batch) or read_at != self._version:
+                cursor, index = start, len(batch)
+            if index == len(batch):
                 batch = self.table.next_due(now, cursor, _DUE_BATCH)
                 index, read_at = 0, self._version
                 if not batch:
