@@ -2,16 +2,20 @@
 
 __version__ = "0.1.0"
 
+import types as _types
+
+import attrs as _attrs
+
 from ._agent import Agent as Agent
 from ._agent import TaskInfo as TaskInfo
 from ._agent import TaskRecord as TaskRecord
-from ._breaker import MemoryLimitContext as MemoryLimitContext
 from ._capability import Capability as Capability
 from ._clock import jitter as jitter
 from ._clock import now as now
 from ._errors import AlarmOwnedError as AlarmOwnedError
 from ._errors import CapabilityError as CapabilityError
 from ._errors import CodecError as CodecError
+from ._errors import EngineError as EngineError
 from ._errors import JobError as JobError
 from ._errors import JobOwnershipError as JobOwnershipError
 from ._errors import NurseryJobsError as NurseryJobsError
@@ -31,10 +35,8 @@ from ._jobs import DeadLetter as DeadLetter
 from ._jobs import Job as Job
 from ._jobs import JobContext as JobContext
 from ._jobs import JobOutcome as JobOutcome
-from ._jobs import Jobs as Jobs
 from ._jobs import Reschedule as Reschedule
 from ._jobs import RetryOptions as RetryOptions
-from ._lifecycle import CapabilityLifecycle as CapabilityLifecycle
 from ._lifecycle import Lifecycle as Lifecycle
 from ._object import AlarmInfo as AlarmInfo
 from ._object import DurableObject as DurableObject
@@ -49,6 +51,9 @@ from ._runtime import open_runtime as open_runtime
 from ._scheduler import Schedule as Schedule
 from ._scheduler import Scheduler as Scheduler
 from ._storage import Storage as Storage
+from ._strikes import MemoryLimitContext as MemoryLimitContext
+from ._views import CapabilityLifecycle as CapabilityLifecycle
+from ._views import Jobs as Jobs
 
 __all__ = [
     "Agent",
@@ -60,6 +65,7 @@ __all__ = [
     "CodecError",
     "DeadLetter",
     "DurableObject",
+    "EngineError",
     "Event",
     "EventBus",
     "Job",
@@ -99,3 +105,22 @@ __all__ = [
     "now",
     "open_runtime",
 ]
+
+
+def _fixup_module_metadata() -> None:
+    """Show public names as ``nursery_jobs.X``, where users import them from (tracebacks,
+    reprs, docs), not as the private module that defines them."""
+    for name in __all__:
+        value = globals()[name]
+        if _attrs.has(value):
+            # Resolve string annotations while the defining module is still named:
+            # the codec reads field types, and they must not be looked up here.
+            _attrs.resolve_types(value)
+        if getattr(value, "__module__", "").startswith("nursery_jobs._") and isinstance(
+            value, type | _types.FunctionType
+        ):
+            value.__module__ = __name__
+
+
+_fixup_module_metadata()
+del _fixup_module_metadata

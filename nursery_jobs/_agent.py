@@ -156,12 +156,11 @@ class Agent(DurableObject):
 
     def list_schedules(self) -> list[TaskRecord]:
         """Every queued and scheduled task, by due time."""
-        lifecycle = self.lifecycle
-        lifecycle._flush()  # completions staged by the alarm run must not show here
+        store = self.lifecycle.store
         records = [
             self._record(row.job, row.attempts)
             for owner in (self._task_queue.id, self._task_scheduler.id)
-            for row in lifecycle.table.rows(owner)
+            for row in store.rows(owner)
         ]
         records.sort(key=lambda r: r.due)
         return records
@@ -216,7 +215,7 @@ class Agent(DurableObject):
         jobs of their own override this and call ``super().on_job(ctx)`` for the rest."""
         if ctx.job.fn == DESTROY_JOB:
             await self.lifecycle.disable_alarms()
-            self.ctx._host.destroy()
+            self.lifecycle.claim.destroy()
             return None
         logger.error("%s/%s: no handler for host job %r", self.ctx.namespace, self.ctx.id,
                      ctx.job.fn)

@@ -9,8 +9,8 @@ from ._errors import CapabilityError
 
 if TYPE_CHECKING:
     from ._jobs import JobContext, JobOutcome
-    from ._lifecycle import CapabilityLifecycle
     from ._object import DurableObject
+    from ._views import CapabilityLifecycle
 
 
 class Capability:

@@ -11,6 +11,7 @@ lookup errors derive from :class:`LookupError`::
      ├─ CodecError (ValueError)           a payload that cannot be stored
      ├─ RuntimeLockedError                another runtime holds the data directory
      ├─ RuntimeClosedError                the runtime is not running
+     ├─ EngineError (ValueError)          no engine serves the data location given
      ├─ StorageError                      an object's database cannot be opened
      ├─ RpcError (TypeError)              a stub call to a private name or a non-method
      ├─ ObjectResetError                  the object was evicted or reset during a call
@@ -51,6 +52,10 @@ class RuntimeLockedError(NurseryJobsError):
 
 class RuntimeClosedError(NurseryJobsError):
     """The runtime has not started or has already shut down."""
+
+
+class EngineError(NurseryJobsError, ValueError):
+    """``open_runtime`` was given a location no engine serves (an unknown ``scheme://``)."""
 
 
 class StorageError(NurseryJobsError):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import importlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
@@ -11,9 +11,9 @@ import attrs
 if TYPE_CHECKING:
     import trio
 
+    from ._alarm import AlarmClaim, AlarmHandler, Backoff
     from ._events import EventBus
-    from ._flight import FlightSlot
-    from ._runtime import Runtime, Stub
+    from ._runtime import Stub
     from ._storage import Storage
 
 # namespace -> class, filled as DurableObject subclasses are defined, so an alarm can
@@ -64,19 +64,7 @@ class ObjectContext:
     """What an object knows about itself: ``id``, ``namespace``, ``storage``,
     ``nursery`` (the object's own), ``env`` and ``events``."""
 
-    __slots__ = (
-        "_alarm_handler",
-        "_alarm_retry_delay",
-        "_flight",
-        "_host",
-        "env",
-        "events",
-        "id",
-        "namespace",
-        "nursery",
-        "runtime",
-        "storage",
-    )
+    __slots__ = ("_claim", "_stubs", "env", "events", "id", "namespace", "nursery", "storage")
 
     def __init__(
         self,
@@ -86,43 +74,32 @@ class ObjectContext:
         storage: Storage,
         nursery: trio.Nursery,
         env: Any,
-        runtime: Runtime,
-        host: Any,
+        events: EventBus,
+        stubs: Callable[[type[DurableObject], str], Stub],
+        claim: Callable[[str, AlarmHandler, Backoff], AlarmClaim],
     ) -> None:
         self.id = id
         self.namespace = namespace
         self.storage = storage
         self.nursery = nursery
         self.env = env
-        self.runtime = runtime
-        self.events: EventBus = runtime.events
-        self._host = host
-        # What a due alarm runs; the Lifecycle replaces it with its alarm run.
-        self._alarm_handler: Callable[[AlarmInfo], Awaitable[None]] | None = None
-        # Delay before retrying a failed alarm run, or None to give up.
-        self._alarm_retry_delay: Callable[[int], float | None] = durable_object_retry_delay
-        # The flight-record slot of the alarm run in progress (None outside one).
-        self._flight: FlightSlot | None = None
-
-    def _take_crash_tokens(self) -> list[tuple[str, float]]:
-        """What the work recorder (``_flight``) held for this object when a process on
-        this path died: the tokens of work that was running."""
-        return self.runtime.catalog.crashes(self.namespace, self.id)
-
-    def _crashes_recovered(self) -> None:
-        """The object has accounted for its crash tokens; forget them."""
-        self.runtime.catalog.clear_crashes(self.namespace, self.id)
+        self.events = events
+        self._stubs = stubs
+        self._claim = claim
 
     def get(self, cls: type[DurableObject], object_id: str) -> Stub:
         """Return a stub for another object of the same runtime."""
-        return self.runtime.get(cls, object_id)
+        return self._stubs(cls, object_id)
 
+    def claim_alarm(self, owner: str, handler: AlarmHandler, policy: Backoff) -> AlarmClaim:
+        """Hand the object's alarm to one owner (the Lifecycle): ``handler`` runs when it
+        is due, a failed run is retried by ``policy``, and ``storage.set_alarm`` is
+        refused from now on. Once per activation.
 
-def durable_object_retry_delay(retry_count: int) -> float | None:
-    """Durable Objects' alarm retry: 2 s doubling, up to 6 retries, then give up."""
-    if retry_count >= 6:
-        return None
-    return 2.0 * 2.0**retry_count
+        Raises:
+            AlarmOwnedError: the alarm is already claimed.
+        """
+        return self._claim(owner, handler, policy)
 
 
 def resolve_namespace(namespace: str, class_path: str | None) -> type[DurableObject] | None:

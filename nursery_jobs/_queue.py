@@ -1,8 +1,9 @@
 """The Queue capability: named callbacks run one at a time, FIFO within a priority.
 
-Every item is a job of the capability (no storage of its own). Order is kept through
-the job's due time: ``time = position - (priority + 1000) * PRIORITY_SPAN``, so a higher
-priority sorts first and the push sequence breaks ties. All items are due at once.
+Every item is a job of the capability (no storage of its own), due when it is pushed,
+with its priority in the job's ``priority`` column: among due jobs a higher priority
+runs first, then the earlier due time, then the push sequence. A replaced item keeps its
+due time (its place in line); ``pos`` in the envelope remembers when it was queued.
 """
 
 from __future__ import annotations
@@ -11,20 +12,17 @@ import builtins
 import inspect
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any, Final
+from typing import Any
 
 import attrs
 
 from . import _clock
 from ._capability import CallbackCapability
 from ._errors import JobError, UnknownCallbackError
-from ._jobs import Job, JobContext, JobOutcome, RetryOptions, check_job_id
+from ._jobs import MAX_PRIORITY, Job, JobContext, JobOutcome, RetryOptions, check_job_id
 
 logger = logging.getLogger("nursery_jobs")
 
-# Seconds of due time per priority step: far more than any item waits in a queue.
-PRIORITY_SPAN: Final = 1e9
-MAX_PRIORITY: Final = 1000
 
 Callback = Callable[[Any, Any], Any]
 
@@ -54,7 +52,7 @@ class QueueDeadLetter:
 def item_of(job: Job) -> QueueItem:
     envelope = job.payload
     return QueueItem(
-        id=job.id, callback=job.fn, payload=envelope["p"], priority=envelope["pr"],
+        id=job.id, callback=job.fn, payload=envelope["p"], priority=job.priority,
         created_at=job.created_at, retry=job.retry,
     )
 
@@ -128,16 +126,17 @@ class Queue(CallbackCapability):
             )
         jobs = self.lifecycle.jobs
         existing = None if id is None else jobs.get(check_job_id(id))
-        if keep_position and existing is not None and existing.payload["pr"] == priority:
+        if keep_position and existing is not None and existing.priority == priority:
             position = existing.payload["pos"]
         else:
             position = _clock.now()
         job = await jobs.push(
             callback,
-            time=position - (priority + MAX_PRIORITY) * PRIORITY_SPAN,
+            time=position,
             payload={"p": payload, "pr": priority, "pos": position},
             id=id,
             retry=retry or self.retry,
+            priority=priority,
         )
         item = item_of(job)
         self.lifecycle.emit("queue:create", callback=callback, id=item.id)
@@ -181,7 +180,7 @@ class Queue(CallbackCapability):
         if job is None:
             return None
         return await self._push(job.fn, job.payload["p"], id=job.id, retry=job.retry,
-                                priority=job.payload["pr"], keep_position=False)
+                                priority=job.priority, keep_position=False)
 
     # -- the capability hooks -----------------------------------------------------------
     async def on_job(self, ctx: JobContext) -> JobOutcome:

@@ -16,16 +16,14 @@ from ._errors import AlarmOwnedError, StorageKeyError
 if TYPE_CHECKING:
     import datetime
 
-_KV_SCHEMA = "CREATE TABLE IF NOT EXISTS nj_kv (key TEXT PRIMARY KEY, value TEXT) WITHOUT ROWID"
-
-
 class AlarmSlot(Protocol):
-    """What storage needs from the runtime to keep an object's alarm."""
+    """What storage needs from the host to keep an object's alarm."""
+
+    owner: str | None  # who claimed the alarm (storage.set_alarm is then refused)
 
     def get(self) -> float | None: ...
     def set(self, time: float) -> None: ...
     def delete(self) -> None: ...
-    def write_through(self, time: float | None) -> None: ...
 
 
 class Storage:
@@ -35,18 +33,19 @@ class Storage:
     other tasks; the statement is cheaper than a thread hop.
     """
 
-    __slots__ = ("_alarm", "_alarm_owner", "_before_transaction", "_savepoints", "conn", "db")
+    __slots__ = ("_alarm", "_before_transaction", "_savepoints", "conn", "db")
 
-    def __init__(self, conn: sqlite3.Connection, alarm: AlarmSlot) -> None:
+    def __init__(
+        self, conn: sqlite3.Connection, alarm: AlarmSlot,
+        before_transaction: list[Callable[[], None]],
+    ) -> None:
         self.conn = conn
         self.db = sqlite_utils.Database(conn, execute_plugins=False)
         self._alarm = alarm
-        self._alarm_owner: str | None = None
         self._savepoints = 0
         # Called before an outermost transaction begins (the Lifecycle commits what it
         # has staged, so the caller's rollback cannot undo it).
-        self._before_transaction: list[Callable[[], None]] = []
-        conn.execute(_KV_SCHEMA)
+        self._before_transaction = before_transaction
 
     # -- SQL --------------------------------------------------------------------
     def execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> sqlite3.Cursor:
@@ -125,25 +124,20 @@ class Storage:
 
     def set_alarm(self, time: float | datetime.datetime) -> None:
         """Set (replace) the object's one alarm; durable when it returns."""
-        if self._alarm_owner is not None:
+        if self._alarm.owner is not None:
             raise AlarmOwnedError(
-                f"the {self._alarm_owner} owns this object's alarm; push a job instead of "
+                f"the {self._alarm.owner} owns this object's alarm; push a job instead of "
                 "calling storage.set_alarm()"
             )
         self._alarm.set(coerce_time(time))
 
     def delete_alarm(self) -> None:
         """Cancel the object's alarm."""
-        if self._alarm_owner is not None:
+        if self._alarm.owner is not None:
             raise AlarmOwnedError(
-                f"the {self._alarm_owner} owns this object's alarm; cancel its jobs instead"
+                f"the {self._alarm.owner} owns this object's alarm; cancel its jobs instead"
             )
         self._alarm.delete()
-
-    def _own_alarm(self, owner: str) -> AlarmSlot:
-        """Hand the alarm to ``owner`` (the Lifecycle); return the slot it writes."""
-        self._alarm_owner = owner
-        return self._alarm
 
 
 def _key(key: object, *, allow_empty: bool = False) -> str:

@@ -144,7 +144,7 @@ class Fallback(nj.Agent):
 
 
 def alarm(rt: nj.Runtime, cls: type[nj.DurableObject] = Worker, object_id: str = "w") -> Any:
-    found = rt.catalog.get_alarm(cls.namespace, object_id)
+    found = rt.engine.get_alarm(cls.namespace, object_id)
     return None if found is None else found[0] - EPOCH
 
 
@@ -470,7 +470,7 @@ async def test_destroy_leaves_an_empty_object(
             await agent.queue("flaky", "f", id="f", max_retries=0)  # a dead letter
             await trio.sleep(15)
             assert env.ran() == [("flaky", 0, "f"), ("work", 10, "beat")]
-            [file] = [f for ns, oid, f in rt.catalog.objects()
+            [file] = [f for ns, oid, f in rt.engine.catalog.objects()
                       if (ns, oid) == (Worker.namespace, "w")]
             if on_disk:
                 assert (tmp_path / "objects" / file).exists()
@@ -480,7 +480,7 @@ async def test_destroy_leaves_an_empty_object(
             assert [e.object_id for e in env.of("object:destroyed")] == ["w"]
             assert alarm(rt) is None
             assert (Worker.namespace, "w") not in {
-                (ns, oid) for ns, oid, _ in rt.catalog.objects()}
+                (ns, oid) for ns, oid, _ in rt.engine.catalog.objects()}
             if on_disk:
                 assert [f.name for f in (tmp_path / "objects").iterdir()
                         if f.name.startswith(file)] == []

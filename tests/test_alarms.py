@@ -355,7 +355,7 @@ async def test_an_alarm_run_in_flight_at_a_death_wakes_its_object_at_reopen(
         async with nj.open_runtime(tmp_path, env=log) as rt:
             await rt.get(Alarmed, "o").arm(EPOCH + 30)  # as a run's fallback would be
             await rt.get(Alarmed, "p").arm(EPOCH + 30)
-            assert rt.flight.acquire(Alarmed.namespace, "o") is not None
+            assert rt.engine.acquire_flight(Alarmed.namespace, "o") is not None
         await trio.sleep(5)
         async with nj.open_runtime(tmp_path, env=log) as rt:
             await trio.sleep(40)

@@ -22,7 +22,7 @@ import trio.testing
 from conftest import EPOCH
 
 import nursery_jobs as nj
-from nursery_jobs._breaker import STRIKES_KEY
+from nursery_jobs._strikes import STRIKES_KEY
 
 HANG = 100_000
 LIMIT = 1_000_000
@@ -131,7 +131,7 @@ class Breaker(nj.DurableObject):
 
     async def strikes(self) -> int:
         """The durable strike count, as stored."""
-        return self.lifecycle.table.meta(STRIKES_KEY)
+        return self.lifecycle.store.meta(STRIKES_KEY)
 
     async def nap(self, seconds: float) -> str:
         await trio.sleep(seconds)

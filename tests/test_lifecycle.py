@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import math
+import random
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -23,16 +24,26 @@ import trio.testing
 from conftest import EPOCH
 
 import nursery_jobs as nj
-import nursery_jobs._lifecycle
 
 # A generous virtual-time bound: under autojump a hang jumps here and fails the test.
 HANG = 100_000
 
 
+class DrawRng(random.Random):
+    """A jitter source whose ``uniform`` is ``draw`` (injected with install(rng=...))."""
+
+    def __init__(self, draw: Callable[[float, float], float]) -> None:
+        super().__init__()
+        self.draw = draw
+
+    def uniform(self, a: float, b: float) -> float:
+        return self.draw(a, b)
+
+
 @pytest.fixture
 def exact_jitter(monkeypatch: pytest.MonkeyPatch) -> None:
     """Full-jitter backoff always draws its upper bound, so retry times are exact."""
-    monkeypatch.setattr(nursery_jobs._lifecycle.RNG, "uniform", lambda a, b: b)
+    monkeypatch.setattr(Host, "rng", DrawRng(lambda a, b: b))
 
 
 # -- the test object and capability ------------------------------------------------------
@@ -81,11 +92,12 @@ class Host(nj.DurableObject):
     """A Lifecycle object whose jobs are handled by ``env.handlers[fn]``."""
 
     namespace = "tests.test_lifecycle.Host"
+    rng: random.Random | None = None  # the retry jitter source (tests inject one)
 
     def __init__(self, ctx: nj.ObjectContext) -> None:
         super().__init__(ctx)
         self.env: Env = ctx.env
-        self.lifecycle = nj.Lifecycle.install(self)
+        self.lifecycle = nj.Lifecycle.install(self, rng=self.rng)
         self.lifecycle.use(*self.env.caps())
 
     async def on_start(self) -> None:
@@ -151,7 +163,7 @@ def cap(obj: Host, cap_id: str) -> Cap:
 
 def alarm(rt: nj.Runtime, object_id: str = "o") -> float | None:
     """The object's alarm in the runtime catalog, relative to EPOCH."""
-    found = rt.catalog.get_alarm(Host.namespace, object_id)
+    found = rt.engine.get_alarm(Host.namespace, object_id)
     return None if found is None else found[0] - EPOCH
 
 
@@ -642,7 +654,7 @@ async def test_retry_delay_is_drawn_from_the_full_jitter_range(
         draws.append((a, b))
         return a  # the low end: the retry is due at once
 
-    monkeypatch.setattr(nursery_jobs._lifecycle.RNG, "uniform", uniform)
+    monkeypatch.setattr(Host, "rng", DrawRng(uniform))
 
     async def fail(obj: Any, ctx: nj.JobContext) -> Any:
         raise RuntimeError("boom")
@@ -1006,7 +1018,7 @@ async def test_host_job_without_on_job_is_dropped_with_a_log(
             await obj.push("orphan", id="lost2", time=EPOCH + 10)
             await trio.sleep(20)
             assert await obj.jobs() == []
-            assert rt.catalog.get_alarm(Bare.namespace, "b") is None
+            assert rt.engine.get_alarm(Bare.namespace, "b") is None
             errors = [r for r in caplog.records if r.levelno == logging.ERROR]
             assert len(errors) == 2
             assert "'lost'" in errors[0].getMessage() and "'orphan'" in errors[0].getMessage()
@@ -1040,7 +1052,7 @@ async def test_capability_job_without_on_job_is_dropped_with_a_log(
             # Dropped; the next job of the run still ran.
             assert env.ran() == [("c", 10)]
             assert await obj.run(
-                lambda o: trio_value(o.lifecycle.table.rows())) == []
+                lambda o: trio_value(o.lifecycle.store.rows())) == []
             errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
             assert len(errors) == 1 and "'s'" in errors[0] and "'silent'" in errors[0]
 
@@ -1060,7 +1072,7 @@ async def test_job_of_a_missing_capability_is_dropped_with_a_log(
             await trio.sleep(20)
             assert env.ran() == [("h", 10)]
             assert await rt.get(Host, "o").run(
-                lambda o: trio_value(o.lifecycle.table.rows())) == []
+                lambda o: trio_value(o.lifecycle.store.rows())) == []
             errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
             assert len(errors) == 1 and "'g'" in errors[0] and "'gone'" in errors[0]
 
@@ -1362,7 +1374,7 @@ async def test_failing_startup_retries_the_alarm_run_with_backoff(
             obj = rt.get(Host, "o")
             await obj.push("f", id="j", time=EPOCH + 10)
             await trio.sleep(11)
-            assert rt.catalog.get_alarm(Host.namespace, "o") == (EPOCH + 12, 1)
+            assert rt.engine.get_alarm(Host.namespace, "o") == (EPOCH + 12, 1)
             await trio.sleep(100)
             # 2 s doubling: failed at +10 and +12, started and ran the job at +16.
             assert env.ran() == [("j", 16)]
@@ -1376,7 +1388,7 @@ async def test_fallback_alarm_is_set_while_jobs_run(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     async def peek(obj: Host, ctx: nj.JobContext) -> Any:
-        env.log.append(("alarm during run", rel(), alarm(obj.ctx.runtime)))
+        env.log.append(("alarm during run", rel(), obj.ctx.storage.get_alarm() - EPOCH))
 
     env = make_env({"peek": peek})
     with trio.fail_after(HANG):

@@ -138,7 +138,7 @@ async def hold_the_queue(obj: nj.Stub, env: Env) -> None:
 
 
 def alarm(rt: nj.Runtime, object_id: str = "o") -> float | None:
-    found = rt.catalog.get_alarm(Uploads.namespace, object_id)
+    found = rt.engine.get_alarm(Uploads.namespace, object_id)
     return None if found is None else found[0] - EPOCH
 
 

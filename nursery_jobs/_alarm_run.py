@@ -1,0 +1,312 @@
+"""The alarm run of a Lifecycle object: what its due alarm does.
+
+fallback alarm -> startup if cold -> backup alarm -> each due job in run order
+(priority, time, push sequence), re-read before it runs -> host ``on_alarm()`` -> alarm
+for the next due job. Each job's start is recorded in the flight record before it runs,
+so a crash is never mistaken for a job that never ran; a failure is the job's (an
+attempt, a durable backoff, a dead letter), a reset or a shutdown is not.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import math
+import random
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Final
+
+import trio
+
+from . import _clock
+from ._capability import Capability
+from ._job_table import Cursor, JobRow
+from ._jobs import HOST, Job, JobContext, JobOutcome, coerce_outcome
+
+if TYPE_CHECKING:
+    from ._lifecycle import Lifecycle
+
+logger = logging.getLogger("nursery_jobs")
+
+# The fallback alarm of a run: if the run dies, the object wakes again this soon.
+FALLBACK_ALARM: Final = 30.0
+BACKLOG_WARNING: Final = 10
+# Jobs dispatched between forced checkpoints, so one busy object cannot starve others.
+_CHECKPOINT_EVERY: Final = 32
+# Due rows read per query in an alarm run (re-read whenever a mutation intervenes).
+_DUE_BATCH: Final = 64
+_START: Final[Cursor] = (-(2**31), -math.inf, -1)
+
+
+class AlarmRun:
+    """One alarm run in progress: what ``track_alarm_work`` attaches work to."""
+
+    __slots__ = ("active", "epoch", "job", "lifecycle", "started", "tracked")
+
+    def __init__(self, lifecycle: Lifecycle) -> None:
+        self.lifecycle = lifecycle
+        self.epoch = _clock.epoch()  # nj.now() == epoch + trio.current_time()
+        self.active = True
+        self.job: Job | None = None
+        self.started = 0.0
+        self.tracked = False
+
+
+current_run: contextvars.ContextVar[AlarmRun | None] = contextvars.ContextVar(
+    "nursery_jobs_alarm_run", default=None
+)
+
+
+def error_text(error: BaseException) -> str:
+    return f"{type(error).__qualname__}: {error}"
+
+
+class AlarmRunner:
+    """Runs a Lifecycle's alarm: the dispatch loop, job failures, the slow-dispatch
+    watch. One per Lifecycle."""
+
+    def __init__(self, lifecycle: Lifecycle, rng: random.Random) -> None:
+        self._lc = lifecycle
+        self._store = lifecycle.store
+        self._claim = lifecycle.claim
+        self._rng = rng
+        self._watch_scope: trio.CancelScope | None = None
+        self._watch_job: Job | None = None
+        self._watch_deadline = math.inf
+
+    async def __call__(self, info: Any) -> None:
+        lc, store = self._lc, self._store
+        run = AlarmRun(lc)
+        token = current_run.set(run)
+        try:
+            now = _clock.now()
+            fallback = store.next_alarm_time()
+            if fallback is not None:
+                store.set_alarm(max(fallback, now + FALLBACK_ALARM))
+            if not lc.started:
+                await lc.start()
+                now = _clock.now()
+                if store.has_due(now):
+                    store.set_alarm(now + FALLBACK_ALARM)  # the backup alarm
+            if not store.disabled:
+                await self._run_due(run, now)
+            on_alarm = getattr(lc.host, "on_alarm", None)
+            if on_alarm is not None:
+                await on_alarm()
+        except trio.Cancelled:
+            store.flush()  # the jobs that completed stay completed
+            if self._claim.memory_reset and not lc.breaker.tripped:
+                await lc.observe_reset(None, self._claim.reset_reason)
+            if self._claim.reset_reason is None:
+                # A graceful shutdown is no failure: what was due stays due, so the
+                # object wakes as soon as a runtime opens the path again.
+                store.rearm()
+            raise
+        except Exception:
+            store.flush()  # the jobs that completed stay completed
+            if store.next_alarm_time() is None:
+                logger.exception("alarm run of %s failed; no jobs remain", lc.label)
+                return
+            raise  # the runtime retries the run with backoff while jobs remain
+        finally:
+            run.active = False
+            current_run.reset(token)
+        if not lc.tracked:
+            lc.breaker.clear()  # a clean, quiescent alarm run
+        store.rearm()
+
+    async def _run_due(self, run: AlarmRun, now: float) -> None:
+        store = self._store
+        for owner, count in store.due_counts(now):
+            if count >= BACKLOG_WARNING:
+                logger.warning("%s: %d due jobs of %r in one alarm", self._lc.label, count, owner)
+                self._lc.emit("job:backlog_warning", owner=owner, count=count)
+        cursor = _START
+        ran: set[str] = set()
+        readmitted: set[str] = set()
+        batch: list[JobRow] = []
+        index = 0
+        read_at = -1
+        dispatched = 0
+        while not store.disabled:
+            if read_at != store.version:
+                # A push, reschedule or cancel may have changed the rows, perhaps ahead
+                # of the cursor (a higher-priority queue item, due now): read again from
+                # the top; ``ran`` keeps what already ran from running twice.
+                cursor, index = _START, len(batch)
+                if read_at != -1:
+                    now = _clock.now()
+            if index == len(batch):
+                batch = store.due_batch(now, cursor, _DUE_BATCH)
+                index, read_at = 0, store.version
+                if not batch:
+                    return
+            row = batch[index]
+            index += 1
+            job = row.job
+            cursor = (-job.priority, job.time, row.seq)
+            if job.id in ran:
+                continue  # replaced or yielded during this run: it runs at the next alarm
+            ran.add(job.id)
+            if job.singleflight and row.running_since is not None:
+                age = _clock.now() - row.running_since
+                if age < job.hung_timeout:
+                    logger.debug("skipping job %r: a run of it is in progress", job.id)
+                    continue
+                logger.warning("forcing reset of hung job %r of %s (running for %.1f s)",
+                               job.id, self._lc.label, age)
+                self._lc.emit("job:hung_reset", id=job.id, owner=job.owner, fn=job.fn, age=age)
+            if await self._dispatch(run, row) and job.id not in readmitted:
+                # Replaced during its own run: the replacement keeps the job's place in
+                # line, so it runs next in this pass (once; after that, next alarm).
+                readmitted.add(job.id)
+                ran.discard(job.id)
+            dispatched += 1
+            if dispatched % _CHECKPOINT_EVERY == 0:
+                await trio.lowlevel.checkpoint()
+
+    def _handler(self, owner_id: str) -> tuple[Any, Callable[..., Awaitable[Any]] | None]:
+        if owner_id == HOST:
+            return self._lc.host, getattr(self._lc.host, "on_job", None)
+        cap = self._lc.capability(owner_id)
+        if cap is None or type(cap).on_job is Capability.on_job:
+            return cap, None
+        return cap, cap.on_job
+
+    async def _dispatch(self, run: AlarmRun, row: JobRow) -> bool:
+        """Run one job; return whether a same-id push, reschedule or cancel superseded
+        its outcome."""
+        job = row.job
+        owner, on_job = self._handler(job.owner)
+        if on_job is None:
+            logger.error(
+                "no installed capability or host handler for job %r (owner %r, fn %r) of %s;"
+                " dropping it", job.id, job.owner, job.fn, self._lc.label,
+            )
+            self._store.drop(job)
+            self._lc.emit("job:dropped", id=job.id, owner=job.owner, fn=job.fn)
+            return False
+        if row.crash_strikes:
+            # Jobs with crash strikes run one at a time per runtime ("probation"). A
+            # job that kills its process is a suspect after its first death; the jobs
+            # that were running beside it are suspects too, and with the same strikes
+            # they fall due again at the same moment. Were they to run beside it
+            # again, they would die with it again and be sealed with it. On probation
+            # no death can take two suspects: the others finish and are cleared.
+            version = self._store.version
+            async with self._claim.probation:
+                if self._store.version != version:
+                    # Pushed, re-timed or cancelled while it waited: run what is there.
+                    fresh = self._store.row(job.id)
+                    if fresh is None or fresh.job.time > _clock.now():
+                        return False
+                    row = fresh
+                return await self._run_job(run, row, owner, on_job)
+        return await self._run_job(run, row, owner, on_job)
+
+    async def _run_job(
+        self, run: AlarmRun, row: JobRow, owner: Any, on_job: Callable[..., Awaitable[Any]]
+    ) -> bool:
+        store, job = self._store, row.job
+        clock = trio.current_time()  # one clock read per job: both clocks derive from it
+        started = run.epoch + clock
+        # Record what runs before it runs, where a SIGKILL cannot erase it (a memory
+        # write, not a commit): a death is then attributed to this job.
+        flight = self._claim.flight
+        if flight is not None:
+            flight.record(job.id, started)
+        store.begin_run(row)
+        run.job, run.started, run.tracked = job, started, False
+        ctx = JobContext(job=job, attempt=row.attempts + 1)
+        self._watch(job, clock)
+        try:
+            outcome = coerce_outcome(await on_job(ctx))
+        except trio.Cancelled:
+            # Shutdown or reset: a platform failure uses up no attempt.
+            if self._claim.memory_reset:
+                await self._lc.observe_reset(job, self._claim.reset_reason)
+            raise
+        except MemoryError as exc:
+            await self._lc.memory_error(job, exc)
+        except Exception as exc:
+            self._watch_job = None
+            await self._failed(owner, ctx, exc, keep_marker=self._lc.keeps_marker(run, job))
+        else:
+            self._watch_job = None
+            store.stage(job, outcome, keep_marker=self._lc.keeps_marker(run, job))
+        finally:
+            if flight is not None:
+                flight.clear()
+            run.job = None
+            store.end_run()
+        return store.superseded
+
+    async def _failed(
+        self, owner: Any, ctx: JobContext, error: Exception, *, keep_marker: bool
+    ) -> None:
+        store, job, label = self._store, ctx.job, self._lc.label
+        if store.superseded:
+            return  # pushed, re-timed or cancelled during the run: that change wins
+        if ctx.attempt < job.retry.max_attempts:
+            bound = job.retry.backoff_bound(ctx.attempt)
+            delay = self._rng.uniform(0.0, bound) if job.retry.jitter else bound
+            logger.warning("job %r of %s failed (attempt %d of %d): %r; retrying in %.3f s",
+                           job.id, label, ctx.attempt, job.retry.max_attempts, error, delay)
+            store.retry_later(job.id, _clock.now() + delay, ctx.attempt)
+            self._lc.emit("job:retry", id=job.id, owner=job.owner, fn=job.fn,
+                          attempt=ctx.attempt, max_attempts=job.retry.max_attempts, delay=delay,
+                          error=repr(error))
+            return
+        outcome: JobOutcome = None
+        on_job_error = None if job.owner == HOST else getattr(owner, "on_job_error", None)
+        if on_job_error is not None:
+            try:
+                outcome = coerce_outcome(await on_job_error(ctx, error))
+            except Exception:
+                logger.exception("on_job_error of %r failed for job %r", job.owner, job.id)
+            if store.superseded:
+                return
+        if outcome is not None:
+            store.stage(job, outcome, keep_marker=keep_marker)
+            return
+        logger.error("job %r of %s failed after %d attempts: %r", job.id, label, ctx.attempt,
+                     error)
+        if store.bury(job.id, error_text(error), "failed", attempts=ctx.attempt) is not None:
+            self._lc.emit("job:dead_letter", id=job.id, owner=job.owner, fn=job.fn,
+                          attempts=ctx.attempt, error=error_text(error))
+
+    # -- slow dispatch --------------------------------------------------------------
+    # The watchdog's deadline is moved only when it must come earlier; a stale, later
+    # deadline just wakes it once to look (setting a deadline per job cost ~5 µs).
+    def _watch(self, job: Job, clock: float) -> None:
+        """Watch ``job``, started at Trio time ``clock``."""
+        self._watch_job = job
+        self._watch_deadline = deadline = clock + job.hung_timeout
+        scope = self._watch_scope
+        if scope is None:
+            # Made here, not in the task: jobs that never checkpoint would otherwise
+            # each start a watchdog before the first one runs.
+            self._watch_scope = trio.CancelScope(deadline=deadline)
+            self._lc.ctx.nursery.start_soon(self._slow_dispatch_watchdog)
+        elif deadline < scope.deadline:
+            scope.deadline = deadline
+
+    async def _slow_dispatch_watchdog(self) -> None:
+        while True:
+            assert self._watch_scope is not None
+            with self._watch_scope:
+                await trio.sleep_forever()
+            job = self._watch_job
+            deadline = math.inf
+            if job is not None:
+                if trio.current_time() >= self._watch_deadline:
+                    logger.warning(
+                        "job %r (fn %r) of %s has run longer than its hung_timeout of %.1f s",
+                        job.id, job.fn, self._lc.label, job.hung_timeout,
+                    )
+                    self._lc.emit("job:slow_dispatch", id=job.id, owner=job.owner, fn=job.fn,
+                                  threshold=job.hung_timeout)
+                    self._watch_job = None
+                else:
+                    deadline = self._watch_deadline  # another job runs now: watch it
+            self._watch_scope = trio.CancelScope(deadline=deadline)

@@ -1,0 +1,144 @@
+"""The engine seam: where objects' state and the alarm index live.
+
+A runtime reaches its data only through an ``Engine``; an object's host reaches its
+object's state only through the ``ObjectState`` the engine opened for it. Engines:
+
+- files (``_engine_files.FilesEngine``): a data directory — ``catalog.sqlite3`` (objects
+  registry, alarm index, crash tokens), one SQLite file per object, the flight record;
+- memory (``_engine_files.MemoryEngine``, ``path=None``): the same, in memory;
+- PostgreSQL (section 9 of the design): working copies in memory, shipped per commit.
+
+Every object's working database is a ``sqlite3.Connection`` with the schema of
+``_schema``: the Lifecycle, Queue, Scheduler and Agent run unchanged on any engine.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from typing import Protocol
+
+from ._errors import EngineError
+
+
+class FlightSlot(Protocol):
+    """Where one alarm run notes the work it is doing, so that a process death is
+    attributed to that work (crash strikes). Writing must survive SIGKILL and cost
+    microseconds."""
+
+    def record(self, token: str, started: float) -> None: ...
+    def clear(self) -> None: ...
+
+
+class ObjectState(Protocol):
+    """One active object's state, as its engine opened it."""
+
+    @property
+    def conn(self) -> sqlite3.Connection:
+        """The object's working database (autocommit; ``_schema`` applied)."""
+
+    @property
+    def alarm(self) -> tuple[float, int] | None:
+        """(time, retry count) of the object's alarm when it was opened."""
+
+    def write_alarm(self, time: float | None, retry: int) -> None:
+        """Set (or with None, delete) the object's alarm in the alarm index. Durable
+        when it returns (files) or with the next ``sync`` (engines that ship)."""
+
+    def crash_tokens(self) -> list[tuple[str, float]]:
+        """(token, started) of the work this object was doing when a process died."""
+
+    def clear_crash_tokens(self) -> None:
+        """The object has accounted for its crash tokens: forget them."""
+
+    async def sync(self) -> None:
+        """Make every commit so far durable (the output gate). Checkpoints."""
+
+    def close(self) -> None:
+        """Roll back any open transaction and release the database."""
+
+
+class Engine(Protocol):
+    """Where a runtime keeps objects, their databases, alarms and crash tokens."""
+
+    @property
+    def label(self) -> str:
+        """What to call this engine's data in messages: a path or an address."""
+
+    def open(self, now: float) -> None:
+        """Take the data (the directory lock), recover what a dead process left (its
+        flight record becomes crash tokens, and their objects wake at ``now``)."""
+
+    def close(self) -> None:
+        """Release everything; idempotent."""
+
+    async def serve(self, due_soon: AlarmSoon) -> None:
+        """The engine's background work (checkpoints, leases); runs until cancelled."""
+
+    # -- objects --------------------------------------------------------------------
+    async def open_object(self, namespace: str, object_id: str, class_path: str) -> ObjectState:
+        """Register the object (once) and open its working database. Checkpoints."""
+
+    def destroy_object(self, namespace: str, object_id: str) -> None:
+        """Delete the object's database, registry row, alarm and crash tokens."""
+
+    def class_path(self, namespace: str) -> str | None:
+        """The ``module:QualName`` recorded for a namespace, if any."""
+
+    # -- the alarm index (the timer's side) -----------------------------------------------
+    def due(self, now: float, limit: int) -> list[tuple[str, str]]:
+        """Up to ``limit`` (namespace, object_id) whose alarm is due at ``now``,
+        earliest first."""
+
+    def next_alarm_after(self, now: float) -> float | None:
+        """The earliest alarm later than ``now``, or None."""
+
+    def get_alarm(self, namespace: str, object_id: str) -> tuple[float, int] | None:
+        """(time, retry count) of an object's alarm, or None."""
+
+    def set_alarm(self, namespace: str, object_id: str, time: float, retry: int) -> None:
+        """Set the alarm of an object that is not active (it could not be activated)."""
+
+    def alarm_count(self) -> int: ...
+
+    # -- the flight record --------------------------------------------------------------
+    def acquire_flight(self, namespace: str, object_id: str) -> FlightSlot | None:
+        """A slot for one alarm run of the object, or None if all are taken."""
+
+    def release_flight(self, slot: FlightSlot) -> None: ...
+
+
+class AlarmSoon(Protocol):
+    """What an engine may ask of the runtime's timer."""
+
+    def earliest_alarm(self) -> float:
+        """The time the timer sleeps until (``inf`` when no alarm is pending)."""
+
+
+def engine_for(
+    location: str | os.PathLike[str] | Engine | None, *, synchronous: str
+) -> Engine:
+    """The engine a runtime opens for ``location``: None → memory, a path → files, an
+    ``Engine`` as given. A ``scheme://`` address no engine serves raises ``EngineError``
+    (a path must never become a directory named ``postgresql:``)."""
+    from ._engine_files import FilesEngine, MemoryEngine
+
+    if location is None:
+        return MemoryEngine(synchronous=synchronous)
+    if isinstance(location, (str, os.PathLike)):
+        text = os.fspath(location)
+        if not isinstance(text, str):
+            raise EngineError(f"a data directory must be a str path, got {location!r}")
+        scheme, sep, _ = text.partition("://")
+        if sep and scheme and "/" not in scheme:
+            raise EngineError(
+                f"no engine for {scheme + '://'!r} addresses ({text[:80]!r}): give a data"
+                " directory path, None for memory, or an Engine object"
+            )
+        return FilesEngine(text, synchronous=synchronous)
+    for member in ("open_object", "due", "open", "close"):
+        if not callable(getattr(location, member, None)):
+            raise EngineError(
+                f"open_runtime() takes a path, None or an Engine, got {location!r}"
+            )
+    return location

@@ -1,0 +1,378 @@
+"""ObjectHost: one active object — its task, nursery, cancel scope, state and instance.
+
+The host runs calls and alarm runs as work of the object (``working``), evicts it when
+idle, and hands the one owner of its alarm an ``AlarmClaim`` (``HostClaim``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+import trio
+
+from ._alarm import AlarmHandler, Backoff, ObjectAlarm, Timer, retry_unreachable
+from ._errors import AlarmOwnedError, ObjectResetError, RpcError
+from ._events import EventBus
+from ._object import AlarmInfo, DurableObject, ObjectContext, class_path
+from ._storage import Storage
+
+if TYPE_CHECKING:
+    from ._engine import Engine, FlightSlot, ObjectState
+    from ._runtime import Stub
+
+logger = logging.getLogger("nursery_jobs")
+
+
+class HostSite(Protocol):
+    """What a host needs of its runtime."""
+
+    engine: Engine
+    timer: Timer
+    events: EventBus
+    env: Any
+    idle_timeout: float
+    probation: trio.Lock
+
+    def get(self, cls: type[DurableObject], object_id: str) -> Stub: ...
+    def host_closed(self, host: ObjectHost) -> None: ...
+
+
+class ObjectHost:
+    """One active object."""
+
+    __slots__ = (
+        "_alarm_work", "_before_transaction", "_busy", "_destroy", "_idle_scope",
+        "_work_scopes", "alarm", "closed", "cls", "ctx", "error", "flight", "for_alarm",
+        "instance", "key", "memory_reset", "namespace", "object_id", "ready", "reset_reason",
+        "scope", "site", "state", "status",
+    )
+
+    def __init__(
+        self, site: HostSite, cls: type[DurableObject], namespace: str, object_id: str, *,
+        for_alarm: bool,
+    ) -> None:
+        self.site = site
+        self.cls = cls
+        self.namespace = namespace
+        self.object_id = object_id
+        self.key = (namespace, object_id)
+        self.for_alarm = for_alarm
+        self.status: Literal["starting", "ready", "closing", "closed"] = "starting"
+        self.ready = trio.Event()
+        self.closed = trio.Event()
+        self.error: BaseException | None = None
+        self.instance: DurableObject | None = None
+        self.ctx: ObjectContext | None = None
+        self.state: ObjectState | None = None
+        self.alarm: ObjectAlarm | None = None
+        self.flight: FlightSlot | None = None
+        self.scope = trio.CancelScope()
+        self._idle_scope = trio.CancelScope()
+        self._work_scopes: set[trio.CancelScope] = set()
+        self._busy = 0
+        self._destroy = False
+        self._alarm_work = 0
+        self._before_transaction: list[Callable[[], None]] = []
+        self.reset_reason: str | None = None
+        self.memory_reset = False
+
+    @property
+    def label(self) -> str:
+        return f"{self.namespace}/{self.object_id}"
+
+    # -- the object's task --------------------------------------------------------
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        site = self.site
+        start_error: Exception | None = None
+        try:
+            try:
+                self.state = state = await site.engine.open_object(
+                    self.namespace, self.object_id, class_path(self.cls)
+                )
+            except Exception as exc:
+                if self.for_alarm:
+                    retry_unreachable(site.engine, site.events, self.namespace,
+                                      self.object_id, "alarm:retry", f"it cannot be opened: {exc}")
+                raise
+            self.alarm = ObjectAlarm(state, site.timer, site.events, self.namespace,
+                                     self.object_id)
+            with self.scope:
+                async with trio.open_nursery() as nursery:
+                    try:
+                        storage = Storage(state.conn, self.alarm, self._before_transaction)
+                        self.ctx = ObjectContext(
+                            id=self.object_id, namespace=self.namespace, storage=storage,
+                            nursery=nursery, env=site.env, events=site.events,
+                            stubs=site.get, claim=self._claim,
+                        )
+                        self.instance = self.cls(self.ctx)
+                        await self.instance.on_start()
+                    except Exception as exc:
+                        start_error = exc
+                        if self.for_alarm:
+                            # The alarm that activated us retries by the policy the
+                            # object's __init__ chose (a Lifecycle's, say).
+                            self.alarm.failed(exc, self.alarm.retry)
+                        nursery.cancel_scope.cancel(reason="on_start failed")
+                    else:
+                        self.status = "ready"
+                        # Start the idle clock now: an activation whose call never
+                        # runs (RpcError) would otherwise stay resident forever.
+                        self._idle_scope.deadline = trio.current_time() + site.idle_timeout
+                        self.ready.set()
+                        task_status.started()
+                        await self._wait_until_idle()
+                        nursery.cancel_scope.cancel(reason="evicted: idle")
+        except Exception as exc:
+            if self.status == "starting":
+                raise
+            # A task the object started in its nursery crashed: the object is reset.
+            logger.exception("object %s crashed", self.label)
+            site.events.emit("object:error", self.namespace, self.object_id, error=repr(exc))
+        finally:
+            self.close()
+        if start_error is not None:
+            raise start_error
+
+    async def _wait_until_idle(self) -> None:
+        while True:
+            with self._idle_scope:
+                await trio.sleep_forever()
+            # The deadline may have passed just as a call came in: stay while busy.
+            if self._busy == 0 or self.scope.cancel_called:
+                self.status = "closing"
+                return
+            self._idle_scope = trio.CancelScope()
+
+    def close(self) -> None:
+        """Release the object's state and leave the runtime. Idempotent."""
+        if self.status == "closed":
+            return
+        self.status = "closed"
+        self.ready.set()
+        if self.state is not None:
+            self.state.close()
+            self.state = None
+        self.site.host_closed(self)
+        if self._destroy:
+            self.site.engine.destroy_object(self.namespace, self.object_id)
+            self.site.events.emit("object:destroyed", self.namespace, self.object_id)
+        self.instance = None
+        self.closed.set()
+
+    # -- work accounting ----------------------------------------------------------
+    @contextmanager
+    def working(self, *, alarm: bool = False) -> Iterator[trio.CancelScope]:
+        """Run a block as work of this object: it holds off eviction, and a reset of
+        the object cancels it (``scope.cancelled_caught`` tells). ``alarm=True`` marks
+        alarm work (an alarm run, tracked work): what the memory watchdog resets."""
+        scope = trio.CancelScope()
+        self._busy += 1
+        self._alarm_work += alarm
+        self._idle_scope.deadline = math.inf
+        self._work_scopes.add(scope)
+        try:
+            with scope:
+                yield scope
+        finally:
+            self._work_scopes.discard(scope)
+            self._busy -= 1
+            self._alarm_work -= alarm
+            if self._busy == 0:
+                if self._destroy:
+                    self._idle_scope.cancel(reason="destroyed")
+                else:
+                    self._idle_scope.deadline = trio.current_time() + self.site.idle_timeout
+
+    def evict(self, reason: str = "evicted") -> None:
+        """Ask an idle object to leave memory."""
+        self._idle_scope.cancel(reason=reason)
+
+    def destroy(self) -> None:
+        """Delete the object's data as soon as its current work ends; its next
+        activation starts empty."""
+        self._destroy = True
+        if self._busy == 0:
+            self._idle_scope.cancel(reason="destroyed")
+
+    @property
+    def running_alarm_work(self) -> bool:
+        return self._alarm_work > 0
+
+    @property
+    def busy(self) -> bool:
+        return self._busy > 0
+
+    def reset(self, reason: str, *, memory: bool = False) -> None:
+        """Cancel everything the object is doing and drop it from memory."""
+        if self.reset_reason is not None:
+            return
+        self.reset_reason = reason
+        self.memory_reset = memory
+        for scope in list(self._work_scopes):
+            scope.cancel(reason=reason)
+        self.scope.cancel(reason=reason)
+        if self.status != "closed":
+            self.status = "closing"
+
+    # -- calls ------------------------------------------------------------------------
+    def _method(self, name: object) -> Any:
+        if not isinstance(name, str):
+            raise RpcError(f"method name must be a str, got {type(name).__name__}")
+        label = f"{self.label}.{name}"
+        if name.startswith("_"):
+            raise RpcError(f"{label}: names starting with '_' cannot be called through a stub")
+        if name in self.cls._rpc_hidden:
+            raise RpcError(f"{label}: {name}() is a runtime hook, not callable through a stub")
+        fn = getattr(self.instance, name, None)
+        if not inspect.ismethod(fn):
+            raise RpcError(f"{label} is not a method of {self.cls.__qualname__}")
+        return fn
+
+    async def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        fn = self._method(name)
+        with self.working() as scope:
+            result = fn(*args, **kwargs)
+            if inspect.isawaitable(result):
+                result = await result
+            else:
+                await trio.lowlevel.checkpoint()
+        if scope.cancelled_caught:
+            raise ObjectResetError(f"{self.label} was reset during {name}()")
+        return result
+
+    # -- the alarm ----------------------------------------------------------------
+    def _claim(self, owner: str, handler: AlarmHandler, policy: Backoff) -> HostClaim:
+        assert self.alarm is not None
+        if self.alarm.owner is not None:
+            raise AlarmOwnedError(
+                f"the alarm of {self.label} is already claimed by the {self.alarm.owner}"
+            )
+        self.alarm.owner = owner
+        self.alarm.handler = handler
+        self.alarm.policy = policy
+        return HostClaim(self)
+
+    async def run_alarm(self) -> None:
+        """Run the alarm handler as a task of the object's own nursery and wait for it:
+        a shutdown then cancels it before the object's database closes, so its cleanup
+        still has the database."""
+        assert self.ctx is not None
+        done = trio.Event()
+        # Busy from delivery on: were the idle deadline to pass before the task starts,
+        # the object would be evicted (its nursery cancelled) and the alarm would begin
+        # its work in a closing object, then be cut off at the first checkpoint.
+        self._busy += 1
+        self._idle_scope.deadline = math.inf
+        try:
+            self.ctx.nursery.start_soon(self._alarm_task, done)
+        except BaseException:
+            self._busy -= 1
+            raise
+        await done.wait()
+
+    async def _alarm_task(self, done: trio.Event) -> None:
+        self._busy -= 1  # handed over: working() below holds the object from here
+        try:
+            assert self.alarm is not None and self.instance is not None
+            alarm = self.alarm
+            retry = alarm.retry
+            handler = alarm.handler or self.instance.alarm
+            version = alarm.version
+            failure: Exception | None = None
+            self.flight = self.site.engine.acquire_flight(self.namespace, self.object_id)
+            scope: trio.CancelScope | None = None
+            try:
+                with self.working(alarm=True) as scope:
+                    try:
+                        await handler(AlarmInfo(retry_count=retry, is_retry=retry > 0))
+                    except Exception as exc:
+                        failure = exc
+            finally:
+                if self.flight is not None:
+                    self.site.engine.release_flight(self.flight)
+                    self.flight = None
+                if (scope is not None and scope.cancel_called and self.memory_reset
+                        and alarm.handler is None):
+                    # A plain object has no breaker: a reset is a failed alarm run. Done
+                    # here, on the way out: the reset cancels the object's own scope too,
+                    # so the Cancelled goes on past this scope rather than stop at it.
+                    alarm.failed(ObjectResetError(self.reset_reason), retry)
+            assert scope is not None
+            if scope.cancelled_caught:
+                return  # reset: a Lifecycle's breaker decided what happens to its alarm
+            if failure is None:
+                if alarm.version == version:
+                    alarm.write(None, 0)
+                return
+            alarm.failed(failure, retry)
+        finally:
+            done.set()
+
+
+class HostClaim:
+    """The ``AlarmClaim`` a host hands the owner of its alarm."""
+
+    __slots__ = ("_host",)
+
+    def __init__(self, host: ObjectHost) -> None:
+        self._host = host
+
+    def _alarm(self) -> ObjectAlarm:
+        alarm = self._host.alarm
+        assert alarm is not None
+        return alarm
+
+    def get(self) -> float | None:
+        return self._alarm().time
+
+    def set(self, time: float) -> None:
+        self._alarm().write(time, 0)
+
+    def delete(self) -> None:
+        self._alarm().write(None, 0)
+
+    def write_through(self, time: float | None) -> None:
+        self._alarm().write(time, 0, force=True)
+
+    def working(self, *, alarm: bool = False) -> Any:
+        return self._host.working(alarm=alarm)
+
+    def reset(self, reason: str, *, memory: bool = False) -> None:
+        self._host.reset(reason, memory=memory)
+
+    @property
+    def reset_reason(self) -> str | None:
+        return self._host.reset_reason
+
+    @property
+    def memory_reset(self) -> bool:
+        return self._host.memory_reset
+
+    @property
+    def flight(self) -> FlightSlot | None:
+        return self._host.flight
+
+    @property
+    def probation(self) -> trio.Lock:
+        return self._host.site.probation
+
+    def crash_tokens(self) -> list[tuple[str, float]]:
+        state = self._host.state
+        return [] if state is None else state.crash_tokens()
+
+    def clear_crash_tokens(self) -> None:
+        state = self._host.state
+        if state is not None:
+            state.clear_crash_tokens()
+
+    def before_transaction(self, hook: Callable[[], None]) -> None:
+        self._host._before_transaction.append(hook)
+
+    def destroy(self) -> None:
+        self._host.destroy()

@@ -1,0 +1,321 @@
+"""JobStore: the one writer of an object's ``nj_jobs`` and dead letters.
+
+It owns the staged outcomes of clean runs and the group transaction that commits them,
+and it keeps the object's alarm consistent with the queue: the alarm is lowered before
+a row commits (an early wake is harmless, a lost one is not) and raised only after.
+Its reads see staged outcomes, so no caller has to flush first.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Final
+
+import attrs
+
+from . import _clock
+from ._codec import encode_payload
+from ._job_table import Cursor, JobRow, JobTable
+from ._jobs import DeadLetter, Job, JobOutcome, Reschedule, ownership_error
+
+if TYPE_CHECKING:
+    from ._alarm import AlarmClaim
+
+# Completed jobs whose outcome may wait for one commit: a process death re-runs at most
+# this many completed jobs per object (at-least-once). 1 commits every completion.
+DEFAULT_COMPLETION_GROUP: Final = 64
+
+
+class JobStore:
+    """The jobs and dead letters of one object, and the alarm they imply."""
+
+    __slots__ = (
+        "_alarm", "_clean", "_finished", "_later", "_staged", "completion_group", "conn",
+        "disabled", "running_id", "running_seq", "superseded", "table", "version",
+    )
+
+    def __init__(
+        self, conn: sqlite3.Connection, alarm: AlarmClaim, *, completion_group: int
+    ) -> None:
+        self.conn = conn
+        self.table = JobTable(conn)
+        self._alarm = alarm
+        self.completion_group = completion_group
+        # Outcomes of clean runs not yet committed, by push sequence (see ``stage``).
+        self._finished: list[tuple[int]] = []
+        self._later: list[tuple[float, bool, int]] = []
+        self._clean: list[tuple[str]] = []
+        self._staged = 0
+        # The job running now: a mutation of its id supersedes its outcome.
+        self.running_id: str | None = None
+        self.running_seq = -1
+        self.superseded = False
+        # Bumped by every mutation through the API: an alarm run re-reads due rows then.
+        self.version = 0
+        # Alarms disabled (``Lifecycle.disable_alarms``): the alarm is left alone.
+        self.disabled = False
+
+    # -- the group transaction ------------------------------------------------------
+    def stage(self, job: Job, outcome: JobOutcome, *, keep_marker: bool) -> None:
+        """Stage the outcome of the clean run of the running job; commit the group when
+        it is full. A same-id push, reschedule or cancel during the run supersedes it."""
+        if self.superseded:
+            self._clean.append((job.id,))
+        elif outcome is None:
+            # By push sequence (the rowid), not id: no index search. Safe because every
+            # mutation commits the staged outcomes first, so no row can take the seq.
+            self._finished.append((self.running_seq,))
+        elif isinstance(outcome, Reschedule):
+            self._later.append((outcome.time, keep_marker, self.running_seq))
+        else:  # YIELD: stays due
+            self._later.append((job.time, keep_marker, self.running_seq))
+        self._staged += 1
+        if self._staged >= self.completion_group:
+            self.flush()
+
+    @contextmanager
+    def writing(self) -> Iterator[None]:
+        """One transaction for the staged outcomes and the writes in the block (or
+        the caller's open transaction, if any)."""
+        conn = self.conn
+        if conn.in_transaction:
+            self._apply_staged()
+            self._clear_staged()
+            yield
+            return
+        conn.execute("BEGIN")
+        try:
+            self._apply_staged()
+            yield
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+        self._clear_staged()
+
+    def flush(self) -> None:
+        """Commit the staged outcomes now. Does not checkpoint."""
+        if self._staged:
+            with self.writing():
+                pass
+
+    def _apply_staged(self) -> None:
+        if self._staged:
+            self.table.apply_completions(self._finished, self._later, self._clean)
+
+    def _clear_staged(self) -> None:
+        self._finished, self._later, self._clean = [], [], []
+        self._staged = 0
+
+    # -- the running job --------------------------------------------------------------
+    def begin_run(self, row: JobRow) -> None:
+        self.running_id, self.running_seq, self.superseded = row.job.id, row.seq, False
+
+    def end_run(self) -> None:
+        self.running_id = None
+
+    def _touch(self, job_id: str) -> None:
+        """A mutation through the API is about to change ``job_id``."""
+        self.version += 1
+        if job_id == self.running_id:
+            self.superseded = True
+
+    # -- reads (they see staged outcomes) ------------------------------------------
+    def row(self, job_id: str) -> JobRow | None:
+        self.flush()
+        return self.table.row(job_id)
+
+    def rows(self, owner: str | None = None) -> list[JobRow]:
+        self.flush()
+        return self.table.rows(owner)
+
+    def dead_letters(self, owner: str | None) -> list[DeadLetter]:
+        return self.table.dead_letters(owner)
+
+    def meta(self, key: str) -> int:
+        return self.table.meta(key)
+
+    def due_batch(self, now: float, after: Cursor, limit: int) -> list[JobRow]:
+        """The alarm run's read: due rows after ``after``. Unflushed: a row whose clean
+        run is staged may come back; the run skips what it ran."""
+        return self.table.next_due(now, after, limit)
+
+    def due_counts(self, now: float) -> list[tuple[str, int]]:
+        return self.table.due_counts(now)
+
+    def has_due(self, now: float) -> bool:
+        return self.table.has_due(now)
+
+    def next_alarm_time(self) -> float | None:
+        self.flush()
+        return self.table.next_alarm_time(_clock.now())
+
+    # -- mutations through the API -------------------------------------------------
+    def push(self, job: Job, payload_text: str | None, *, stable_id: bool) -> Job:
+        """Insert ``job`` or replace the same owner's job of its id; durable (with the
+        alarm lowered) when it returns, unless inside a user transaction.
+
+        Raises:
+            JobOwnershipError: another owner holds the id.
+        """
+        replaced = False
+        with self.writing():
+            if stable_id:
+                holder = self.table.owner_of(job.id)
+                if holder is not None and holder != job.owner:
+                    raise ownership_error(job.owner, holder, job.id)
+                replaced = holder is not None
+                self._touch(job.id)
+            self._lower_alarm(job.time, job.exclusive, job.id)
+            self.table.upsert(job, payload_text)
+        if replaced:
+            stored = self.table.row(job.id)
+            if stored is not None:
+                job = attrs.evolve(job, created_at=stored.job.created_at)
+        if (replaced or job.exclusive) and not self.conn.in_transaction:
+            self.rearm()  # committed: now the alarm may also rise
+        return job
+
+    def cancel(self, owner: str, job_id: str) -> bool:
+        in_transaction = self.conn.in_transaction
+        with self.writing():
+            deleted = self.table.delete(owner, job_id)
+            if deleted:
+                self._touch(job_id)
+        # Inside storage.transaction() the alarm must not be raised: a rollback would
+        # bring the job back with the alarm above it (an early wake is harmless).
+        if deleted and not in_transaction:
+            self.rearm()
+        return deleted
+
+    def reschedule(self, owner: str, job_id: str, when: float) -> bool:
+        in_transaction = self.conn.in_transaction
+        with self.writing():
+            row = self.table.row(job_id)
+            if row is None or row.job.owner != owner:
+                return False
+            self._touch(job_id)
+            self._lower_alarm(when, row.job.exclusive, job_id)
+            self.table.retime(owner, job_id, when)
+        if not in_transaction:  # as in cancel: never raise the alarm before a commit
+            self.rearm()
+        return True
+
+    def requeue(self, owner: str, job_id: str) -> Job | None:
+        """Move dead letter ``job_id`` of ``owner`` back into the queue, due now."""
+        with self.writing():
+            letter = self.table.unbury(owner, job_id)
+            if letter is None:
+                return None
+            holder = self.table.owner_of(job_id)
+            if holder is not None:
+                raise ownership_error(owner, holder, job_id)
+            job = attrs.evolve(letter.job, time=_clock.now())
+            self._touch(job_id)
+            self._lower_alarm(job.time, job.exclusive, job.id)
+            self.table.upsert(job, encode_payload(job.payload))
+        return job
+
+    # -- what the alarm run and the breaker write ------------------------------------
+    def drop(self, job: Job) -> None:
+        """Delete a job nobody can run (its owner is gone)."""
+        with self.writing():
+            self.table.delete(job.owner, job.id)
+
+    def retry_later(self, job_id: str, time: float, attempts: int) -> None:
+        """A failed attempt with attempts left: re-time it and record the attempt,
+        committed at once (with the staged outcomes) so attempts survive restarts."""
+        with self.writing():
+            self.table.retry_later(job_id, time, attempts)
+
+    def bury(
+        self, job_id: str, error: str, reason: str, *, attempts: int | None = None
+    ) -> Job | None:
+        """Move a job into the dead letters; returns it, or None if it is gone."""
+        with self.writing():
+            row = self.table.row(job_id)
+            if row is None:
+                return None
+            self.table.bury(row, error, reason, _clock.now(),
+                            attempts=row.attempts if attempts is None else attempts)
+        return row.job
+
+    def defer(self, job_id: str, time: float) -> None:
+        """Move a job to ``time`` and clear its running marker (a reset)."""
+        with self.writing():
+            self.table.conn.execute(
+                "UPDATE nj_jobs SET time = ?, running_since = NULL WHERE id = ?", (time, job_id)
+            )
+
+    def defer_recovery_loops(self, time: float) -> None:
+        """Move every ``recovery_loop`` job due by ``time`` to ``time``."""
+        self.table.conn.execute(
+            "UPDATE nj_jobs SET time = ?, running_since = NULL"
+            " WHERE recovery_loop = 1 AND time <= ?",
+            (time, time),
+        )
+
+    def bury_recovery_loops(self, error: str, reason: str) -> list[Job]:
+        buried = []
+        for row in self.table.rows():
+            if row.job.recovery_loop:
+                self.table.bury(row, error, reason, _clock.now(), attempts=row.attempts)
+                buried.append(row.job)
+        return buried
+
+    def set_meta(self, key: str, value: int) -> None:
+        self.table.set_meta(key, value)
+
+    def strike(self, job_id: str, started: float, time: float) -> bool:
+        with self.writing():
+            return self.table.strike(job_id, started, time)
+
+    def running_markers(self) -> list[JobRow]:
+        return self.table.running()
+
+    def set_marker(self, job_id: str, started: float) -> None:
+        with self.writing():
+            self.table.set_marker(job_id, started)
+
+    def clear_marker(self, job_id: str, started: float) -> bool:
+        self.flush()
+        return self.table.clear_marker(job_id, started)
+
+    # -- the alarm --------------------------------------------------------------------
+    def _lower_alarm(self, time: float, exclusive: bool, job_id: str) -> None:
+        """Before a write commits: lower the alarm to ``time`` if it is later — never
+        raise it (a rollback would leave a pending job behind a raised alarm). Raising
+        it to an exclusive job's time is ``rearm``'s, after the commit."""
+        if self.disabled:
+            return
+        if not exclusive and self.table.first_exclusive_time(excluding=job_id) is not None:
+            return  # an exclusive job alone decides when the object wakes
+        current = self._alarm.get()
+        if current is None or time < current:
+            self._alarm.set(time)
+
+    def rearm(self, *, write_through: bool = False) -> None:
+        """Set the alarm for the next due job as the queue stands (after committing
+        the staged outcomes). Does not checkpoint."""
+        self.flush()
+        if self.disabled:
+            return
+        time = self.table.next_alarm_time(_clock.now())
+        if write_through:
+            self._alarm.write_through(time)
+        elif time is None:
+            self._alarm.delete()
+        elif self._alarm.get() != time:
+            self._alarm.set(time)
+
+    def set_alarm(self, time: float) -> None:
+        """Set the alarm to ``time`` outright (the fallback and backup alarms)."""
+        if not self.disabled:
+            self._alarm.set(time)
+
+    def disable(self) -> None:
+        self.disabled = True
+        self._alarm.delete()

@@ -1,0 +1,307 @@
+"""The SQL of ``nj_jobs`` and ``nj_dead_letters``: rows in, rows out.
+
+Only ``JobStore`` (``_job_store``) calls these writes; everything else asks the store.
+"""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+from typing import Any
+
+import attrs
+
+from ._codec import converter, decode_payload, encode_payload
+from ._jobs import DEFAULT_RETRY, DeadLetter, Job, RetryOptions
+
+_COLUMNS = (
+    "seq, id, owner, fn, time, payload, max_attempts, base_delay, max_delay, jitter, singleflight,"
+    " hung_timeout, exclusive, recovery_loop, created_at, attempts, running_since, crash_strikes,"
+    " priority"
+)
+# Run order among due jobs: higher priority first, then due time, then push sequence.
+_ORDER = "priority DESC, time, seq"
+Cursor = tuple[int, float, int]  # (-priority, time, seq) of the last row an alarm run read
+
+
+@attrs.define(slots=True)
+class JobRow:
+    """A job plus its bookkeeping: push sequence, attempts, running marker, strikes."""
+
+    seq: int
+    job: Job
+    attempts: int
+    running_since: float | None
+    crash_strikes: int
+
+    @classmethod
+    def from_sql(cls, row: tuple[Any, ...]) -> JobRow:
+        (seq, id, owner, fn, time, payload, max_attempts, base_delay, max_delay, jitter,
+         singleflight, hung_timeout, exclusive, recovery_loop, created_at, attempts,
+         running_since, crash_strikes, priority) = row
+        retry = (
+            DEFAULT_RETRY
+            if (max_attempts, base_delay, max_delay, jitter) == (3, 0.1, 3.0, 1)
+            else RetryOptions(max_attempts=max_attempts, base_delay=base_delay,
+                              max_delay=max_delay, jitter=bool(jitter))
+        )
+        job = Job(
+            id=id, owner=owner, fn=fn, time=time, payload=decode_payload(payload), retry=retry,
+            singleflight=bool(singleflight), hung_timeout=hung_timeout,
+            exclusive=bool(exclusive), recovery_loop=bool(recovery_loop), created_at=created_at,
+            priority=priority,
+        )
+        return cls(seq, job, attempts, running_since, crash_strikes)
+
+
+class JobTable:
+    """SQL on ``nj_jobs`` and ``nj_dead_letters``; every method is synchronous."""
+
+    __slots__ = ("conn",)
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn  # the schema is the engine's (``_schema.prepare``)
+
+    # -- reads ----------------------------------------------------------------------
+    def owner_of(self, job_id: str) -> str | None:
+        row = self.conn.execute("SELECT owner FROM nj_jobs WHERE id = ?", (job_id,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def row(self, job_id: str) -> JobRow | None:
+        row = self.conn.execute(
+            f"SELECT {_COLUMNS} FROM nj_jobs WHERE id = ?", (job_id,)
+        ).fetchone()
+        return None if row is None else JobRow.from_sql(row)
+
+    def rows(self, owner: str | None = None) -> list[JobRow]:
+        if owner is None:
+            cursor = self.conn.execute(f"SELECT {_COLUMNS} FROM nj_jobs ORDER BY {_ORDER}")
+        else:
+            cursor = self.conn.execute(
+                f"SELECT {_COLUMNS} FROM nj_jobs WHERE owner = ? ORDER BY {_ORDER}", (owner,)
+            )
+        return [JobRow.from_sql(r) for r in cursor]
+
+    def next_due(self, now: float, after: Cursor, limit: int = 1) -> list[JobRow]:
+        """The first ``limit`` jobs due at ``now`` that come after ``after`` in run order."""
+        if self.conn.execute(
+            "SELECT 1 FROM nj_jobs WHERE priority != 0 LIMIT 1"
+        ).fetchone() is None:
+            # No priorities (the usual case): (time, seq) on the due index, no sort.
+            # (A cursor left in another priority: everything at 0 is after or before it.)
+            if after[0] > 0:
+                return []
+            if after[0] < 0:
+                after = (0, -math.inf, -1)
+            cursor = self.conn.execute(
+                f"SELECT {_COLUMNS} FROM nj_jobs WHERE time <= ? AND (time, seq) > (?, ?)"
+                " ORDER BY time, seq LIMIT ?",
+                (now, after[1], after[2], limit),
+            )
+        else:
+            cursor = self.conn.execute(
+                f"SELECT {_COLUMNS} FROM nj_jobs WHERE time <= ?"
+                f" AND (-priority, time, seq) > (?, ?, ?) ORDER BY {_ORDER} LIMIT ?",
+                (now, after[0], after[1], after[2], limit),
+            )
+        return [JobRow.from_sql(row) for row in cursor]
+
+    def due_counts(self, now: float) -> list[tuple[str, int]]:
+        return self.conn.execute(
+            "SELECT owner, COUNT(*) FROM nj_jobs WHERE time <= ? GROUP BY owner", (now,)
+        ).fetchall()
+
+    def has_due(self, now: float) -> bool:
+        return self.conn.execute(
+            "SELECT 1 FROM nj_jobs WHERE time <= ? LIMIT 1", (now,)
+        ).fetchone() is not None
+
+    def running(self) -> list[JobRow]:
+        cursor = self.conn.execute(
+            f"SELECT {_COLUMNS} FROM nj_jobs WHERE running_since IS NOT NULL ORDER BY {_ORDER}"
+        )
+        return [JobRow.from_sql(r) for r in cursor]
+
+    def first_exclusive_time(self, excluding: str | None = None) -> float | None:
+        """The earliest exclusive job's time (leaving out job ``excluding``)."""
+        row = self.conn.execute(
+            "SELECT MIN(time) FROM nj_jobs WHERE exclusive = 1 AND id IS NOT ?", (excluding,)
+        ).fetchone()
+        return None if row[0] is None else float(row[0])
+
+    def next_alarm_time(self, now: float) -> float | None:
+        """When the object must wake: the earliest exclusive job (unclamped) if any;
+        else the earliest runnable job, where an in-flight single-flight job counts
+        from ``running_since + hung_timeout``."""
+        exclusive = self.first_exclusive_time()
+        if exclusive is not None:
+            return exclusive
+        row = self.conn.execute(
+            "SELECT time FROM nj_jobs WHERE singleflight = 0 OR running_since IS NULL"
+            " ORDER BY time LIMIT 1"
+        ).fetchone()
+        ready = None if row is None else float(row[0])
+        row = self.conn.execute(
+            "SELECT MIN(MAX(time, running_since + hung_timeout)) FROM nj_jobs"
+            " WHERE running_since IS NOT NULL AND singleflight = 1"
+        ).fetchone()
+        in_flight = None if row[0] is None else float(row[0])
+        if ready is None:
+            return in_flight
+        return ready if in_flight is None else min(ready, in_flight)
+
+    # -- writes ---------------------------------------------------------------------
+    def upsert(self, job: Job, payload_text: str | None) -> None:
+        """Insert ``job``, or replace the same owner's job of that id in place (it keeps
+        its push sequence and creation time; attempts, marker and strikes reset)."""
+        retry = job.retry
+        self.conn.execute(
+            "INSERT INTO nj_jobs (id, owner, fn, time, payload, max_attempts, base_delay,"
+            " max_delay, jitter, singleflight, hung_timeout, exclusive, recovery_loop,"
+            " created_at, priority) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+            " ON CONFLICT (id) DO UPDATE SET fn = excluded.fn, time = excluded.time,"
+            " payload = excluded.payload, max_attempts = excluded.max_attempts,"
+            " base_delay = excluded.base_delay, max_delay = excluded.max_delay,"
+            " jitter = excluded.jitter,"
+            " singleflight = excluded.singleflight, hung_timeout = excluded.hung_timeout,"
+            " exclusive = excluded.exclusive, recovery_loop = excluded.recovery_loop,"
+            " priority = excluded.priority, attempts = 0, running_since = NULL,"
+            " crash_strikes = 0"
+            " WHERE owner = excluded.owner",
+            (job.id, job.owner, job.fn, job.time, payload_text, retry.max_attempts,
+             retry.base_delay, retry.max_delay, retry.jitter, job.singleflight, job.hung_timeout,
+             job.exclusive, job.recovery_loop, job.created_at, job.priority),
+        )
+
+    def delete(self, owner: str, job_id: str) -> bool:
+        cursor = self.conn.execute(
+            "DELETE FROM nj_jobs WHERE id = ? AND owner = ?", (job_id, owner)
+        )
+        return cursor.rowcount > 0
+
+    def retime(self, owner: str, job_id: str, time: float) -> bool:
+        cursor = self.conn.execute(
+            "UPDATE nj_jobs SET time = ?, running_since = NULL WHERE id = ? AND owner = ?",
+            (time, job_id, owner),
+        )
+        return cursor.rowcount > 0
+
+    # Outcomes of clean runs are staged in memory and applied in groups (see
+    # ``Lifecycle._stage``): a death re-runs at most one group of completed jobs.
+    def apply_completions(
+        self, finished: list[tuple[int]], later: list[tuple[float, bool, int]],
+        clean: list[tuple[str]],
+    ) -> None:
+        """Apply staged outcomes (by push sequence, except ``clean``, by id): delete
+        finished jobs; re-time kept ones with attempts
+        and strikes cleared (keeping the running marker where tracked work goes on);
+        clear the attempts of jobs whose clean run was superseded."""
+        conn = self.conn
+        if finished:
+            conn.executemany("DELETE FROM nj_jobs WHERE seq = ?", finished)
+        if later:
+            conn.executemany(
+                "UPDATE nj_jobs SET time = ?, attempts = 0, crash_strikes = 0,"
+                " running_since = CASE WHEN ? THEN running_since END WHERE seq = ?",
+                later,
+            )
+        if clean:
+            conn.executemany(
+                "UPDATE nj_jobs SET attempts = 0, crash_strikes = 0 WHERE id = ?"
+                " AND (attempts != 0 OR crash_strikes != 0)",
+                clean,
+            )
+
+    def retry_later(self, job_id: str, time: float, attempts: int) -> None:
+        """A failed attempt with attempts left: re-time it and record the attempt."""
+        self.conn.execute(
+            "UPDATE nj_jobs SET time = ?, attempts = ?, running_since = NULL WHERE id = ?",
+            (time, attempts, job_id),
+        )
+
+    def set_marker(self, job_id: str, started: float) -> None:
+        """Record that work of the job (tracked alarm work) is in progress."""
+        self.conn.execute(
+            "UPDATE nj_jobs SET running_since = ? WHERE id = ?", (started, job_id)
+        )
+
+    def clear_marker(self, job_id: str, started: float) -> bool:
+        cursor = self.conn.execute(
+            "UPDATE nj_jobs SET running_since = NULL WHERE id = ? AND running_since = ?",
+            (job_id, started),
+        )
+        return cursor.rowcount > 0
+
+    def strike(self, job_id: str, started: float, time: float) -> bool:
+        """A process died while the job (started at ``started``) ran: count a crash
+        strike and re-time it. Idempotent per death (``last_crash``)."""
+        cursor = self.conn.execute(
+            "UPDATE nj_jobs SET crash_strikes = crash_strikes + 1, time = ?, last_crash = ?,"
+            " running_since = NULL WHERE id = ? AND last_crash IS NOT ?",
+            (time, started, job_id, started),
+        )
+        return cursor.rowcount > 0
+
+    # -- dead letters ---------------------------------------------------------------
+    def bury(self, row: JobRow, error: str, reason: str, now: float, *, attempts: int) -> None:
+        """Move a job into the dead letters (replacing an older letter of its id)."""
+        job = row.job
+        record = converter.unstructure(attrs.evolve(job, payload=None))
+        record["payload"] = encode_payload(job.payload)
+        self.conn.execute(
+            "INSERT OR REPLACE INTO nj_dead_letters (owner, id, job, error, attempts, reason,"
+            " time) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (job.owner, job.id, encode_payload(record), error, attempts, reason, now),
+        )
+        self.conn.execute("DELETE FROM nj_jobs WHERE id = ?", (job.id,))
+
+    def dead_letters(self, owner: str | None) -> list[DeadLetter]:
+        if owner is None:
+            cursor = self.conn.execute(
+                "SELECT job, error, attempts, reason, time FROM nj_dead_letters ORDER BY time"
+            )
+        else:
+            cursor = self.conn.execute(
+                "SELECT job, error, attempts, reason, time FROM nj_dead_letters"
+                " WHERE owner = ? ORDER BY time",
+                (owner,),
+            )
+        return [_dead_letter(*row) for row in cursor]
+
+    def unbury(self, owner: str, job_id: str) -> DeadLetter | None:
+        row = self.conn.execute(
+            "SELECT job, error, attempts, reason, time FROM nj_dead_letters"
+            " WHERE owner = ? AND id = ?",
+            (owner, job_id),
+        ).fetchone()
+        if row is None:
+            return None
+        self.conn.execute(
+            "DELETE FROM nj_dead_letters WHERE owner = ? AND id = ?", (owner, job_id)
+        )
+        return _dead_letter(*row)
+
+    # -- per-object state -------------------------------------------------------------
+    def meta(self, key: str, default: int = 0) -> int:
+        row = self.conn.execute("SELECT value FROM nj_meta WHERE key = ?", (key,)).fetchone()
+        return default if row is None else int(row[0])
+
+    def set_meta(self, key: str, value: int) -> None:
+        self.conn.execute(
+            "INSERT INTO nj_meta (key, value) VALUES (?, ?)"
+            " ON CONFLICT DO UPDATE SET value = excluded.value",
+            (key, value),
+        )
+
+
+def _dead_letter(job: str, error: str, attempts: int, reason: str, time: float) -> DeadLetter:
+    record = decode_payload(job)
+    assert isinstance(record, dict)
+    record["payload"] = decode_payload(record["payload"])
+    return DeadLetter(
+        job=converter.structure(record, Job), error=error, attempts=attempts, reason=reason,
+        time=time,
+    )
+
+
+# -- validation of push arguments -------------------------------------------------------
