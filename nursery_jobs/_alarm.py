@@ -107,6 +107,13 @@ class AlarmClaim(Protocol):
         """Delete the object's data once its current work ends (its next activation
         starts empty)."""
 
+    @property
+    def ships(self) -> bool:
+        """Whether commits need ``sync`` to be durable (see ``ObjectState.ships``)."""
+
+    async def sync(self) -> None:
+        """Make every commit so far durable. Checkpoints."""
+
 
 class ObjectAlarm:
     """One active object's alarm: time and retry count as the index holds them, a

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from typing import Protocol
+from typing import Any, Protocol
 
 from ._errors import EngineError
 
@@ -32,6 +32,11 @@ class FlightSlot(Protocol):
 
 class ObjectState(Protocol):
     """One active object's state, as its engine opened it."""
+
+    @property
+    def ships(self) -> bool:
+        """Whether commits become durable only with ``sync`` (an engine that ships
+        them elsewhere); False where every commit is durable when it returns."""
 
     @property
     def conn(self) -> sqlite3.Connection:
@@ -52,7 +57,11 @@ class ObjectState(Protocol):
         """The object has accounted for its crash tokens: forget them."""
 
     async def sync(self) -> None:
-        """Make every commit so far durable (the output gate). Checkpoints."""
+        """Make every commit so far durable (the output gate). Checkpoints.
+
+        Raises:
+            ObjectFencedError: another host took the object over; nothing was written.
+        """
 
     def close(self) -> None:
         """Roll back any open transaction and release the database."""
@@ -72,8 +81,9 @@ class Engine(Protocol):
     def close(self) -> None:
         """Release everything; idempotent."""
 
-    async def serve(self, due_soon: AlarmSoon) -> None:
-        """The engine's background work (checkpoints, leases); runs until cancelled."""
+    async def serve(self, site: EngineSite) -> None:
+        """The engine's background work (checkpoints, leases, forwarded calls); runs
+        until cancelled."""
 
     # -- objects --------------------------------------------------------------------
     async def open_object(self, namespace: str, object_id: str, class_path: str) -> ObjectState:
@@ -108,11 +118,24 @@ class Engine(Protocol):
     def release_flight(self, slot: FlightSlot) -> None: ...
 
 
-class AlarmSoon(Protocol):
-    """What an engine may ask of the runtime's timer."""
+class EngineSite(Protocol):
+    """What an engine may ask of the runtime that opened it."""
 
     def earliest_alarm(self) -> float:
         """The time the timer sleeps until (``inf`` when no alarm is pending)."""
+
+    def wake_timer(self) -> None:
+        """Look at the alarm index again now (another host changed it)."""
+
+    async def run_call(
+        self, namespace: str, object_id: str, name: str, args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        """Run a call forwarded from another host on the object here, as a local stub
+        call would (activating it if needed); its exception propagates."""
+
+    def fenced(self, namespace: str, object_id: str) -> None:
+        """Another host took the object over: cancel its scope and drop it, now."""
 
 
 def engine_for(

@@ -17,8 +17,9 @@ from typing import Final
 
 import trio
 
+from . import _clock
 from ._catalog import Catalog, connect, object_file_name
-from ._engine import AlarmSoon, FlightSlot
+from ._engine import EngineSite, FlightSlot
 from ._errors import RuntimeLockedError, StorageError
 from ._flight import FlightRecord
 from ._schema import prepare
@@ -37,6 +38,7 @@ class SqliteObject:
     """An object's state in a SQLite database of its own (files or memory engine)."""
 
     __slots__ = ("_catalog", "_keep_open", "alarm", "conn", "namespace", "object_id")
+    ships = False  # every commit is durable when it returns
 
     def __init__(
         self, catalog: Catalog, conn: sqlite3.Connection, namespace: str, object_id: str, *,
@@ -126,12 +128,12 @@ class MemoryEngine(_CatalogEngine):
         with suppress(AttributeError):
             self.catalog.close()
 
-    async def serve(self, due_soon: AlarmSoon) -> None:
+    async def serve(self, site: EngineSite) -> None:
         await trio.sleep_forever()
 
     async def open_object(self, namespace: str, object_id: str, class_path: str) -> SqliteObject:
         await trio.lowlevel.checkpoint()
-        self.catalog.register(namespace, object_id, class_path, _now())
+        self.catalog.register(namespace, object_id, class_path, _clock.now())
         key = (namespace, object_id)
         conn = self._objects.get(key)
         if conn is None:
@@ -202,7 +204,7 @@ class FilesEngine(_CatalogEngine):
 
     async def open_object(self, namespace: str, object_id: str, class_path: str) -> SqliteObject:
         await trio.lowlevel.checkpoint()
-        file = self.catalog.register(namespace, object_id, class_path, _now())
+        file = self.catalog.register(namespace, object_id, class_path, _clock.now())
         label = f"{namespace}/{object_id}"
         try:
             conn = connect(str(self.path / "objects" / file), synchronous=self._synchronous,
@@ -226,7 +228,7 @@ class FilesEngine(_CatalogEngine):
             with suppress(FileNotFoundError):
                 os.unlink(f"{file}{suffix}")
 
-    async def serve(self, due_soon: AlarmSoon) -> None:
+    async def serve(self, site: EngineSite) -> None:
         """Checkpoint the catalog's WAL from a worker thread once it has grown, so no
         commit on the Trio thread ever stalls on a checkpoint's fsync. A checkpoint's
         fsync can still hold up writes to the same filesystem (measured: p99 lateness
@@ -241,12 +243,7 @@ class FilesEngine(_CatalogEngine):
                 size = wal.stat().st_size
             except FileNotFoundError:
                 continue
-            lull = due_soon.earliest_alarm() - _now() > CHECKPOINT_INTERVAL
+            lull = site.earliest_alarm() - _clock.now() > CHECKPOINT_INTERVAL
             if (size >= CHECKPOINT_WAL_BYTES and lull) or size >= CHECKPOINT_WAL_MAX:
                 await trio.to_thread.run_sync(Catalog.checkpoint, str(catalog))
 
-
-def _now() -> float:
-    from ._clock import now
-
-    return now()

@@ -13,6 +13,7 @@ lookup errors derive from :class:`LookupError`::
      ├─ RuntimeClosedError                the runtime is not running
      ├─ EngineError (ValueError)          no engine serves the data location given
      ├─ StorageError                      an object's database cannot be opened
+     ├─ ObjectFencedError                 another host took the object over; the write was refused
      ├─ RpcError (TypeError)              a stub call to a private name or a non-method
      ├─ ObjectResetError                  the object was evicted or reset during a call
      ├─ AlarmOwnedError                   set_alarm on an object whose Lifecycle owns the alarm
@@ -60,6 +61,11 @@ class EngineError(NurseryJobsError, ValueError):
 
 class StorageError(NurseryJobsError):
     """An object's database cannot be opened (too many open files, disk full...)."""
+
+
+class ObjectFencedError(NurseryJobsError):
+    """Another host took the object over (its lease and epoch): this host's write was
+    refused and the object dropped here."""
 
 
 class RpcError(NurseryJobsError, TypeError):

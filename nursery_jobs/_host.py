@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import trio
 
 from ._alarm import AlarmHandler, Backoff, ObjectAlarm, Timer, retry_unreachable
-from ._errors import AlarmOwnedError, ObjectResetError, RpcError
+from ._errors import AlarmOwnedError, ObjectFencedError, ObjectResetError, RpcError
 from ._events import EventBus
 from ._object import AlarmInfo, DurableObject, ObjectContext, class_path
 from ._storage import Storage
@@ -242,9 +242,32 @@ class ObjectHost:
                 result = await result
             else:
                 await trio.lowlevel.checkpoint()
+            await self.sync()  # the output gate: what the caller is told is durable
         if scope.cancelled_caught:
             raise ObjectResetError(f"{self.label} was reset during {name}()")
         return result
+
+    async def sync(self) -> None:
+        """Make the object's commits durable on an engine that ships them (a checkpoint
+        elsewhere is not needed: every commit is durable when it returns).
+
+        Raises:
+            ObjectFencedError: another host took the object over; it is dropped here.
+        """
+        state = self.state
+        if state is not None and state.ships:
+            try:
+                await state.sync()
+            except ObjectFencedError:
+                self.fence()
+                raise
+
+    def fence(self) -> None:
+        """Another host holds the object now: stop everything here, write nothing."""
+        if self.reset_reason is None:
+            logger.warning("%s was taken over by another host; dropping it here", self.label)
+            self.site.events.emit("object:fenced", self.namespace, self.object_id)
+        self.reset("fenced: another host took the object over")
 
     # -- the alarm ----------------------------------------------------------------
     def _claim(self, owner: str, handler: AlarmHandler, policy: Backoff) -> HostClaim:
@@ -293,6 +316,7 @@ class ObjectHost:
                         await handler(AlarmInfo(retry_count=retry, is_retry=retry > 0))
                     except Exception as exc:
                         failure = exc
+                    await self.sync()
             finally:
                 if self.flight is not None:
                     self.site.engine.release_flight(self.flight)
@@ -376,3 +400,11 @@ class HostClaim:
 
     def destroy(self) -> None:
         self._host.destroy()
+
+    @property
+    def ships(self) -> bool:
+        state = self._host.state
+        return state is not None and state.ships
+
+    async def sync(self) -> None:
+        await self._host.sync()

@@ -311,6 +311,12 @@ class JobStore:
         elif self._alarm.get() != time:
             self._alarm.set(time)
 
+    async def durable(self) -> None:
+        """After a mutation: make it durable where the engine ships commits (a no-op,
+        without a checkpoint, where every commit is durable already)."""
+        if self._alarm.ships and not self.conn.in_transaction:
+            await self._alarm.sync()
+
     def set_alarm(self, time: float) -> None:
         """Set the alarm to ``time`` outright (the fallback and backup alarms)."""
         if not self.disabled:

@@ -25,7 +25,7 @@ from . import _clock
 from ._alarm import Key, Timer, retry_unreachable
 from ._catalog import check_object_id
 from ._engine import Engine, engine_for
-from ._errors import RuntimeClosedError
+from ._errors import RpcError, RuntimeClosedError
 from ._events import EventBus
 from ._host import ObjectHost
 from ._object import DurableObject, resolve_namespace
@@ -201,6 +201,28 @@ class Runtime:
             events_dropped=self.events.dropped,
         )
 
+    # -- what the engine may ask (EngineSite) ----------------------------------------
+    def earliest_alarm(self) -> float:
+        return self.timer.earliest_alarm()
+
+    def wake_timer(self) -> None:
+        self.timer.nudge()
+
+    async def run_call(
+        self, namespace: str, object_id: str, name: str, args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        cls = resolve_namespace(namespace, self.engine.class_path(namespace))
+        if cls is None:
+            raise RpcError(f"no class is registered for namespace {namespace!r} on this host")
+        host = await self._activate(cls, namespace, object_id)
+        return await host.call(name, args, kwargs)
+
+    def fenced(self, namespace: str, object_id: str) -> None:
+        host = self._hosts.get((namespace, object_id))
+        if host is not None:
+            host.fence()
+
     # -- alarms -------------------------------------------------------------------
     async def _deliver(self, key: Key) -> None:
         """Activate the object of a due alarm (if needed) and run its alarm."""
@@ -295,7 +317,7 @@ async def open_runtime(
             async with trio.open_nursery() as nursery:
                 rt._nursery = nursery
                 nursery.start_soon(rt.timer.run, nursery)
-                nursery.start_soon(engine.serve, rt.timer)
+                nursery.start_soon(engine.serve, rt)
                 if memory_limit is not None:
                     nursery.start_soon(rt._memory_watchdog)
                 try:

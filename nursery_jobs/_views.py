@@ -100,13 +100,17 @@ class Jobs:
             recovery_loop=recovery_loop, created_at=now, priority=priority,
         )
         await self._checkpoint()
-        return self._store.push(job, payload_text, stable_id=id is not None)
+        job = self._store.push(job, payload_text, stable_id=id is not None)
+        await self._store.durable()
+        return job
 
     async def cancel(self, id: str) -> bool:
         """Delete this owner's job ``id``; return whether it existed. Checkpoints."""
         job_id = check_job_id(id)
         await self._checkpoint()
-        return self._store.cancel(self.owner, job_id)
+        cancelled = self._store.cancel(self.owner, job_id)
+        await self._store.durable()
+        return cancelled
 
     async def reschedule(self, id: str, time: float | datetime.datetime) -> bool:
         """Move this owner's job ``id`` to ``time``; return whether it existed."""
@@ -116,7 +120,9 @@ class Jobs:
         except (TypeError, ValueError) as exc:
             raise JobError(str(exc)) from None
         await self._checkpoint()
-        return self._store.reschedule(self.owner, job_id, when)
+        moved = self._store.reschedule(self.owner, job_id, when)
+        await self._store.durable()
+        return moved
 
     def get(self, id: str) -> Job | None:
         """Return this owner's job ``id``, or None. Does not checkpoint."""
