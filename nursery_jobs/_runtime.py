@@ -698,6 +698,7 @@ class Runtime:
         assert self._nursery is not None
         inflight = self._inflight
         while True:
+            _clock.reanchor()  # [clock hook, issue 11 §6] every timer wake re-anchors
             now = _clock.now()
             started = 0
             for namespace, object_id, _time, _retry in self.catalog.due(
@@ -720,6 +721,12 @@ class Runtime:
                 await trio.sleep_forever()
             self._timer_scope = None
             self._timer_target = -math.inf
+
+    def _clock_adjusted(self, drift: float) -> None:  # [clock hook, issue 11 §6]
+        """The anchor moved: the timer's deadline (on Trio's clock) is stale; wake it."""
+        if self._timer_scope is not None:
+            self._timer_scope.cancel(reason="clock adjusted")
+        self.events.emit("clock:adjusted", "", "", drift=drift)
 
     async def _deliver(self, key: Key) -> None:
         namespace, object_id = key
@@ -825,6 +832,7 @@ async def open_runtime(
             async with trio.open_nursery() as nursery:
                 rt._nursery = nursery
                 nursery.start_soon(rt._timer)
+                nursery.start_soon(_clock.run_anchor, rt._clock_adjusted)  # [clock hook]
                 if rt.path is not None:
                     nursery.start_soon(rt._checkpointer)
                 if memory_limit is not None:
