@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 import attrs
 
 from . import _clock
-from ._errors import UnknownCallbackError
+from ._errors import JobError, UnknownCallbackError
 from ._jobs import Job, JobContext, JobOutcome, RetryOptions
 from ._lifecycle import Lifecycle
 from ._object import DurableObject, ObjectContext
@@ -154,6 +154,27 @@ class Agent(DurableObject):
             return True
         return await self._task_queue.cancel(id)
 
+    # -- queued tasks (the reference's getQueue, getQueues, dequeue, dequeueAll) --------
+    def get_queued(self, id: str) -> QueueItem | None:
+        """Return queued task ``id`` (not a scheduled one), or None. Does not checkpoint."""
+        return self._task_queue.get(id)
+
+    def list_queued(self, method: str | None = None) -> list[QueueItem]:
+        """Return the queued tasks (of ``method``, if given) in run order; a task whose
+        run is in progress is listed until it ends. Does not checkpoint."""
+        return self._task_queue.list(_check_method(method, "list_queued"))
+
+    async def dequeue(self, id: str) -> bool:
+        """Remove queued task ``id``; return whether it was queued. A scheduled task is
+        left alone (``cancel_schedule`` removes either). A run in progress finishes,
+        but is neither retried nor dead-lettered. Checkpoints."""
+        return await self._task_queue.cancel(id)
+
+    async def dequeue_all(self, method: str | None = None) -> int:
+        """Remove every queued task (of ``method``, if given); return how many.
+        Scheduled tasks stay. Checkpoints."""
+        return await self._task_queue.cancel_all(_check_method(method, "dequeue_all"))
+
     def list_schedules(self) -> list[TaskRecord]:
         """Every queued and scheduled task, by due time."""
         store = self.lifecycle.store
@@ -220,6 +241,12 @@ class Agent(DurableObject):
         logger.error("%s/%s: no handler for host job %r", self.ctx.namespace, self.ctx.id,
                      ctx.job.fn)
         return None
+
+
+def _check_method(method: object, caller: str) -> str | None:
+    if method is None or (isinstance(method, str) and method):
+        return method
+    raise JobError(f"{caller}(): method must be a task's method name or None, got {method!r}")
 
 
 # Methods of Agent itself that are not tasks.

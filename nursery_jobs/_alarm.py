@@ -231,6 +231,7 @@ class Timer:
     async def run(self, nursery: trio.Nursery) -> None:
         engine, inflight = self._engine, self.inflight
         while True:
+            _clock.reanchor()  # every timer wake re-anchors the wall clock (DESIGN §2)
             now = _clock.now()
             started = 0
             for key in engine.due(now, len(inflight) + _TIMER_BATCH):

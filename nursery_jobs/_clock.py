@@ -1,8 +1,13 @@
-"""The runtime's wall clock: epoch seconds derived from Trio's clock.
+"""The runtime's wall clock: epoch seconds derived from Trio's clock, kept on the system
+clock.
 
 ``now()`` is ``epoch0 + trio.current_time()``, so ``trio.testing.MockClock`` drives every
-timer in the library. ``epoch0`` is fixed once per Trio run (a ``RunVar``) so that a
-runtime reopened later in the same run sees one continuous clock.
+timer in the library. ``epoch0`` (the anchor) belongs to the Trio run, so that a runtime
+reopened later in the same run sees one continuous clock. Trio's clock is monotonic and
+stops while the machine sleeps, and NTP may step the system clock: a running runtime
+re-anchors (``run_anchor``, and ``reanchor`` whenever its timer wakes), moving ``epoch0``
+when it has drifted more than ``DRIFT_THRESHOLD`` from the wall clock. A pinned epoch
+(``pin_epoch``, ``set_epoch``) is never moved.
 """
 
 from __future__ import annotations
@@ -11,39 +16,90 @@ import datetime as _dt
 import math
 import random
 import time as _time
+from collections.abc import Callable
+from contextlib import aclosing
+from typing import Final, NoReturn
 
 import trio
+import trio.testing
+from trio_util import periodic
 
 from ._errors import TimeArgumentError
 
-_EPOCH: trio.lowlevel.RunVar[float] = trio.lowlevel.RunVar("nursery_jobs_epoch")
+# Past this drift between the anchor and the wall clock, the anchor moves. (Below it is
+# NTP slewing and the cost of reading two clocks; above it a timer would fire visibly
+# off its wall time.)
+DRIFT_THRESHOLD: Final = 0.05
+# How often a runtime compares the anchor with the wall clock, at least.
+REANCHOR_INTERVAL: Final = 1.0
+
+
+class _Anchor:
+    """The epoch of one Trio run, and who to tell when it moves."""
+
+    __slots__ = ("epoch", "listeners", "pinned")
+
+    def __init__(self, epoch: float, *, pinned: bool = False) -> None:
+        self.epoch = epoch
+        self.pinned = pinned
+        self.listeners: list[Callable[[float], object]] = []
+
+
+_ANCHOR: trio.lowlevel.RunVar[_Anchor] = trio.lowlevel.RunVar("nursery_jobs_epoch")
 # Set by tests (``pin_epoch``) to make every Trio run start at the same epoch.
 _pinned: float | None = None
+# The wall-clock source: epoch seconds now. Tests replace it (``set_wall_clock``).
+_SYSTEM_WALL_CLOCK: Final = _time.time
+_wall_clock: Callable[[], float] = _SYSTEM_WALL_CLOCK
+
+
+def _measure() -> float:
+    """The epoch at Trio time zero by the wall clock: the one place it is read."""
+    return _wall_clock() - trio.current_time()
+
+
+def _anchor() -> _Anchor:
+    try:
+        return _ANCHOR.get()
+    except LookupError:
+        # Under a pinned epoch the wall clock is never read, not even here.
+        anchor = _Anchor(_measure() if _pinned is None else _pinned)
+        _ANCHOR.set(anchor)
+        return anchor
 
 
 def _epoch0() -> float:
     if _pinned is not None:
         return _pinned
     try:
-        return _EPOCH.get()
+        return _ANCHOR.get().epoch
     except LookupError:
-        # The one place the wall clock is read: it anchors Trio's clock to the epoch.
-        epoch = _time.time() - trio.current_time()
-        _EPOCH.set(epoch)
-        return epoch
+        return _anchor().epoch
+
+
+def set_wall_clock(source: Callable[[], float] | None) -> None:
+    """Read the wall clock from ``source()`` (epoch seconds) instead of ``time.time``;
+    None restores the system clock. For tests that step the wall clock. Does not
+    checkpoint."""
+    global _wall_clock
+    _wall_clock = _SYSTEM_WALL_CLOCK if source is None else source
 
 
 def set_epoch(epoch_at_trio_zero: float) -> None:
-    """Pin the epoch of this Trio run so that ``now() == epoch + trio.current_time()``.
+    """Pin the epoch of this Trio run so that ``now() == epoch + trio.current_time()``;
+    it is then never re-anchored.
 
     Meant for tests under ``MockClock``: times then come out exact. Does not checkpoint.
     """
-    _EPOCH.set(float(epoch_at_trio_zero))
+    anchor = _anchor()
+    anchor.epoch = float(epoch_at_trio_zero)
+    anchor.pinned = True
 
 
 def pin_epoch(epoch_at_trio_zero: float | None) -> None:
     """Pin (or with None, unpin) the epoch of every Trio run in this process. For tests
-    under ``MockClock``, whose Trio time starts at 0."""
+    under ``MockClock``, whose Trio time starts at 0. A pinned epoch is never
+    re-anchored."""
     global _pinned
     _pinned = epoch_at_trio_zero
 
@@ -56,6 +112,60 @@ def epoch() -> float:
 def now() -> float:
     """Return the runtime's wall clock in Unix epoch seconds. Does not checkpoint."""
     return _epoch0() + trio.current_time()
+
+
+def _may_reanchor(anchor: _Anchor) -> bool:
+    if _pinned is not None or anchor.pinned:
+        return False
+    # A MockClock's time has nothing to do with the system clock: comparing them would
+    # drag now() back to the real time. A test that steps a wall clock sets its own.
+    return not (
+        _wall_clock is _SYSTEM_WALL_CLOCK
+        and isinstance(trio.lowlevel.current_clock(), trio.testing.MockClock)
+    )
+
+
+def reanchor() -> float | None:
+    """Compare the anchor with the wall clock; past ``DRIFT_THRESHOLD`` of drift, move
+    the anchor and call every ``run_anchor`` listener of this Trio run with the drift.
+
+    Returns the drift (seconds the wall clock is ahead of ``now()``; negative if it is
+    behind), or None if the anchor stayed. Never moves a pinned epoch. Does not
+    checkpoint.
+    """
+    anchor = _anchor()
+    if not _may_reanchor(anchor):
+        return None
+    measured = _measure()
+    drift = measured - anchor.epoch
+    if abs(drift) <= DRIFT_THRESHOLD:
+        return None
+    anchor.epoch = measured
+    for listener in list(anchor.listeners):
+        listener(drift)
+    return drift
+
+
+async def run_anchor(on_adjust: Callable[[float], object]) -> NoReturn:
+    """Keep ``now()`` on the wall clock while this task runs: re-anchor every
+    ``REANCHOR_INTERVAL`` seconds, and call ``on_adjust(drift)`` whenever a re-anchor
+    of this Trio run (this task's, or a ``reanchor()`` call elsewhere) moves the
+    epoch — timers whose deadlines are on Trio's clock must then re-arm.
+
+    Under a pinned epoch, or a ``MockClock`` read against the system clock, there is
+    nothing to re-anchor: it only waits (so it costs an autojump test nothing).
+    """
+    anchor = _anchor()
+    anchor.listeners.append(on_adjust)
+    try:
+        if not _may_reanchor(anchor):
+            await trio.sleep_forever()
+        async with aclosing(periodic(REANCHOR_INTERVAL)) as ticks:
+            async for _ in ticks:
+                reanchor()
+        raise AssertionError("periodic() never ends")  # pragma: no cover
+    finally:
+        anchor.listeners.remove(on_adjust)
 
 
 def to_trio_time(epoch_seconds: float) -> float:

@@ -223,6 +223,11 @@ class Runtime:
         if host is not None:
             host.fence()
 
+    def _clock_adjusted(self, drift: float) -> None:
+        """The wall-clock anchor moved: the timer's deadline (on Trio's clock) is stale."""
+        self.timer.nudge()
+        self.events.emit("clock:adjusted", "", "", drift=drift)
+
     # -- alarms -------------------------------------------------------------------
     async def _deliver(self, key: Key) -> None:
         """Activate the object of a due alarm (if needed) and run its alarm."""
@@ -318,6 +323,7 @@ async def open_runtime(
                 rt._nursery = nursery
                 nursery.start_soon(rt.timer.run, nursery)
                 nursery.start_soon(engine.serve, rt)
+                nursery.start_soon(_clock.run_anchor, rt._clock_adjusted)
                 if memory_limit is not None:
                     nursery.start_soon(rt._memory_watchdog)
                 try:

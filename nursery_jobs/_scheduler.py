@@ -1,8 +1,9 @@
 """The Scheduler capability: one-shot, cron and interval schedules, each one job.
 
 Recurring schedules without a caller id get an id derived from their content, so
-calling ``every()`` in ``on_start`` on every activation finds the same row instead of
-piling up new ones. Cron expressions are evaluated in UTC with ``cronsim``.
+calling ``every()`` in ``on_start`` on every activation finds the same row (and keeps
+its anchor) instead of piling up new ones. An interval fires on its grid, ``anchor +
+k·seconds``; cron expressions are evaluated in UTC with ``cronsim``.
 """
 
 from __future__ import annotations
@@ -40,7 +41,11 @@ When = float | int | datetime.timedelta | datetime.datetime | str
 
 @attrs.frozen(kw_only=True)
 class Schedule:
-    """A stored schedule: what to call, and when it is next due."""
+    """A stored schedule: what to call, and when it is next due.
+
+    An interval schedule runs on the grid ``anchor + k·interval`` (k >= 1), where
+    ``anchor`` is when ``every()`` created it; other kinds have no anchor.
+    """
 
     id: str
     callback: str
@@ -49,17 +54,37 @@ class Schedule:
     time: float
     cron: str | None
     interval: float | None
+    anchor: float | None
     created_at: float
     retry: RetryOptions
 
 
 def schedule_of(job: Job) -> Schedule:
     envelope = job.payload
+    anchor: float | None = None
+    if envelope["k"] == "interval":
+        # Rows stored before anchors existed: the grid starts at their creation.
+        anchor = envelope.get("a", job.created_at)
     return Schedule(
         id=job.id, callback=job.fn, payload=envelope["p"], kind=envelope["k"], time=job.time,
-        cron=envelope.get("c"), interval=envelope.get("i"), created_at=job.created_at,
-        retry=job.retry,
+        cron=envelope.get("c"), interval=envelope.get("i"), anchor=anchor,
+        created_at=job.created_at, retry=job.retry,
     )
+
+
+def next_grid_slot(anchor: float, seconds: float, after: float) -> float:
+    """The first slot ``anchor + k·seconds`` (k >= 1) strictly after ``after``.
+
+    Each slot is computed from the anchor, never by adding up intervals, so rounding
+    does not accumulate: the 1,000th slot of ``every(10)`` is ``anchor + 10_000``.
+    """
+    k = max(1, math.floor((after - anchor) / seconds) + 1)
+    # The division may round either way: settle on the first slot past ``after``.
+    while anchor + k * seconds <= after:
+        k += 1
+    while k > 1 and anchor + (k - 1) * seconds > after:
+        k -= 1
+    return anchor + k * seconds
 
 
 def next_cron_time(expr: str, after: float) -> float:
@@ -150,10 +175,13 @@ class Scheduler(CallbackCapability):
         retry: RetryOptions | None = None,
         idempotent: bool | None = None,
     ) -> Schedule:
-        """Run ``callback`` every ``seconds`` (> 0), first at now + seconds. The next
-        run counts from the start of the run that fired (no drift); runs missed while
-        the process was down coalesce into one. Idempotent by content unless
-        ``idempotent=False``. Checkpoints."""
+        """Run ``callback`` every ``seconds`` (> 0) on the grid ``anchor + k·seconds``,
+        where the anchor is now: first at now + seconds. After a run, the next is the
+        first grid slot after the moment it ended, so lateness and run time never shift
+        later runs; slots missed while the process was down, or while a run overran,
+        coalesce into one run. Idempotent by content unless ``idempotent=False``: a
+        dedupe hit keeps the stored schedule, anchor included. With ``id`` it is an
+        upsert, anchored anew. Checkpoints."""
         if isinstance(seconds, datetime.timedelta):
             seconds = seconds.total_seconds()
         if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not (
@@ -162,12 +190,15 @@ class Scheduler(CallbackCapability):
             raise JobError(f"every(): seconds must be a finite number > 0, got {seconds!r}")
         interval = float(seconds)
         dedupe = True if idempotent is None else bool(idempotent)
-        return await self._upsert("interval", _clock.now() + interval, callback, payload, id=id,
-                                  retry=retry, dedupe=dedupe, cron=None, interval=interval)
+        anchor = _clock.now()
+        return await self._upsert("interval", anchor + interval, callback, payload, id=id,
+                                  retry=retry, dedupe=dedupe, cron=None, interval=interval,
+                                  anchor=anchor)
 
     async def _upsert(
         self, kind: Kind, time: float, callback: str, payload: Any, *, id: str | None,
         retry: RetryOptions | None, dedupe: bool, cron: str | None, interval: float | None,
+        anchor: float | None = None,
     ) -> Schedule:
         if callback not in self.callbacks:
             raise UnknownCallbackError(
@@ -181,12 +212,15 @@ class Scheduler(CallbackCapability):
             envelope["c"] = cron
         if interval is not None:
             envelope["i"] = interval
+        if anchor is not None:
+            envelope["a"] = anchor
         jobs = self.lifecycle.jobs
         if id is not None:
             job_id = check_job_id(id)
         elif dedupe:
-            # The content (not the time) names the schedule: a second identical call
-            # finds the first row. encode_payload also refuses a bad payload here.
+            # The content (not the time, nor the anchor) names the schedule: a second
+            # identical call finds the first row and leaves it, its grid included.
+            # encode_payload also refuses a bad payload here.
             content = encode_payload([kind, callback, cron, interval, payload]) or ""
             job_id = "sched:" + hashlib.sha256(content.encode()).hexdigest()[:32]
             existing = jobs.get(job_id)
@@ -221,17 +255,17 @@ class Scheduler(CallbackCapability):
         return cancelled
 
     # -- the capability hooks -----------------------------------------------------------
-    def _next(self, schedule: Schedule, started: float) -> JobOutcome:
+    def _next(self, schedule: Schedule) -> JobOutcome:
+        """The outcome of a finished run: the first slot after now, or done."""
         if schedule.kind == "interval":
-            assert schedule.interval is not None
-            return Reschedule(started + schedule.interval)
+            assert schedule.interval is not None and schedule.anchor is not None
+            return Reschedule(next_grid_slot(schedule.anchor, schedule.interval, _clock.now()))
         if schedule.kind == "cron":
             assert schedule.cron is not None
             return Reschedule(next_cron_time(schedule.cron, _clock.now()))
         return None
 
     async def on_job(self, ctx: JobContext) -> JobOutcome:
-        started = _clock.now()
         schedule = schedule_of(ctx.job)
         if ctx.attempt == 1:
             self.lifecycle.emit("schedule:execute", callback=schedule.callback, id=schedule.id)
@@ -249,7 +283,7 @@ class Scheduler(CallbackCapability):
             await call_callback(fn, schedule.payload, schedule)
         finally:
             self.running = None
-        return self._next(schedule, started)
+        return self._next(schedule)
 
     async def on_job_error(self, ctx: JobContext, error: Exception) -> JobOutcome:
         schedule = schedule_of(ctx.job)
@@ -264,4 +298,4 @@ class Scheduler(CallbackCapability):
             finally:
                 self.running = None
         # A recurring schedule goes on; a one-shot becomes a dead letter.
-        return self._next(schedule, _clock.now())
+        return self._next(schedule)

@@ -1,7 +1,8 @@
 """The Agent (DESIGN.md §4): dispatch by method name, the ``on_task`` fallback, private
 methods schedulable but not callable through a stub, unknown names refused at once,
 retries 1, 2, 4, 8, 16 s then a dead letter and ``on_error``, handlers that change their
-own schedules, ``list_schedules`` records, ``cancel_schedule`` and ``destroy``.
+own schedules, ``list_schedules`` records, ``cancel_schedule``, queued-task management
+(``get_queued``, ``list_queued``, ``dequeue``, ``dequeue_all``) and ``destroy``.
 
 Every timer test runs under ``autojump_clock`` and asserts exact virtual times relative
 to ``EPOCH``.
@@ -228,7 +229,8 @@ async def test_agent_hooks_are_not_callable_through_a_stub(
 
 
 UNKNOWN = ["nope", "not_a_method", "counter", "destroy", "queue", "every", "on_task",
-           "on_job", "on_error", "lifecycle", "ctx", "env", ""]
+           "on_job", "on_error", "lifecycle", "ctx", "env", "", "get_queued", "list_queued",
+           "dequeue", "dequeue_all"]
 
 
 @pytest.mark.parametrize("name", UNKNOWN)
@@ -447,6 +449,125 @@ async def test_cancel_schedule(autojump_clock: trio.testing.MockClock) -> None:
             await trio.sleep(100)
             assert env.ran() == [("flaky", 0, "q")]
             assert [e.data["id"] for e in env.of("schedule:cancel")] == ["s", "e"]
+
+
+# -- queued tasks ---------------------------------------------------------------------------------
+
+
+async def test_get_and_list_queued_tasks(autojump_clock: trio.testing.MockClock) -> None:
+    env = Env()
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(env=env) as rt:
+            agent = rt.get(Worker, "w")
+            # Held up by a task that naps, so the others stay queued behind it.
+            await agent.queue("nap", 10, id="nap")
+            await trio.sleep(1)
+            await agent.queue("work", {"n": 1}, id="a", max_retries=2)
+            await trio.sleep(1)
+            b = await agent.queue("sync_work", [2])
+            await agent.queue("work", "c", id="c")
+            await agent.schedule(5, "work", "scheduled", id="s")
+            item = await agent.get_queued("a")
+            assert item == nj.QueueItem(
+                id="a", callback="work", payload={"n": 1}, priority=0, created_at=EPOCH + 1,
+                retry=nj.RetryOptions(max_attempts=3, base_delay=1.0, max_delay=300.0,
+                                      jitter=False),
+            )
+            # Scheduled tasks are not queued ones.
+            assert await agent.get_queued("s") is None
+            assert await agent.get_queued("nope") is None
+            # In run order, the running task included until it ends.
+            assert [i.id for i in await agent.list_queued()] == ["nap", "a", b, "c"]
+            assert [i.id for i in await agent.list_queued("work")] == ["a", "c"]
+            assert [i.id for i in await agent.list_queued(method="sync_work")] == [b]
+            assert await agent.list_queued("flaky") == []
+            await trio.sleep(20)
+            assert await agent.list_queued() == []
+            assert await agent.get_queued("a") is None
+
+
+async def test_dequeue_removes_one_queued_task(autojump_clock: trio.testing.MockClock) -> None:
+    env = Env()
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(env=env) as rt:
+            agent = rt.get(Worker, "w")
+            await agent.queue("nap", 10, id="nap")
+            await agent.queue("work", "a", id="a")
+            await agent.queue("work", "b", id="b")
+            await agent.schedule(5, "work", "scheduled", id="s")
+            await trio.sleep(1)
+            assert await agent.dequeue("a") is True
+            assert await agent.dequeue("a") is False
+            assert await agent.dequeue("never") is False
+            # A scheduled task is left alone: dequeue is for queued tasks.
+            assert await agent.dequeue("s") is False
+            assert [i.id for i in await agent.list_queued()] == ["nap", "b"]
+            await trio.sleep(20)
+            # One task at a time: the nap holds up both until 10, then queue order.
+            assert env.ran() == [("nap", 0, 10), ("work", 10, "b"), ("work", 10, "scheduled")]
+
+
+async def test_dequeue_a_task_waiting_for_its_retry(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    env = Env()
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(env=env) as rt:
+            agent = rt.get(Worker, "w")
+            await agent.queue("flaky", "f", id="f")  # fails at 0; retry due at 1
+            await trio.sleep(0.5)
+            assert [i.id for i in await agent.list_queued()] == ["f"]
+            assert await agent.dequeue("f") is True
+            await trio.sleep(100)
+            assert env.times("flaky") == [0]
+            assert env.errors == []
+            assert await agent.dead_letters() == []
+            assert alarm(rt) is None
+
+
+async def test_dequeue_all_and_by_method(autojump_clock: trio.testing.MockClock) -> None:
+    env = Env()
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(env=env) as rt:
+            agent = rt.get(Worker, "w")
+            await agent.queue("nap", 10, id="nap")
+            await trio.sleep(1)
+            for n in range(3):
+                await agent.queue("work", n, id=f"w{n}")
+                await agent.queue("sync_work", n, id=f"s{n}")
+            await agent.every(5, "work", "beat", id="beat")
+            assert await agent.dequeue_all("work") == 3
+            assert await agent.dequeue_all("work") == 0
+            assert await agent.dequeue_all("nope") == 0
+            assert [i.id for i in await agent.list_queued()] == ["nap", "s0", "s1", "s2"]
+            # Every queued task, the running one included (its run finishes, nothing
+            # comes after it); the schedule stays.
+            assert await agent.dequeue_all() == 4
+            assert await agent.list_queued() == []
+            assert [t.id for t in await agent.list_schedules()] == ["beat"]
+            await trio.sleep(14)
+            # The beat due at 6 waits for the nap, then keeps to its grid (1 + 5k).
+            assert env.ran() == [("nap", 0, 10), ("work", 10, "beat"), ("work", 11, "beat")]
+
+
+@pytest.mark.parametrize(
+    ("method", "args"),
+    [("get_queued", (5,)), ("get_queued", ("",)), ("dequeue", (None,)), ("dequeue", (" ",)),
+     ("list_queued", (5,)), ("list_queued", ("",)), ("dequeue_all", (["work"],)),
+     ("dequeue_all", ("",))],
+)
+async def test_queued_task_arguments_are_checked(
+    autojump_clock: trio.testing.MockClock, method: str, args: tuple[Any, ...]
+) -> None:
+    env = Env()
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(env=env) as rt:
+            agent = rt.get(Worker, "w")
+            await agent.queue("flaky", "f", id="f")
+            with pytest.raises(nj.JobError) as info:
+                await agent.call(method, *args)
+            assert isinstance(info.value, ValueError)
+            assert [i.id for i in await agent.list_queued()] == ["f"]
 
 
 # -- destroy ------------------------------------------------------------------------------------

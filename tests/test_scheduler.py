@@ -1,6 +1,7 @@
 """The Scheduler capability (DESIGN.md §4): one-shots by delay, timedelta and aware
-datetime, cron (UTC, next slot after now), intervals measured from the start of each run
-(no drift, missed runs coalesced), stable-id upserts, content idempotency (the pile-up
+datetime, cron (UTC, next slot after now), intervals on their grid ``anchor + k·seconds``
+(lateness, overruns and restarts never shift later runs; missed slots coalesce),
+stable-id upserts, content idempotency (the pile-up
 and the lost re-arm users of the reference hit), cancel, events and argument checks.
 
 Every timer test runs under ``autojump_clock`` and asserts exact virtual times relative
@@ -20,8 +21,11 @@ import pytest
 import trio
 import trio.testing
 from conftest import EPOCH
+from hypothesis import given
+from hypothesis import strategies as st
 
 import nursery_jobs as nj
+from nursery_jobs._scheduler import next_grid_slot
 
 # A generous virtual-time bound: under autojump a hang jumps here and fails the test.
 HANG = 1_000_000
@@ -192,15 +196,18 @@ async def test_schedule_record_fields(autojump_clock: trio.testing.MockClock) ->
             every = await obj.every(dt.timedelta(seconds=45), "tick", "x", id="every")
             assert one == nj.Schedule(
                 id="one", callback="tick", payload={"a": [1, 2]}, kind="delayed",
-                time=EPOCH + 30, cron=None, interval=None, created_at=EPOCH, retry=retry,
+                time=EPOCH + 30, cron=None, interval=None, anchor=None, created_at=EPOCH,
+                retry=retry,
             )
             assert cron == nj.Schedule(
                 id="cron", callback="tick", payload=None, kind="cron", time=EPOCH + 15 * MINUTE,
-                cron="*/15 * * * *", interval=None, created_at=EPOCH, retry=nj.RetryOptions(),
+                cron="*/15 * * * *", interval=None, anchor=None, created_at=EPOCH,
+                retry=nj.RetryOptions(),
             )
             assert every == nj.Schedule(
                 id="every", callback="tick", payload="x", kind="interval", time=EPOCH + 45,
-                cron=None, interval=45.0, created_at=EPOCH, retry=nj.RetryOptions(),
+                cron=None, interval=45.0, anchor=EPOCH, created_at=EPOCH,
+                retry=nj.RetryOptions(),
             )
             assert await obj.get("one") == one
             assert await obj.get("nope") is None
@@ -294,7 +301,7 @@ async def test_every_runs_at_exact_multiples_even_when_the_callback_takes_time(
             assert (await obj.get("i")).time == EPOCH + 40  # type: ignore[union-attr]
 
 
-async def test_an_interval_longer_than_its_period_never_overlaps(
+async def test_an_overrun_skips_to_the_next_grid_slot_and_never_overlaps(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     env = Env()
@@ -309,29 +316,153 @@ async def test_an_interval_longer_than_its_period_never_overlaps(
         async with nj.open_runtime(env=env) as rt:
             obj = rt.get(Clock, "o")
             await obj.every(10, "work", id="i")
-            await trio.sleep(100)
-            # Single-flight: the slots missed while it ran (20, 30) coalesce into one run
-            # as soon as it ends.
-            assert env.times() == [10, 35, 60, 85]
-            assert ends == [35, 60, 85]
+            await trio.sleep(99)
+            # Single-flight, and on the grid: the run at 10 ends at 35, the slots it
+            # overran (20, 30) are skipped, the next run is the first slot after 35.
+            assert env.times() == [10, 40, 70]
+            assert ends == [35, 65, 95]
+            assert (await obj.get("i")).time == EPOCH + 100  # type: ignore[union-attr]
 
 
-async def test_restart_after_long_downtime_coalesces_missed_runs(
+async def test_a_late_run_does_not_shift_the_grid(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # The reported drift: every(10) behind a 3 s job in the same alarm ran at 13, 23, 33.
+    env = Env()
+
+    async def three_seconds(obj: Clock, payload: Any, schedule: nj.Schedule) -> None:
+        await trio.sleep(3)
+
+    env.work = three_seconds
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(env=env) as rt:
+            obj = rt.get(Clock, "o")
+            await obj.schedule(10, "work", "slow", id="slow")  # pushed first: runs first
+            await obj.every(10, "tick", "beat", id="beat")
+            await trio.sleep(45)
+            assert env.ran() == [("slow", 10), ("beat", 13), ("beat", 20), ("beat", 30),
+                                 ("beat", 40)]
+            assert (await obj.get("beat")).time == EPOCH + 50  # type: ignore[union-attr]
+
+
+async def test_the_hundredth_run_of_every_10_is_at_anchor_plus_1000(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    env = Env()
+
+    async def two_seconds(obj: Clock, payload: Any, schedule: nj.Schedule) -> None:
+        await trio.sleep(2)
+
+    env.work = two_seconds
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(env=env) as rt:
+            obj = rt.get(Clock, "o")
+            # A 2 s job every 7 s keeps making the beat late (pushed first, it runs first
+            # when both are due), and each beat itself takes time.
+            await obj.every(7, "work", "busy", id="busy")
+            await trio.sleep(0.5)
+            beat = await obj.every(10, "tick", "beat", id="beat")
+            assert beat.anchor == EPOCH + 0.5
+            await trio.sleep(1000.25)
+            beats = [t for sid, t in env.ran() if sid == "beat"]
+            assert len(beats) == 100
+            assert beats[99] == 1000.5
+            late = [t for k, t in enumerate(beats, 1) if t != 0.5 + 10 * k]
+            assert late  # the test really made runs late
+            assert all(0 < t - (0.5 + 10 * k) <= 2 for k, t in enumerate(beats, 1)
+                       if t in late)
+            assert (await obj.get("beat")).time == EPOCH + 1010.5  # type: ignore[union-attr]
+
+
+@given(
+    anchor=st.floats(0, 4e9),
+    seconds=st.floats(1e-3, 1e6),
+    k=st.integers(0, 10**6),
+    offset=st.floats(0, 1),
+)
+def test_next_grid_slot_is_the_first_slot_strictly_after(
+    anchor: float, seconds: float, k: int, offset: float
+) -> None:
+    after = anchor + (k + offset) * seconds
+    slot = next_grid_slot(anchor, seconds, after)
+    assert slot > after
+    # A slot of the grid, computed from the anchor, and the first one past ``after``.
+    n = round((slot - anchor) / seconds)
+    assert n >= 1 and slot == anchor + n * seconds
+    assert n == 1 or anchor + (n - 1) * seconds <= after
+
+
+def test_next_grid_slot_examples() -> None:
+    assert next_grid_slot(100.0, 10.0, 100.0) == 110.0
+    assert next_grid_slot(100.0, 10.0, 110.0) == 120.0  # strictly after
+    assert next_grid_slot(100.0, 10.0, 135.0) == 140.0  # missed slots coalesce
+    assert next_grid_slot(100.0, 10.0, 50.0) == 110.0  # before the anchor: the first slot
+    assert next_grid_slot(EPOCH + 0.3, 0.1, EPOCH + 1000.3) == EPOCH + 0.3 + 10_001 * 0.1
+
+
+async def test_restart_after_long_downtime_coalesces_missed_runs_and_keeps_the_grid(
     autojump_clock: trio.testing.MockClock, tmp_path: Path
 ) -> None:
     env = Env()
     with trio.fail_after(HANG):
         async with nj.open_runtime(tmp_path, env=env) as rt:
             obj = rt.get(Clock, "o")
+            await trio.sleep(3)
             await obj.every(10, "tick", "beat", id="beat")
-            await trio.sleep(25)
-            assert env.times() == [10, 20]
-        await trio.sleep(100)  # down from 25 to 125: slots 30 ... 120 missed
+            await trio.sleep(22)
+            assert env.times() == [13, 23]
+        await trio.sleep(100)  # down from 25 to 125: slots 33 ... 123 missed
         async with nj.open_runtime(tmp_path, env=env) as rt:
             await trio.sleep(31)
-            # One run at reopen for all the missed slots, then every 10 s from it.
-            assert env.times() == [10, 20, 125, 135, 145, 155]
-            assert len(await rt.get(Clock, "o").schedules()) == 1
+            # One run at reopen for all the missed slots, then on the grid again.
+            assert env.times() == [13, 23, 125, 133, 143, 153]
+            [schedule] = await rt.get(Clock, "o").schedules()
+            assert (schedule.anchor, schedule.time) == (EPOCH + 3, EPOCH + 163)
+
+
+async def _every_10_in_on_start(obj: Clock) -> None:
+    await obj.scheduler.every(10, "tick", "beat")
+
+
+async def test_every_in_on_start_keeps_its_grid_across_restarts(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    env = Env()
+    env.on_start = _every_10_in_on_start
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(tmp_path, env=env) as rt:
+            await trio.sleep(3)
+            await rt.get(Clock, "o").ping()  # the first activation creates it: anchor 3
+            await trio.sleep(22)
+        await trio.sleep(14.5)  # down from 25 to 39.5
+        for _ in range(3):
+            async with nj.open_runtime(tmp_path, env=env) as rt:
+                # Each activation calls every() again: a dedupe hit keeps the anchor.
+                await rt.get(Clock, "o").ping()
+                await trio.sleep(7)
+        async with nj.open_runtime(tmp_path, env=env) as rt:
+            [schedule] = await rt.get(Clock, "o").schedules()
+            assert schedule.anchor == EPOCH + 3
+            await trio.sleep(20)
+        assert env.activations == 5
+        # 13, 23; 33 missed while down, run at the reopen (39.5); then 43, 53 (46.5 to
+        # 53.5 and 53.5 to 60.5 are two runtimes), 63, 73 — never shifted.
+        assert env.times() == [13, 23, 39.5, 43, 53, 63, 73]
+
+
+async def test_a_dedupe_hit_keeps_the_anchor_and_the_next_run(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    env = Env()
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(env=env) as rt:
+            obj = rt.get(Clock, "o")
+            first = await obj.every(10, "tick", "beat")
+            await trio.sleep(25)
+            again = await obj.every(10, "tick", "beat")
+            assert (again.id, again.anchor, again.time) == (first.id, EPOCH, EPOCH + 30)
+            await trio.sleep(20)
+            assert env.times() == [10, 20, 30, 40]
 
 
 # -- stable ids and content idempotency ------------------------------------------------------
@@ -481,9 +612,9 @@ async def test_a_dedupe_hit_rearms_a_lost_alarm_on_activation(
             assert env.runs == []
             await obj.ping()  # on_start: every() hits the stored row and re-arms
             await trio.sleep(1)
-            # Overdue: it runs at once, then every 60 s from that run.
+            # Overdue: it runs at once, then on its grid (anchor 0, every 60 s).
             assert env.times() == [102]
-            assert alarm(rt) == 162
+            assert alarm(rt) == 120
 
 
 async def test_a_dedupe_hit_rearms_an_alarm_lost_while_resident(
@@ -595,16 +726,16 @@ async def test_recurring_schedule_goes_on_after_its_last_attempt_fails(
             obj = rt.get(Clock, "o")
             listen(rt, env)
             await obj.every(10, "fail", id="e")
-            await trio.sleep(32)
-            # 10 fails, retried at 11, fails for good: the next interval counts from that
-            # last attempt; each slot gets fresh attempts.
-            assert env.times() == [10, 11, 21, 22]
-            assert [t for t, _ in env.of("schedule:execute")] == [10, 21]
+            await trio.sleep(25)
+            # 10 fails, retried at 11, fails for good: the next run is the next slot of
+            # the grid (20), with fresh attempts.
+            assert env.times() == [10, 11, 20, 21]
+            assert [t for t, _ in env.of("schedule:execute")] == [10, 20]
             assert [(t, d["attempt"]) for t, d in env.of("schedule:retry")] == [(11, 2),
-                                                                                 (22, 2)]
-            assert [t for t, _ in env.of("schedule:error")] == [11, 22]
-            assert [t for _, _, t in env.errors] == [11, 22]
-            assert [s.time - EPOCH for s in await obj.schedules()] == [32]
+                                                                                 (21, 2)]
+            assert [t for t, _ in env.of("schedule:error")] == [11, 21]
+            assert [t for _, _, t in env.errors] == [11, 21]
+            assert [s.time - EPOCH for s in await obj.schedules()] == [30]
             assert await obj.dead_letters() == []
 
 
