@@ -107,6 +107,10 @@ class AlarmClaim(Protocol):
         """Delete the object's data once its current work ends (its next activation
         starts empty)."""
 
+    def on_startup(self, hook: Callable[[], Awaitable[None]]) -> None:
+        """Await ``hook`` before the first call each activation serves (until it
+        succeeds: a call it fails for gets its error, the next call tries again)."""
+
     @property
     def ships(self) -> bool:
         """Whether commits need ``sync`` to be durable (see ``ObjectState.ships``)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import inspect
 import logging
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -46,7 +46,7 @@ class ObjectHost:
     """One active object."""
 
     __slots__ = (
-        "_alarm_work", "_before_transaction", "_busy", "_destroy", "_idle_scope",
+        "_alarm_work", "_before_transaction", "_busy", "_destroy", "_idle_scope", "_startup",
         "_work_scopes", "alarm", "closed", "cls", "ctx", "error", "flight", "for_alarm",
         "instance", "key", "memory_reset", "namespace", "object_id", "ready", "reset_reason",
         "scope", "site", "state", "status",
@@ -78,6 +78,8 @@ class ObjectHost:
         self._destroy = False
         self._alarm_work = 0
         self._before_transaction: list[Callable[[], None]] = []
+        # Run before the first call of the activation (the Lifecycle's startup).
+        self._startup: list[Callable[[], Awaitable[None]]] | None = None
         self.reset_reason: str | None = None
         self.memory_reset = False
 
@@ -237,6 +239,10 @@ class ObjectHost:
     async def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         fn = self._method(name)
         with self.working() as scope:
+            if self._startup:
+                for hook in self._startup:
+                    await hook()
+                self._startup = None
             result = fn(*args, **kwargs)
             if inspect.isawaitable(result):
                 result = await result
@@ -400,6 +406,12 @@ class HostClaim:
 
     def destroy(self) -> None:
         self._host.destroy()
+
+    def on_startup(self, hook: Callable[[], Awaitable[None]]) -> None:
+        host = self._host
+        if host._startup is None:
+            host._startup = []
+        host._startup.append(hook)
 
     @property
     def ships(self) -> bool:

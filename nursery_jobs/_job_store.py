@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 # Completed jobs whose outcome may wait for one commit: a process death re-runs at most
 # this many completed jobs per object (at-least-once). 1 commits every completion.
 DEFAULT_COMPLETION_GROUP: Final = 64
+_ALARMS_DISABLED: Final = "alarms_disabled"
 
 
 class JobStore:
@@ -54,8 +55,9 @@ class JobStore:
         self.superseded = False
         # Bumped by every mutation through the API: an alarm run re-reads due rows then.
         self.version = 0
-        # Alarms disabled (``Lifecycle.disable_alarms``): the alarm is left alone.
-        self.disabled = False
+        # Alarms disabled for good (``Lifecycle.disable_alarms``, durable): the alarm
+        # is left alone.
+        self.disabled = bool(self.table.meta(_ALARMS_DISABLED))
 
     # -- the group transaction ------------------------------------------------------
     def stage(self, job: Job, outcome: JobOutcome, *, keep_marker: bool) -> None:
@@ -323,5 +325,9 @@ class JobStore:
             self._alarm.set(time)
 
     def disable(self) -> None:
+        """Turn the alarm off for good (teardown): durable, so a later activation does
+        not re-arm it from the jobs that remain."""
+        with self.writing():
+            self.table.set_meta(_ALARMS_DISABLED, 1)
         self.disabled = True
         self._alarm.delete()

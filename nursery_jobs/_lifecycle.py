@@ -79,6 +79,9 @@ class Lifecycle:
         # A transaction the user opens must not carry our staged outcomes (its rollback
         # would undo them): commit them before it begins.
         self.claim.before_transaction(self.store.flush)
+        # Startup (crash strikes, capabilities' on_start, re-arming the alarm from the
+        # queue) runs before the first call too, not only when an alarm wakes us.
+        self.claim.on_startup(self.start)
 
     @classmethod
     def install(
@@ -171,7 +174,8 @@ class Lifecycle:
         self.store.rearm(write_through=True)
 
     async def disable_alarms(self) -> None:
-        """Stop arming the alarm and stop the current run after its job. Jobs stay."""
+        """Turn the alarm off for good (teardown; durable across activations) and stop
+        the current run after its job. Jobs stay. Checkpoints."""
         await trio.lowlevel.checkpoint()
         self.store.disable()
 

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,3 +22,43 @@ def _pinned_epoch(request: pytest.FixtureRequest) -> Iterator[None]:
             _clock.pin_epoch(None)
     else:
         yield
+
+
+# -- engines -----------------------------------------------------------------------------
+# The Lifecycle, Queue, Scheduler and Agent suites run on every engine: each module holds
+# ``_on_every_engine = on_every_engine`` (an autouse fixture parametrized by engine) and
+# opens its runtimes with ``nj.open_runtime(engine.location, ...)``; tests that reopen a
+# data directory use ``engine.durable(tmp_path)``. A new engine joins by adding a param.
+ENGINES = ["memory", "files"]
+
+
+class EngineUnderTest:
+    """Where the current test's runtimes live."""
+
+    name = "memory"
+    _root: Path | None = None
+
+    @property
+    def location(self) -> Any:
+        """A fresh runtime's location: None (memory) or a data directory."""
+        if self.name == "memory":
+            return None
+        assert self._root is not None
+        return self._root / "data"
+
+    def durable(self, tmp_path: Path) -> Any:
+        """A location that survives reopening (memory tests reopen on files)."""
+        return tmp_path / "durable"
+
+
+engine = EngineUnderTest()
+
+
+@pytest.fixture(params=ENGINES)
+def on_every_engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    engine.name = request.param
+    engine._root = tmp_path
+    try:
+        yield request.param
+    finally:
+        engine.name, engine._root = "memory", None

@@ -17,9 +17,16 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from conftest import EPOCH
+from conftest import EPOCH, engine
 
 import nursery_jobs as nj
+
+
+# Every test of this suite runs on every engine (see conftest.ENGINES).
+@pytest.fixture(autouse=True)
+def _on_every_engine(on_every_engine: str) -> str:
+    return on_every_engine
+
 
 # A generous virtual-time bound: under autojump a hang jumps here and fails the test.
 HANG = 100_000
@@ -159,7 +166,7 @@ def listen(rt: nj.Runtime, env: Env) -> None:
 async def test_tasks_call_the_method_of_their_name(autojump_clock: trio.testing.MockClock) -> None:
     env = Env()
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             agent = rt.get(Worker, "w")
             queued = await agent.queue("work", {"n": 1})
             assert isinstance(queued, str) and queued
@@ -182,7 +189,7 @@ async def test_on_task_handles_names_without_a_method(
 ) -> None:
     env = Env()
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             agent = rt.get(Fallback, "f")
             await agent.queue("known", "k")
             await agent.queue("missing", "fail twice", id="m")
@@ -202,7 +209,7 @@ async def test_private_methods_run_when_scheduled_but_not_through_a_stub(
 ) -> None:
     env = Env()
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             agent = rt.get(Worker, "w")
             with pytest.raises(nj.RpcError):
                 await agent._secret("direct")
@@ -222,7 +229,7 @@ async def test_agent_hooks_are_not_callable_through_a_stub(
 ) -> None:
     env = Env()
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             with pytest.raises(nj.RpcError, match=hook):
                 await rt.get(Worker, "w").call(hook, "x", None, None)
             assert env.runs == [] and env.errors == []
@@ -240,7 +247,7 @@ async def test_a_name_that_is_no_task_is_refused_at_once(
 ) -> None:
     env = Env()
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             agent = rt.get(Worker, "w")
             args = (name,) if how == "queue" else (5, name)
             with pytest.raises(nj.UnknownCallbackError) as info:
@@ -275,7 +282,7 @@ async def test_retries_back_off_exactly_then_dead_letter_and_on_error(
     env = Env()
     start = 0 if how == "queue" else 10
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             agent = rt.get(Worker, "w")
             kwargs = {} if max_retries == 5 else {"max_retries": max_retries}
             if how == "queue":
@@ -304,7 +311,7 @@ async def test_invalid_max_retries_raises_and_stores_nothing(
 ) -> None:
     env = Env()
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             agent = rt.get(Worker, "w")
             for how, args in [("queue", ("work",)), ("schedule", (5, "work")),
                               ("every", (5, "work"))]:
@@ -322,7 +329,7 @@ async def test_a_handler_may_cancel_its_own_schedule(
 ) -> None:
     env = Env()
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             agent = rt.get(Worker, "w")
             await agent.every(10, "stop_after_three", "s", id="s")
             await trio.sleep(100)
@@ -336,7 +343,7 @@ async def test_a_handler_that_cancels_itself_then_fails_stays_cancelled(
 ) -> None:
     env = Env()
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             agent = rt.get(Worker, "w")
             await agent.queue("cancel_then_fail", None, id="cf")
             await trio.sleep(100)
@@ -351,7 +358,7 @@ async def test_a_one_shot_handler_may_reschedule_its_own_id(
 ) -> None:
     env = Env()
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             agent = rt.get(Worker, "w")
             await agent.schedule(10, "chain", 1, id="chain")
             await trio.sleep(100)
@@ -365,7 +372,7 @@ async def test_an_interval_handler_may_change_its_own_interval(
 ) -> None:
     env = Env()
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             agent = rt.get(Worker, "w")
             await agent.every(10, "retune", "r", id="r")
             await trio.sleep(20)
@@ -378,7 +385,7 @@ async def test_an_interval_handler_may_change_its_own_interval(
 async def test_a_handler_may_schedule_new_tasks(autojump_clock: trio.testing.MockClock) -> None:
     env = Env()
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             agent = rt.get(Worker, "w")
             await agent.queue("spawn", None)
             await trio.sleep(10)
@@ -392,7 +399,7 @@ async def test_a_handler_may_schedule_new_tasks(autojump_clock: trio.testing.Moc
 async def test_list_schedules_records(autojump_clock: trio.testing.MockClock) -> None:
     env = Env()
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             agent = rt.get(Worker, "w")
             await agent.queue("flaky", "q", id="q")  # fails at 0: attempt 2 due at 1
             await agent.schedule(30, "work", {"s": 1}, id="s", max_retries=2)
@@ -416,7 +423,7 @@ async def test_list_schedules_during_a_run_omits_tasks_already_done(
 ) -> None:
     env = Env()
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             agent = rt.get(Worker, "w")
             await agent.queue("work", "a", id="a")
             await agent.queue("work", "b", id="b")
@@ -431,7 +438,7 @@ async def test_list_schedules_during_a_run_omits_tasks_already_done(
 async def test_cancel_schedule(autojump_clock: trio.testing.MockClock) -> None:
     env = Env()
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             listen(rt, env)
             agent = rt.get(Worker, "w")
             assert await agent.cancel_schedule("unknown") is False
@@ -457,7 +464,7 @@ async def test_cancel_schedule(autojump_clock: trio.testing.MockClock) -> None:
 async def test_get_and_list_queued_tasks(autojump_clock: trio.testing.MockClock) -> None:
     env = Env()
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             agent = rt.get(Worker, "w")
             # Held up by a task that naps, so the others stay queued behind it.
             await agent.queue("nap", 10, id="nap")
@@ -489,7 +496,7 @@ async def test_get_and_list_queued_tasks(autojump_clock: trio.testing.MockClock)
 async def test_dequeue_removes_one_queued_task(autojump_clock: trio.testing.MockClock) -> None:
     env = Env()
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             agent = rt.get(Worker, "w")
             await agent.queue("nap", 10, id="nap")
             await agent.queue("work", "a", id="a")
@@ -512,7 +519,7 @@ async def test_dequeue_a_task_waiting_for_its_retry(
 ) -> None:
     env = Env()
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             agent = rt.get(Worker, "w")
             await agent.queue("flaky", "f", id="f")  # fails at 0; retry due at 1
             await trio.sleep(0.5)
@@ -528,7 +535,7 @@ async def test_dequeue_a_task_waiting_for_its_retry(
 async def test_dequeue_all_and_by_method(autojump_clock: trio.testing.MockClock) -> None:
     env = Env()
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             agent = rt.get(Worker, "w")
             await agent.queue("nap", 10, id="nap")
             await trio.sleep(1)
@@ -561,7 +568,7 @@ async def test_queued_task_arguments_are_checked(
 ) -> None:
     env = Env()
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             agent = rt.get(Worker, "w")
             await agent.queue("flaky", "f", id="f")
             with pytest.raises(nj.JobError) as info:
@@ -624,7 +631,7 @@ async def test_destroy_runs_through_an_exclusive_job_after_the_call_returns(
 ) -> None:
     env = Env()
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             listen(rt, env)
             agent = rt.get(Worker, "w")
             await agent.put("k", "v")

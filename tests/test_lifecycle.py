@@ -21,9 +21,16 @@ import attrs
 import pytest
 import trio
 import trio.testing
-from conftest import EPOCH
+from conftest import EPOCH, engine
 
 import nursery_jobs as nj
+
+
+# Every test of this suite runs on every engine (see conftest.ENGINES).
+@pytest.fixture(autouse=True)
+def _on_every_engine(on_every_engine: str) -> str:
+    return on_every_engine
+
 
 # A generous virtual-time bound: under autojump a hang jumps here and fails the test.
 HANG = 100_000
@@ -179,7 +186,7 @@ async def test_alarm_is_the_earliest_job_across_owners(
 ) -> None:
     env = make_env(caps=("a", "b"))
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Host, "o")
             await obj.push("h", id="h", time=EPOCH + 50)
             assert alarm(rt) == 50
@@ -204,7 +211,7 @@ async def test_exclusive_job_time_wins_over_an_earlier_plain_job(
 ) -> None:
     env = make_env()
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Host, "o")
             if exclusive_first:
                 await obj.push("x", id="excl", time=EPOCH + 60, exclusive=True)
@@ -231,7 +238,7 @@ async def test_exclusive_job_cancelled_gives_the_alarm_back(
 ) -> None:
     env = make_env()
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Host, "o")
             await obj.push("p", id="plain", time=EPOCH + 10)
             await obj.push("x", id="excl", time=EPOCH + 60, exclusive=True)
@@ -247,7 +254,7 @@ async def test_same_time_jobs_run_fifo_by_push_order(
 ) -> None:
     env = make_env(caps=("c",))
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Host, "o")
             # Ids in reverse alphabetical order, owners mixed, one anonymous: only the
             # push order may decide.
@@ -271,7 +278,7 @@ async def test_same_time_jobs_run_fifo_by_push_order(
 async def test_stable_id_replaces_in_place(autojump_clock: trio.testing.MockClock) -> None:
     env = make_env()
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Host, "o")
             first = await obj.push("old", id="x", time=EPOCH + 10, payload=1)
             assert first.created_at == EPOCH
@@ -305,7 +312,7 @@ async def test_replacement_keeps_a_retried_job_from_inheriting_attempts(
     env = make_env({"fail": fail})
     retry = nj.RetryOptions(max_attempts=3, base_delay=4, max_delay=4)
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Host, "o")
             await obj.push("fail", id="x", time=EPOCH + 10, retry=retry)
             await trio.sleep(12)  # attempt 1 at +10, attempt 2 due at +14
@@ -327,7 +334,7 @@ async def test_cross_owner_push_raises_and_leaves_the_job_untouched(
 ) -> None:
     env = make_env(caps=("cap",))
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Host, "o")
 
             def jobs_of(o: Host, who: str) -> nj.Jobs:
@@ -371,7 +378,7 @@ async def test_cancel_and_reschedule_return_values(
 ) -> None:
     env = make_env()
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Host, "o")
             assert await obj.cancel("nope") is False
             assert await obj.reschedule("nope", EPOCH + 5) is False
@@ -399,7 +406,7 @@ async def test_past_and_omitted_times_run_at_the_next_alarm(
 ) -> None:
     env = make_env()
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Host, "o")
             await trio.sleep(5)
             now_job = await obj.push("f", id="now")
@@ -422,7 +429,7 @@ async def test_yield_runs_again_at_once_after_the_other_due_jobs(
 
     env = make_env({"split": split})
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Host, "o")
             await obj.push("split", id="a", time=EPOCH + 10)
             await obj.push("f", id="b", time=EPOCH + 10)
@@ -449,7 +456,7 @@ async def test_reschedule_outcome_keeps_the_job(autojump_clock: trio.testing.Moc
 
     env = make_env({"again": again})
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Host, "o")
             pushed = await obj.push("again", id="r", time=EPOCH + 10, payload={"k": 1})
             await trio.sleep(12)
@@ -503,7 +510,7 @@ async def test_change_of_the_running_job_during_its_run_wins(
 
     env = make_env({"work": work})
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Host, "o")
             await obj.push("work", id="j", time=EPOCH + 10, payload=1)
             await trio.sleep(100)
@@ -525,7 +532,7 @@ async def test_a_job_that_changes_a_later_due_job_is_heeded(
 
     env = make_env({"first": first})
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Host, "o")
             await obj.push("first", id="a", time=EPOCH + 10)
             await obj.push("f", id="b", time=EPOCH + 10)
@@ -550,7 +557,7 @@ async def test_self_rescheduling_job_keeps_its_retries(
 
     env = make_env({"beat": beat})
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Host, "o")
             await obj.push("beat", id="hb", time=EPOCH + 10,
                            retry=nj.RetryOptions(max_attempts=2, base_delay=1, max_delay=1))
@@ -570,7 +577,7 @@ async def test_invalid_outcome_is_a_failure_of_that_job(
 
     env = make_env({"bad": bad})
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             listen(rt, env)
             obj = rt.get(Host, "o")
             await obj.push("bad", id="bad", time=EPOCH + 10,
@@ -599,7 +606,7 @@ async def test_on_alarm_runs_after_the_jobs(autojump_clock: trio.testing.MockClo
 
     env.handlers["f"] = logging_handler
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Host, "o")
             await obj.push("f", id="a", time=EPOCH + 10)
             await obj.run(lambda o: cap(o, "c").lifecycle.jobs.push("f", id="b", time=EPOCH + 10))
@@ -624,7 +631,7 @@ async def test_retry_timing_and_attempt_numbers(
     # Bounds: min(1.5, 0.5 * 2**(n-1)) = 0.5, 1.0, 1.5, 1.5 after attempts 1..4.
     retry = nj.RetryOptions(max_attempts=5, base_delay=0.5, max_delay=1.5)
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             listen(rt, env)
             obj = rt.get(Host, "o")
             await obj.push("fail", id="r", time=EPOCH + 10, retry=retry)
@@ -661,7 +668,7 @@ async def test_retry_delay_is_drawn_from_the_full_jitter_range(
 
     env = make_env({"fail": fail})
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Host, "o")
             await obj.push("fail", id="r", time=EPOCH + 10)  # default RetryOptions
             await trio.sleep(100)
@@ -681,7 +688,7 @@ async def test_retries_do_not_block_other_due_jobs(
     env = make_env({"fail": fail})
     retry = nj.RetryOptions(max_attempts=3, base_delay=10, max_delay=10)
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Host, "o")
             await obj.push("fail", id="a", time=EPOCH + 10, retry=retry)
             await obj.push("f", id="b", time=EPOCH + 10)
@@ -699,7 +706,7 @@ async def test_dead_letter_after_the_last_attempt(
     env = make_env({"fail": fail})
     retry = nj.RetryOptions(max_attempts=2, base_delay=1, max_delay=1)
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             listen(rt, env)
             obj = rt.get(Host, "o")
             pushed = await obj.push("fail", id="d", time=EPOCH + 10, payload=[1, 2], retry=retry)
@@ -750,7 +757,7 @@ async def test_on_job_error_outcome_is_honoured(
     env.state["outcome"] = hook_outcome
     retry = nj.RetryOptions(max_attempts=2, base_delay=1, max_delay=1)
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Host, "o")
             await obj.run(lambda o: cap(o, "g").lifecycle.jobs.push(
                 "fail", id="j", time=EPOCH + 10, retry=retry))
@@ -788,13 +795,13 @@ async def test_attempt_counts_across_retries_and_survives_a_restart(
     env = make_env({"flaky": flaky})
     retry = nj.RetryOptions(max_attempts=3, base_delay=10, max_delay=20)
     with trio.fail_after(HANG):
-        async with nj.open_runtime(tmp_path, env=env) as rt:
+        async with nj.open_runtime(engine.durable(tmp_path), env=env) as rt:
             obj = rt.get(Host, "o")
             await obj.push("flaky", id="j", time=EPOCH + 10, retry=retry)
             await trio.sleep(15)  # attempt 1 failed at +10; attempt 2 due at +20
-        async with nj.open_runtime(tmp_path, env=env) as rt:
+        async with nj.open_runtime(engine.durable(tmp_path), env=env) as rt:
             await trio.sleep(5)
-        async with nj.open_runtime(tmp_path, env=env) as rt:  # attempt 3 due at +40
+        async with nj.open_runtime(engine.durable(tmp_path), env=env) as rt:  # attempt 3 due at +40
             await trio.sleep(100)
             assert [(t, a) for _, _, t, a, _ in env.runs] == [(10, 1), (20, 2), (40, 3)]
             assert await rt.get(Host, "o").jobs() == []
@@ -813,7 +820,7 @@ async def test_singleflight_skips_while_in_progress_and_resets_when_hung(
 
     env = make_env({"beat": beat})
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             listen(rt, env)
             obj = rt.get(Host, "o")
             await obj.push("beat", id="s", time=EPOCH + 10, singleflight=True, hung_timeout=20)
@@ -851,7 +858,7 @@ async def test_singleflight_runs_once_its_work_ends(
 
     env = make_env({"beat": beat})
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             listen(rt, env)
             obj = rt.get(Host, "o")
             await obj.push("beat", id="s", time=EPOCH + 10, singleflight=True, hung_timeout=20)
@@ -872,7 +879,7 @@ async def test_track_alarm_work_outside_an_alarm_returns_false(
 
     env = make_env(caps=("c",))
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Host, "o")
 
             async def outside(o: Host) -> tuple[bool, bool]:
@@ -895,7 +902,7 @@ async def test_backlog_warning_at_ten_due_jobs_of_one_owner(
 ) -> None:
     env = make_env(caps=("c",))
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             listen(rt, env)
             obj = rt.get(Host, "o")
             for i in range(count):
@@ -924,7 +931,7 @@ async def test_slow_dispatch_event(
 
     env = make_env({"slow": slow})
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             listen(rt, env)
             obj = rt.get(Host, "o")
             await obj.push("slow", id="quick", time=EPOCH + 10, payload=4.5, hung_timeout=5)
@@ -954,7 +961,7 @@ async def test_slow_dispatch_event_once_per_slow_run(
 
     env = make_env({"slow": slow})
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             listen(rt, env)
             obj = rt.get(Host, "o")
             for i in range(3):
@@ -972,7 +979,7 @@ async def test_one_slow_dispatch_watchdog_per_object(
 ) -> None:
     env = make_env()
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Host, "o")
             for i in range(5):  # jobs that never checkpoint, in one alarm run
                 await obj.push("f", id=f"q{i}", time=EPOCH + 10)
@@ -1011,7 +1018,7 @@ async def test_host_job_without_on_job_is_dropped_with_a_log(
 ) -> None:
     env = make_env()
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             listen(rt, env)
             obj = rt.get(Bare, "b")
             await obj.push("orphan", id="lost", time=EPOCH + 10)
@@ -1039,7 +1046,7 @@ async def test_capability_job_without_on_job_is_dropped_with_a_log(
     env = make_env()
     env.caps = lambda: [Silent(), Cap("c", env)]
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Host, "o")
 
             async def push(o: Host) -> None:
@@ -1062,13 +1069,13 @@ async def test_job_of_a_missing_capability_is_dropped_with_a_log(
 ) -> None:
     env = make_env(caps=("gone",))
     with trio.fail_after(HANG):
-        async with nj.open_runtime(tmp_path, env=env) as rt:
+        async with nj.open_runtime(engine.durable(tmp_path), env=env) as rt:
             obj = rt.get(Host, "o")
             await obj.run(lambda o: cap(o, "gone").lifecycle.jobs.push(
                 "f", id="g", time=EPOCH + 10))
             await obj.push("f", id="h", time=EPOCH + 10)
         env.caps = lambda: []  # redeployed without the capability
-        async with nj.open_runtime(tmp_path, env=env) as rt:
+        async with nj.open_runtime(engine.durable(tmp_path), env=env) as rt:
             await trio.sleep(20)
             assert env.ran() == [("h", 10)]
             assert await rt.get(Host, "o").run(
@@ -1085,7 +1092,7 @@ async def test_jobs_survive_eviction_and_run_on_time(
 ) -> None:
     env = make_env(caps=("c",))
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env, idle_timeout=1) as rt:
+        async with nj.open_runtime(engine.location, env=env, idle_timeout=1) as rt:
             obj = rt.get(Host, "o")
             await obj.push("f", id="h", time=EPOCH + 100, payload="host")
             await obj.run(lambda o: cap(o, "c").lifecycle.jobs.push(
@@ -1108,7 +1115,7 @@ async def test_jobs_survive_a_restart_and_run_on_time(
 ) -> None:
     env = make_env(caps=("c",))
     with trio.fail_after(HANG):
-        async with nj.open_runtime(tmp_path, env=env) as rt:
+        async with nj.open_runtime(engine.durable(tmp_path), env=env) as rt:
             obj = rt.get(Host, "o")
             await obj.push("f", id="late", time=EPOCH + 100)
             await obj.push("f", id="soon", time=EPOCH + 20, payload={"n": 1})
@@ -1116,14 +1123,14 @@ async def test_jobs_survive_a_restart_and_run_on_time(
                 "f", id="c", time=EPOCH + 20))
         await trio.sleep(50)  # down while "soon" and "c" fall due
         assert env.runs == []
-        async with nj.open_runtime(tmp_path, env=env) as rt:
+        async with nj.open_runtime(engine.durable(tmp_path), env=env) as rt:
             assert alarm(rt) == 20
             await trio.sleep(1)
             # Overdue jobs run at once on reopen, in (time, push order).
             assert env.ran() == [("soon", 50), ("c", 50)]
             assert env.runs[0][4] == {"n": 1}
             assert alarm(rt) == 100
-        async with nj.open_runtime(tmp_path, env=env) as rt:
+        async with nj.open_runtime(engine.durable(tmp_path), env=env) as rt:
             await trio.sleep(100)
             assert env.ran() == [("soon", 50), ("c", 50), ("late", 100)]
             assert alarm(rt) is None
@@ -1141,7 +1148,7 @@ async def test_runtime_shutdown_during_a_job_uses_no_attempt(
 
     env = make_env({"long": long})
     with trio.fail_after(HANG):
-        async with nj.open_runtime(tmp_path, env=env) as rt:
+        async with nj.open_runtime(engine.durable(tmp_path), env=env) as rt:
             listen(rt, env)
             obj = rt.get(Host, "o")
             await obj.push("long", id="j", time=EPOCH + 10,
@@ -1150,7 +1157,7 @@ async def test_runtime_shutdown_during_a_job_uses_no_attempt(
             assert env.ran() == [("j", 10)]
         # Graceful shutdown at +15: the job stays, the alarm is not lost.
         assert env.of("job:dead_letter") == []
-        async with nj.open_runtime(tmp_path, env=env) as rt:
+        async with nj.open_runtime(engine.durable(tmp_path), env=env) as rt:
             listen(rt, env)
             await trio.sleep(100)
             # The same (only) attempt again: the shutdown used none, and no crash strike.
@@ -1193,7 +1200,7 @@ async def test_invalid_push_raises_and_writes_nothing(
 ) -> None:
     env = make_env()
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Host, "o")
             for existing in (None, EPOCH + 100):
                 if existing is not None:
@@ -1230,7 +1237,7 @@ async def test_bad_payload_raises_codec_error_and_writes_nothing(
     payload = BAD_PAYLOADS[kind]()
     env = make_env()
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Host, "o")
             with pytest.raises(nj.CodecError):
                 await obj.push("f", id="j", time=EPOCH + 5, payload=payload)
@@ -1248,7 +1255,7 @@ async def test_oversized_payload_raises_codec_error(
 ) -> None:
     env = make_env()
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Host, "o")
             with pytest.raises(nj.CodecError):
                 await obj.push("f", id="j", payload="x" * (1024 * 1024 + 1))
@@ -1262,7 +1269,7 @@ async def test_invalid_reschedule_time_raises_and_changes_nothing(
 ) -> None:
     env = make_env()
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Host, "o")
             kept = await obj.push("f", id="j", time=EPOCH + 100)
             with pytest.raises(nj.JobError):
@@ -1286,7 +1293,7 @@ async def test_storage_set_alarm_is_refused_on_a_lifecycle_object(
 ) -> None:
     env = make_env()
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Host, "o")
             await obj.push("f", id="j", time=EPOCH + 50)
 
@@ -1309,22 +1316,23 @@ async def test_storage_set_alarm_is_refused_on_a_lifecycle_object(
 async def test_use_refuses_a_duplicate_id_and_use_after_start(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    env = make_env(caps=("a",))
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=make_env(caps=("a", "a"))) as rt:
+            with pytest.raises(nj.CapabilityError, match="'a'"):
+                await rt.get(Host, "dup").jobs()
+        async with nj.open_runtime(engine.location, env=make_env(caps=("host",))) as rt:
+            with pytest.raises(nj.CapabilityError, match="'host'"):
+                await rt.get(Host, "named-host").jobs()
+        env = make_env(caps=("a",))
+        async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Host, "o")
 
             async def check(o: Host) -> None:
-                with pytest.raises(nj.CapabilityError, match="'a'"):
-                    o.lifecycle.use(Cap("a", env))
-                with pytest.raises(nj.CapabilityError):
-                    o.lifecycle.use(Cap("host", env))
-                assert list(o.lifecycle.capabilities) == ["a"]
-                o.lifecycle.use(Cap("b", env))
-                await o.lifecycle.start()
-                with pytest.raises(nj.CapabilityError):
+                # Startup ran before this call (once per activation): too late to add.
+                assert o.lifecycle.started
+                with pytest.raises(nj.CapabilityError, match="before startup"):
                     o.lifecycle.use(Cap("c", env))
-                assert list(o.lifecycle.capabilities) == ["a", "b"]
+                assert list(o.lifecycle.capabilities) == ["a"]
 
             await obj.run(check)
 
@@ -1332,7 +1340,7 @@ async def test_use_refuses_a_duplicate_id_and_use_after_start(
 async def test_capability_sees_only_its_own_jobs(autojump_clock: trio.testing.MockClock) -> None:
     env = make_env(caps=("a", "b"))
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Host, "o")
 
             async def check(o: Host) -> None:
@@ -1359,7 +1367,7 @@ async def test_capability_sees_only_its_own_jobs(autojump_clock: trio.testing.Mo
 class FailingStart(Cap):
     async def on_start(self) -> None:
         self.env.state["starts"] = n = self.env.state.get("starts", 0) + 1
-        if n <= 2:
+        if n in (2, 3):  # the first activation (a call) starts; the next two fail
             raise RuntimeError(f"start {n} failed")
 
 
@@ -1369,7 +1377,8 @@ async def test_failing_startup_retries_the_alarm_run_with_backoff(
     env = Env()
     env.caps = lambda: [FailingStart("fs", env)]
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        # Evicted a second after the push: the alarm at +10 activates it afresh.
+        async with nj.open_runtime(engine.location, env=env, idle_timeout=1) as rt:
             listen(rt, env)
             obj = rt.get(Host, "o")
             await obj.push("f", id="j", time=EPOCH + 10)
@@ -1392,7 +1401,7 @@ async def test_fallback_alarm_is_set_while_jobs_run(
 
     env = make_env({"peek": peek})
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Host, "o")
             await obj.push("peek", id="a", time=EPOCH + 10)
             await obj.push("peek", id="b", time=EPOCH + 100)
@@ -1411,7 +1420,7 @@ async def test_push_in_a_transaction_commits_with_other_writes(
 ) -> None:
     env = make_env()
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Host, "o")
 
             async def together(o: Host) -> None:
@@ -1436,7 +1445,7 @@ async def test_rolled_back_transaction_leaves_no_job(
 ) -> None:
     env = make_env()
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Host, "o")
             kept = await obj.push("f", id="keep", time=EPOCH + 50)
 
@@ -1460,7 +1469,7 @@ async def test_rolled_back_transaction_leaves_no_job(
 async def test_disable_alarms_keeps_the_jobs(autojump_clock: trio.testing.MockClock) -> None:
     env = make_env()
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Host, "o")
             await obj.push("f", id="j", time=EPOCH + 10)
             await obj.run(lambda o: o.lifecycle.disable_alarms())
@@ -1476,7 +1485,7 @@ async def test_rolled_back_cancel_or_reschedule_keeps_the_alarm(
 ) -> None:
     env = make_env()
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Host, "o")
             await obj.push("f", id="a", time=EPOCH + 10)
             await obj.push("f", id="b", time=EPOCH + 50)
@@ -1510,7 +1519,7 @@ async def test_dead_letter_requeue_runs_again_with_fresh_attempts(
 
     env = make_env({"fail_once": fail_once})
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Host, "o")
             await obj.push("fail_once", id="d", time=EPOCH + 10, payload="p",
                            retry=nj.RetryOptions(max_attempts=1))
@@ -1533,7 +1542,7 @@ async def test_disable_alarms_during_a_run_stops_after_that_job(
 
     env = make_env({"stop": stop})
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Host, "o")
             await obj.push("stop", id="a", time=EPOCH + 10)
             await obj.push("f", id="b", time=EPOCH + 10)

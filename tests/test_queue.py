@@ -16,9 +16,16 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from conftest import EPOCH
+from conftest import EPOCH, engine
 
 import nursery_jobs as nj
+
+
+# Every test of this suite runs on every engine (see conftest.ENGINES).
+@pytest.fixture(autouse=True)
+def _on_every_engine(on_every_engine: str) -> str:
+    return on_every_engine
+
 
 # A generous virtual-time bound: under autojump a hang jumps here and fails the test.
 HANG = 100_000
@@ -154,7 +161,7 @@ async def test_items_run_one_at_a_time_in_push_order(
 ) -> None:
     env = Env()
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Uploads, "o")
             await hold_the_queue(obj, env)
             # Ids against the alphabet, sync and async callbacks mixed, one anonymous.
@@ -181,7 +188,7 @@ async def test_higher_priority_runs_first_and_fifo_within_a_priority(
 ) -> None:
     env = Env()
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Uploads, "o")
             await hold_the_queue(obj, env)
             await trio.sleep(1)
@@ -211,7 +218,7 @@ async def test_negative_priority_runs_after_priority_zero(
 ) -> None:
     env = Env()
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Uploads, "o")
             await hold_the_queue(obj, env)
             for item_id, priority in [("low", -1), ("a0", 0), ("bottom", -1000), ("b0", 0)]:
@@ -229,7 +236,7 @@ async def test_a_higher_priority_push_overtakes_a_due_backlog(
 ) -> None:
     env = Env()
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Uploads, "o")
             # The gate and a backlog, all due when the alarm run starts at 0.
             await obj.push("gate", id="gate")
@@ -252,7 +259,7 @@ async def test_stable_id_replaces_in_place_keeping_its_position(
 ) -> None:
     env = Env()
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Uploads, "o")
             listen(rt, env)
             await hold_the_queue(obj, env)
@@ -280,7 +287,7 @@ async def test_replacing_a_running_item_runs_the_new_payload_too(
     env = Env()
     env.failing = False
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Uploads, "o")
             listen(rt, env)
             await obj.push("slow", "old", id="s")
@@ -307,7 +314,7 @@ async def test_a_superseded_run_that_fails_is_discarded_too(
 ) -> None:
     env = Env(retry=nj.RetryOptions(max_attempts=1))
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Uploads, "o")
             listen(rt, env)
             await obj.push("slow", "old", id="s")
@@ -330,7 +337,7 @@ async def test_a_failing_item_does_not_block_the_next(
 ) -> None:
     env = Env(retry=nj.RetryOptions(max_attempts=3, base_delay=4, max_delay=100, jitter=False))
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Uploads, "o")
             listen(rt, env)
             await hold_the_queue(obj, env)
@@ -358,7 +365,7 @@ async def test_a_failing_item_does_not_block_the_next(
 async def test_dead_letter_on_error_and_requeue(autojump_clock: trio.testing.MockClock) -> None:
     env = Env(retry=nj.RetryOptions(max_attempts=2, base_delay=1, jitter=False))
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Uploads, "o")
             listen(rt, env)
             pushed = await obj.push("fail", {"file": "a.bin"}, id="up-1")
@@ -405,7 +412,7 @@ async def test_on_error_that_raises_still_keeps_the_dead_letter(
 
     env.on_error = broken  # type: ignore[method-assign]
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Uploads, "o")
             await obj.push("fail", 1, id="x")
             await obj.push("rec", 2, id="y")
@@ -423,7 +430,7 @@ async def test_unknown_callback_raises_at_push_and_stores_nothing(
 ) -> None:
     env = Env()
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Uploads, "o")
             listen(rt, env)
             with pytest.raises(nj.UnknownCallbackError, match="'nope'") as info:
@@ -456,7 +463,7 @@ async def test_invalid_push_raises_value_error_and_stores_nothing(
 ) -> None:
     env = Env()
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Uploads, "o")
             listen(rt, env)
             await hold_the_queue(obj, env)
@@ -478,7 +485,7 @@ async def test_unencodable_payload_raises_codec_error_and_stores_nothing(
 ) -> None:
     env = Env()
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Uploads, "o")
             with pytest.raises(nj.CodecError):
                 await obj.push("rec", object(), id="x")
@@ -492,7 +499,7 @@ async def test_unencodable_payload_raises_codec_error_and_stores_nothing(
 async def test_get_list_cancel_and_cancel_all(autojump_clock: trio.testing.MockClock) -> None:
     env = Env()
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Uploads, "o")
             await hold_the_queue(obj, env)
             a1 = await obj.push("rec", 1, id="a1")
@@ -536,7 +543,7 @@ async def test_waiting_items_survive_a_restart_in_order(
 ) -> None:
     env = Env()
     with trio.fail_after(HANG):
-        async with nj.open_runtime(tmp_path, env=env) as rt:
+        async with nj.open_runtime(engine.durable(tmp_path), env=env) as rt:
             obj = rt.get(Uploads, "o")
             await hold_the_queue(obj, env)
             await obj.push("rec", "one", id="one")
@@ -544,7 +551,7 @@ async def test_waiting_items_survive_a_restart_in_order(
             await obj.push("rec", "high", id="high", priority=1)
         # A graceful shutdown while the gate item runs: it stays due, with its attempt.
         env.gate.set()
-        async with nj.open_runtime(tmp_path, env=env) as rt:
+        async with nj.open_runtime(engine.durable(tmp_path), env=env) as rt:
             obj = rt.get(Uploads, "o")
             assert ids(await obj.items()) == ["high", "gate", "one", "two"]
             await trio.sleep(100)

@@ -20,12 +20,19 @@ import attrs
 import pytest
 import trio
 import trio.testing
-from conftest import EPOCH
+from conftest import EPOCH, engine
 from hypothesis import given
 from hypothesis import strategies as st
 
 import nursery_jobs as nj
 from nursery_jobs._scheduler import next_grid_slot
+
+
+# Every test of this suite runs on every engine (see conftest.ENGINES).
+@pytest.fixture(autouse=True)
+def _on_every_engine(on_every_engine: str) -> str:
+    return on_every_engine
+
 
 # A generous virtual-time bound: under autojump a hang jumps here and fails the test.
 HANG = 1_000_000
@@ -160,7 +167,7 @@ async def test_delay_timedelta_and_datetime_fire_at_exact_times(
     env = Env()
     plus_two = dt.timezone(dt.timedelta(hours=2))
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Clock, "o")
             await trio.sleep(1)
             delayed = await obj.schedule(5, "tick", "delay 5", id="d")
@@ -189,7 +196,7 @@ async def test_schedule_record_fields(autojump_clock: trio.testing.MockClock) ->
     env = Env()
     retry = nj.RetryOptions(max_attempts=2, base_delay=1, max_delay=1)
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Clock, "o")
             one = await obj.schedule(30, "tick", {"a": [1, 2]}, id="one", retry=retry)
             cron = await obj.schedule("  */15  *  * * * ", "tick", None, id="cron")
@@ -223,7 +230,7 @@ async def test_cron_fires_at_the_next_utc_slot_after_now(
 ) -> None:
     env = Env()
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Clock, "o")
             listen(rt, env)
             # At 08:00:00 exactly: the next slot is strictly after now.
@@ -267,7 +274,7 @@ async def test_cron_after_a_long_run_skips_to_the_first_slot_after_now(
 
     env.work = long
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Clock, "o")
             await obj.schedule("*/5 * * * *", "work", id="c")
             await trio.sleep(21 * MINUTE)
@@ -290,7 +297,7 @@ async def test_every_runs_at_exact_multiples_even_when_the_callback_takes_time(
 
     env.work = three_seconds
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Clock, "o")
             schedule = await obj.every(10, "work", id="i")
             assert schedule.time == EPOCH + 10
@@ -313,7 +320,7 @@ async def test_an_overrun_skips_to_the_next_grid_slot_and_never_overlaps(
 
     env.work = slow
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Clock, "o")
             await obj.every(10, "work", id="i")
             await trio.sleep(99)
@@ -335,7 +342,7 @@ async def test_a_late_run_does_not_shift_the_grid(
 
     env.work = three_seconds
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Clock, "o")
             await obj.schedule(10, "work", "slow", id="slow")  # pushed first: runs first
             await obj.every(10, "tick", "beat", id="beat")
@@ -355,7 +362,7 @@ async def test_the_hundredth_run_of_every_10_is_at_anchor_plus_1000(
 
     env.work = two_seconds
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Clock, "o")
             # A 2 s job every 7 s keeps making the beat late (pushed first, it runs first
             # when both are due), and each beat itself takes time.
@@ -405,14 +412,14 @@ async def test_restart_after_long_downtime_coalesces_missed_runs_and_keeps_the_g
 ) -> None:
     env = Env()
     with trio.fail_after(HANG):
-        async with nj.open_runtime(tmp_path, env=env) as rt:
+        async with nj.open_runtime(engine.durable(tmp_path), env=env) as rt:
             obj = rt.get(Clock, "o")
             await trio.sleep(3)
             await obj.every(10, "tick", "beat", id="beat")
             await trio.sleep(22)
             assert env.times() == [13, 23]
         await trio.sleep(100)  # down from 25 to 125: slots 33 ... 123 missed
-        async with nj.open_runtime(tmp_path, env=env) as rt:
+        async with nj.open_runtime(engine.durable(tmp_path), env=env) as rt:
             await trio.sleep(31)
             # One run at reopen for all the missed slots, then on the grid again.
             assert env.times() == [13, 23, 125, 133, 143, 153]
@@ -430,17 +437,17 @@ async def test_every_in_on_start_keeps_its_grid_across_restarts(
     env = Env()
     env.on_start = _every_10_in_on_start
     with trio.fail_after(HANG):
-        async with nj.open_runtime(tmp_path, env=env) as rt:
+        async with nj.open_runtime(engine.durable(tmp_path), env=env) as rt:
             await trio.sleep(3)
             await rt.get(Clock, "o").ping()  # the first activation creates it: anchor 3
             await trio.sleep(22)
         await trio.sleep(14.5)  # down from 25 to 39.5
         for _ in range(3):
-            async with nj.open_runtime(tmp_path, env=env) as rt:
+            async with nj.open_runtime(engine.durable(tmp_path), env=env) as rt:
                 # Each activation calls every() again: a dedupe hit keeps the anchor.
                 await rt.get(Clock, "o").ping()
                 await trio.sleep(7)
-        async with nj.open_runtime(tmp_path, env=env) as rt:
+        async with nj.open_runtime(engine.durable(tmp_path), env=env) as rt:
             [schedule] = await rt.get(Clock, "o").schedules()
             assert schedule.anchor == EPOCH + 3
             await trio.sleep(20)
@@ -455,7 +462,7 @@ async def test_a_dedupe_hit_keeps_the_anchor_and_the_next_run(
 ) -> None:
     env = Env()
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Clock, "o")
             first = await obj.every(10, "tick", "beat")
             await trio.sleep(25)
@@ -471,7 +478,7 @@ async def test_a_dedupe_hit_keeps_the_anchor_and_the_next_run(
 async def test_stable_id_is_an_upsert(autojump_clock: trio.testing.MockClock) -> None:
     env = Env()
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Clock, "o")
             listen(rt, env)
             first = await obj.schedule(10, "tick", 1, id="x")
@@ -504,7 +511,7 @@ async def test_every_in_on_start_across_ten_activations(
     env.idempotent = idempotent
     env.on_start = _every_in_on_start
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env, idle_timeout=1) as rt:
+        async with nj.open_runtime(engine.location, env=env, idle_timeout=1) as rt:
             listen(rt, env)
             obj = rt.get(Clock, "o")
             for _ in range(10):
@@ -539,10 +546,10 @@ async def test_every_in_on_start_across_restarts_keeps_one_schedule(
     env.on_start = _every_in_on_start
     with trio.fail_after(HANG):
         for _ in range(5):
-            async with nj.open_runtime(tmp_path, env=env) as rt:
+            async with nj.open_runtime(engine.durable(tmp_path), env=env) as rt:
                 await rt.get(Clock, "o").ping()
                 await trio.sleep(1)
-        async with nj.open_runtime(tmp_path, env=env) as rt:
+        async with nj.open_runtime(engine.durable(tmp_path), env=env) as rt:
             assert len(await rt.get(Clock, "o").schedules()) == 1
             assert env.activations == 6
             await trio.sleep(60)
@@ -554,7 +561,7 @@ async def test_cron_is_idempotent_by_content_unless_opted_out(
 ) -> None:
     env = Env()
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Clock, "o")
             a = await obj.schedule("0 * * * *", "tick", "p")
             b = await obj.schedule("0  *  * * *", "tick", "p")  # same cron, other spacing
@@ -572,7 +579,7 @@ async def test_cron_is_idempotent_by_content_unless_opted_out(
 async def test_one_shots_dedupe_only_when_asked(autojump_clock: trio.testing.MockClock) -> None:
     env = Env()
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Clock, "o")
             listen(rt, env)
             await obj.schedule(30, "tick", "plain")
@@ -601,7 +608,7 @@ async def test_a_dedupe_hit_rearms_a_lost_alarm_on_activation(
     env.idempotent = None
     env.on_start = _every_in_on_start
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env, idle_timeout=1) as rt:
+        async with nj.open_runtime(engine.location, env=env, idle_timeout=1) as rt:
             obj = rt.get(Clock, "o")
             await obj.ping()
             assert alarm(rt) == 60
@@ -622,7 +629,7 @@ async def test_a_dedupe_hit_rearms_an_alarm_lost_while_resident(
 ) -> None:
     env = Env()
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Clock, "o")
             await obj.every(10, "tick", "beat")
             assert alarm(rt) == 10
@@ -643,7 +650,7 @@ async def test_cancel_removes_the_schedule_with_an_event(
 ) -> None:
     env = Env()
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Clock, "o")
             listen(rt, env)
             every = await obj.every(10, "tick", "beat")
@@ -673,7 +680,7 @@ async def test_a_callback_may_cancel_its_own_schedule(
 
     env.work = third_time_stops
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Clock, "o")
             await obj.every(10, "work", id="w")
             await trio.sleep(100)
@@ -690,7 +697,7 @@ async def test_one_shot_retries_then_error_and_dead_letter(
 ) -> None:
     env = Env(retry=nj.RetryOptions(max_attempts=3, base_delay=2, max_delay=60, jitter=False))
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Clock, "o")
             listen(rt, env)
             schedule = await obj.schedule(5, "fail", "x", id="f")
@@ -722,7 +729,7 @@ async def test_recurring_schedule_goes_on_after_its_last_attempt_fails(
 ) -> None:
     env = Env(retry=nj.RetryOptions(max_attempts=2, base_delay=1, jitter=False))
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Clock, "o")
             listen(rt, env)
             await obj.every(10, "fail", id="e")
@@ -770,7 +777,7 @@ async def test_invalid_schedule_raises_value_error_and_stores_nothing(
 ) -> None:
     env = Env()
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Clock, "o")
             listen(rt, env)
             method, args, kwargs = BAD_SCHEDULES[case]()
@@ -788,7 +795,7 @@ async def test_unknown_callback_raises_and_stores_nothing(
 ) -> None:
     env = Env()
     with trio.fail_after(HANG):
-        async with nj.open_runtime(env=env) as rt:
+        async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Clock, "o")
             with pytest.raises(nj.UnknownCallbackError, match="'nope'"):
                 await obj.call(method, 5, "nope")

@@ -1,0 +1,148 @@
+"""The engine seam: which engine a location opens, unknown addresses, the object
+database schema version and its migration from release 0.1."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+import nursery_jobs as nj
+from nursery_jobs._catalog import object_file_name
+from nursery_jobs._schema import SCHEMA_VERSION
+
+V0_1 = Path(__file__).parent / "data" / "v0_1"  # written by release 0.1 (commit 855ebe7)
+
+
+@pytest.mark.parametrize(
+    "address", ["s3://bucket/jobs", "redis://127.0.0.1:6379/0", "file://./data", "x-y+z://h"]
+)
+async def test_an_address_no_engine_serves_is_refused_and_creates_nothing(
+    address: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(nj.EngineError, match="no engine") as caught:
+        async with nj.open_runtime(address):
+            pytest.fail("opened")  # pragma: no cover
+    assert isinstance(caught.value, ValueError)
+    assert address.split("://")[0] in str(caught.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+async def test_a_plain_relative_path_is_still_a_data_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    async with nj.open_runtime("data/with:colon") as rt:
+        assert rt.path == Path("data/with:colon")
+    assert (tmp_path / "data" / "with:colon" / "catalog.sqlite3").exists()
+
+
+async def test_a_non_engine_object_is_refused() -> None:
+    with pytest.raises(nj.EngineError, match="path, None or an Engine"):
+        async with nj.open_runtime(42):  # type: ignore[arg-type]
+            pass  # pragma: no cover
+
+
+# -- the schema version ------------------------------------------------------------------
+
+
+class Shop(nj.DurableObject):
+    """The object of the 0.1 data directory: a Queue and one host job."""
+
+    namespace = "tests.migration.Shop"
+
+    def __init__(self, ctx: nj.ObjectContext) -> None:
+        super().__init__(ctx)
+        self.shipped: list[Any] = ctx.env
+        self.queue = nj.Queue({"ship": self.ship})
+        self.lifecycle = nj.Lifecycle.install(self).use(self.queue)
+
+    async def ship(self, payload: Any, item: nj.QueueItem) -> None:
+        self.shipped.append((item.id, payload, item.priority))
+
+    async def items(self) -> list[nj.QueueItem]:
+        return self.queue.list()
+
+    async def host_jobs(self) -> list[nj.Job]:
+        return self.lifecycle.jobs.list()
+
+    async def greeting(self) -> Any:
+        return self.ctx.storage.get("greeting")
+
+
+def _copy_v0_1(tmp_path: Path) -> Path:
+    data = tmp_path / "data"
+    shutil.copytree(V0_1, data)
+    return data
+
+
+def _object_file(data: Path) -> Path:
+    return data / "objects" / object_file_name(Shop.namespace, "s1")
+
+
+async def test_a_database_written_by_release_0_1_is_migrated_in_place(tmp_path: Path) -> None:
+    data = _copy_v0_1(tmp_path)
+    raw = sqlite3.connect(_object_file(data))
+    assert raw.execute("PRAGMA user_version").fetchone()[0] == 0
+    encoded = dict(raw.execute("SELECT id, time FROM nj_jobs").fetchall())
+    raw.close()
+    assert encoded["urgent"] < -1e11  # 0.1 folded priority into the time
+
+    shipped: list[Any] = []
+    with trio.fail_after(30):
+        async with nj.open_runtime(data, env=shipped) as rt:
+            shop = rt.get(Shop, "s1")
+            items = {item.id: item for item in await shop.items()}
+            # Real due times (when each was queued) and the priority as a column.
+            assert {i: items[i].priority for i in items} == {"urgent": 7, "normal": 0, "low": -5}
+            for item in items.values():
+                assert 1.79e9 < item.created_at <= nj.now()
+            assert [j.id for j in await shop.host_jobs()] == ["host-later"]
+            assert await shop.greeting() == "hello"
+            alarm = rt.engine.get_alarm(Shop.namespace, "s1")
+            assert alarm is not None and alarm[0] > 1.79e9  # a real time, not -1e12
+            while len(shipped) < 3:
+                await trio.sleep(0.01)
+    assert shipped == [("urgent", {"n": 3}, 7), ("normal", {"n": 2}, 0), ("low", {"n": 1}, -5)]
+    raw = sqlite3.connect(_object_file(data))
+    try:
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        assert raw.execute("SELECT id, time > 1.79e9 FROM nj_jobs").fetchall() == [
+            ("host-later", 1)
+        ]
+    finally:
+        raw.close()
+
+
+async def test_a_database_of_a_newer_schema_is_refused_and_not_written(tmp_path: Path) -> None:
+    data = _copy_v0_1(tmp_path)
+    file = _object_file(data)
+    raw = sqlite3.connect(file)
+    raw.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    raw.close()
+    before = hashlib.sha256(file.read_bytes()).hexdigest()
+    mtime = os.stat(file).st_mtime_ns
+    async with nj.open_runtime(data, env=[]) as rt:
+        with pytest.raises(nj.StorageError, match="newer than this") as caught:
+            await rt.get(Shop, "s1").greeting()
+        assert "tests.migration.Shop/s1" in str(caught.value)
+    assert hashlib.sha256(file.read_bytes()).hexdigest() == before
+    assert os.stat(file).st_mtime_ns == mtime
+
+
+async def test_every_new_object_database_carries_the_schema_version(tmp_path: Path) -> None:
+    async with nj.open_runtime(tmp_path, env=[]) as rt:
+        assert await rt.get(Shop, "fresh").items() == []
+    raw = sqlite3.connect(tmp_path / "objects" / object_file_name(Shop.namespace, "fresh"))
+    try:
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    finally:
+        raw.close()
