@@ -33,7 +33,7 @@ async def test_an_address_no_engine_serves_is_refused_and_creates_nothing(
             pytest.fail("opened")  # pragma: no cover
     assert isinstance(caught.value, ValueError)
     assert address.split("://")[0] in str(caught.value)
-    assert os.listdir(tmp_path) == []  # noqa: ASYNC240 - a test's quick look
+    assert os.listdir(tmp_path) == []
 
 
 async def test_a_plain_relative_path_is_still_a_data_directory(
