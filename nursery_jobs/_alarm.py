@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from ._engine import Engine, FlightSlot, ObjectState
     from ._events import EventBus
     from ._object import AlarmInfo
+    from ._transactions import ObjectTransactions
 
 logger = logging.getLogger("nursery_jobs")
 
@@ -100,8 +101,10 @@ class AlarmClaim(Protocol):
 
     def clear_crash_tokens(self) -> None: ...
 
-    def before_transaction(self, hook: Callable[[], None]) -> None:
-        """Call ``hook`` before a user's outermost ``storage.transaction()`` begins."""
+    @property
+    def transactions(self) -> ObjectTransactions:
+        """Who holds the object's database in a transaction (the group, a job, a user
+        block)."""
 
     def destroy(self) -> None:
         """Delete the object's data once its current work ends (its next activation

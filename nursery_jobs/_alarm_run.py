@@ -208,6 +208,10 @@ class AlarmRunner:
         self, run: AlarmRun, row: JobRow, owner: Any, on_job: Callable[..., Awaitable[Any]]
     ) -> bool:
         store, job = self._store, row.job
+        if store.tx.user_task is not None:
+            # A call's storage.transaction() is open (it awaited inside): the job must
+            # not write into a block that may still roll back.
+            await store.wait_for_user_block()
         clock = trio.current_time()  # one clock read per job: both clocks derive from it
         started = run.epoch + clock
         # Record what runs before it runs, where a SIGKILL cannot erase it (a memory
@@ -215,26 +219,33 @@ class AlarmRunner:
         flight = self._claim.flight
         if flight is not None:
             flight.record(job.id, started)
-        store.begin_run(row)
+        store.begin_run(row)  # the group transaction and the job's savepoint
         run.job, run.started, run.tracked = job, started, False
         ctx = JobContext(job=job, attempt=row.attempts + 1)
         self._watch(job, clock)
         try:
             outcome = coerce_outcome(await on_job(ctx))
         except trio.Cancelled:
-            # Shutdown or reset: a platform failure uses up no attempt.
+            # Shutdown or reset: a platform failure uses up no attempt. The job's
+            # writes go (it runs again); the jobs that completed stay completed.
+            store.fail()
+            store.flush()
             if self._claim.memory_reset:
                 await self._lc.observe_reset(job, self._claim.reset_reason)
             raise
         except MemoryError as exc:
+            store.fail()
+            store.flush()
             await self._lc.memory_error(job, exc)
         except Exception as exc:
             self._watch_job = None
+            store.fail()
             await self._failed(owner, ctx, exc, keep_marker=self._lc.keeps_marker(run, job))
         else:
             self._watch_job = None
-            store.stage(job, outcome, keep_marker=self._lc.keeps_marker(run, job))
+            store.finish(job, outcome, keep_marker=self._lc.keeps_marker(run, job))
         finally:
+            store.tx.end_job(keep=False)  # (a no-op unless something above was cut off)
             if flight is not None:
                 flight.clear()
             run.job = None
@@ -267,7 +278,7 @@ class AlarmRunner:
             if store.superseded:
                 return
         if outcome is not None:
-            store.stage(job, outcome, keep_marker=keep_marker)
+            store.finish(job, outcome, keep_marker=keep_marker)
             return
         logger.error("job %r of %s failed after %d attempts: %r", job.id, label, ctx.attempt,
                      error)

@@ -20,6 +20,7 @@ from ._errors import AlarmOwnedError, ObjectFencedError, ObjectResetError, RpcEr
 from ._events import EventBus
 from ._object import AlarmInfo, DurableObject, ObjectContext, class_path
 from ._storage import Storage
+from ._transactions import ObjectTransactions
 
 if TYPE_CHECKING:
     from ._engine import Engine, FlightSlot, ObjectState
@@ -46,10 +47,31 @@ class ObjectHost:
     """One active object."""
 
     __slots__ = (
-        "_alarm_work", "_before_transaction", "_busy", "_destroy", "_idle_scope", "_startup",
-        "_work_scopes", "alarm", "closed", "cls", "ctx", "error", "flight", "for_alarm",
-        "instance", "key", "memory_reset", "namespace", "object_id", "ready", "reset_reason",
-        "scope", "site", "state", "status",
+        "_alarm_work",
+        "_busy",
+        "_destroy",
+        "_idle_scope",
+        "_startup",
+        "_work_scopes",
+        "alarm",
+        "closed",
+        "cls",
+        "ctx",
+        "error",
+        "flight",
+        "for_alarm",
+        "instance",
+        "key",
+        "memory_reset",
+        "namespace",
+        "object_id",
+        "ready",
+        "reset_reason",
+        "scope",
+        "site",
+        "state",
+        "status",
+        "transactions",
     )
 
     def __init__(
@@ -77,7 +99,7 @@ class ObjectHost:
         self._busy = 0
         self._destroy = False
         self._alarm_work = 0
-        self._before_transaction: list[Callable[[], None]] = []
+        self.transactions: ObjectTransactions | None = None
         # Run before the first call of the activation (the Lifecycle's startup).
         self._startup: list[Callable[[], Awaitable[None]]] | None = None
         self.reset_reason: str | None = None
@@ -106,7 +128,8 @@ class ObjectHost:
             with self.scope:
                 async with trio.open_nursery() as nursery:
                     try:
-                        storage = Storage(state.conn, self.alarm, self._before_transaction)
+                        self.transactions = tx = ObjectTransactions(state.conn, self.label)
+                        storage = Storage(state.conn, self.alarm, tx)
                         self.ctx = ObjectContext(
                             id=self.object_id, namespace=self.namespace, storage=storage,
                             nursery=nursery, env=site.env, events=site.events,
@@ -248,7 +271,10 @@ class ObjectHost:
                 result = await result
             else:
                 await trio.lowlevel.checkpoint()
-            await self.sync()  # the output gate: what the caller is told is durable
+            # The output gate: what the caller is told has happened is durable.
+            if self.transactions is not None and self.transactions.group:
+                await self.transactions.output_gate()
+            await self.sync()
         if scope.cancelled_caught:
             raise ObjectResetError(f"{self.label} was reset during {name}()")
         return result
@@ -401,8 +427,11 @@ class HostClaim:
         if state is not None:
             state.clear_crash_tokens()
 
-    def before_transaction(self, hook: Callable[[], None]) -> None:
-        self._host._before_transaction.append(hook)
+    @property
+    def transactions(self) -> ObjectTransactions:
+        tx = self._host.transactions
+        assert tx is not None
+        return tx
 
     def destroy(self) -> None:
         self._host.destroy()

@@ -1,19 +1,20 @@
 """JobStore: the one writer of an object's ``nj_jobs`` and dead letters.
 
-It owns the staged outcomes of clean runs and the group transaction that commits them,
-and it keeps the object's alarm consistent with the queue: the alarm is lowered before
-a row commits (an early wake is harmless, a lost one is not) and raised only after.
-Its reads see staged outcomes, so no caller has to flush first.
+It applies the outcomes of runs in the group transaction (``_transactions``) together
+with the jobs' own writes, and keeps the object's alarm consistent with the queue: the
+alarm is lowered before a row commits (an early wake is harmless, a lost one is not)
+and raised only after. Outcomes are applied as they happen, so every read sees them.
 """
 
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Final
 
 import attrs
+import trio
 
 from . import _clock
 from ._codec import encode_payload
@@ -22,6 +23,7 @@ from ._jobs import DeadLetter, Job, JobOutcome, Reschedule, ownership_error
 
 if TYPE_CHECKING:
     from ._alarm import AlarmClaim
+    from ._transactions import ObjectTransactions
 
 # Completed jobs whose outcome may wait for one commit: a process death re-runs at most
 # this many completed jobs per object (at-least-once). 1 commits every completion.
@@ -33,22 +35,24 @@ class JobStore:
     """The jobs and dead letters of one object, and the alarm they imply."""
 
     __slots__ = (
-        "_alarm", "_clean", "_finished", "_later", "_staged", "completion_group", "conn",
-        "disabled", "running_id", "running_seq", "superseded", "table", "version",
+        "_alarm", "_done", "_replay", "completion_group", "conn", "disabled", "running_id",
+        "running_seq", "superseded", "table", "tx", "version",
     )
 
     def __init__(
-        self, conn: sqlite3.Connection, alarm: AlarmClaim, *, completion_group: int
+        self, conn: sqlite3.Connection, alarm: AlarmClaim, transactions: ObjectTransactions, *,
+        completion_group: int,
     ) -> None:
         self.conn = conn
         self.table = JobTable(conn)
+        self.tx = transactions
         self._alarm = alarm
         self.completion_group = completion_group
-        # Outcomes of clean runs not yet committed, by push sequence (see ``stage``).
-        self._finished: list[tuple[int]] = []
-        self._later: list[tuple[float, bool, int]] = []
-        self._clean: list[tuple[str]] = []
-        self._staged = 0
+        # Jobs finished in the open group transaction (committed every completion_group).
+        self._done = 0
+        # Queue mutations the running job made (pushes, cancels, re-times): commands that
+        # win even if the job then fails, so they are made again after its rollback.
+        self._replay: list[Callable[[], object]] = []
         # The job running now: a mutation of its id supersedes its outcome.
         self.running_id: str | None = None
         self.running_seq = -1
@@ -60,64 +64,78 @@ class JobStore:
         self.disabled = bool(self.table.meta(_ALARMS_DISABLED))
 
     # -- the group transaction ------------------------------------------------------
-    def stage(self, job: Job, outcome: JobOutcome, *, keep_marker: bool) -> None:
-        """Stage the outcome of the clean run of the running job; commit the group when
-        it is full. A same-id push, reschedule or cancel during the run supersedes it."""
+    # A job's writes and its outcome commit together: the alarm run opens the group and
+    # the job's savepoint before the job runs (``begin_run``); a clean run releases the
+    # savepoint and applies the outcome in the group (``finish``), a failed one rolls
+    # the savepoint back (``fail``). A death before the group commits loses the jobs'
+    # writes with their outcomes: their re-runs find the storage as it was.
+    def begin_run(self, row: JobRow) -> None:
+        self._replay.clear()
+        self.tx.begin_job()
+        self.running_id, self.running_seq, self.superseded = row.job.id, row.seq, False
+
+    def end_run(self) -> None:
+        self.running_id = None
+
+    def finish(self, job: Job, outcome: JobOutcome, *, keep_marker: bool) -> None:
+        """The running job ran clean: keep its writes and apply its outcome in the group;
+        commit the group when it is full. A same-id push, reschedule or cancel during
+        the run supersedes the outcome (the job's writes stay)."""
+        self.tx.end_job(keep=True)
+        table = self.table
         if self.superseded:
-            self._clean.append((job.id,))
+            table.apply_completions([], [], [(job.id,)])
         elif outcome is None:
-            # By push sequence (the rowid), not id: no index search. Safe because every
-            # mutation commits the staged outcomes first, so no row can take the seq.
-            self._finished.append((self.running_seq,))
-        elif isinstance(outcome, Reschedule):
-            self._later.append((outcome.time, keep_marker, self.running_seq))
-        else:  # YIELD: stays due
-            self._later.append((job.time, keep_marker, self.running_seq))
-        self._staged += 1
-        if self._staged >= self.completion_group:
+            # By push sequence (the rowid), not id: no index search. Safe because the
+            # row cannot have been replaced (that would have superseded the run).
+            table.apply_completions([(self.running_seq,)], [], [])
+        else:
+            time = outcome.time if isinstance(outcome, Reschedule) else job.time  # YIELD
+            table.apply_completions([], [(time, keep_marker, self.running_seq)], [])
+        self._done += 1
+        if self._done >= self.completion_group:
             self.flush()
+
+    def fail(self) -> None:
+        """The running job raised or was cancelled: undo its storage writes — but not
+        the queue mutations it made through the API (``lifecycle.jobs``), which win."""
+        rolled_back = self.tx.job_savepoint
+        self.tx.end_job(keep=False)
+        if rolled_back:
+            for again in self._replay:
+                again()
+        self._replay.clear()
+
+    def _mutation(self, again: Callable[[], object]) -> None:
+        """Remember a queue mutation of the running job, to make again if it fails."""
+        tx = self.tx
+        if tx.job_savepoint and tx.job_task is trio.lowlevel.current_task():
+            self._replay.append(again)
 
     @contextmanager
     def writing(self) -> Iterator[None]:
-        """One transaction for the staged outcomes and the writes in the block (or
-        the caller's open transaction, if any)."""
+        """One transaction for the writes in the block — or, inside the group or a user
+        block, part of that transaction."""
+        self.tx.check_write()
         conn = self.conn
         if conn.in_transaction:
-            self._apply_staged()
-            self._clear_staged()
             yield
             return
         conn.execute("BEGIN")
         try:
-            self._apply_staged()
             yield
         except BaseException:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
         conn.execute("COMMIT")
-        self._clear_staged()
 
     def flush(self) -> None:
-        """Commit the staged outcomes now. Does not checkpoint."""
-        if self._staged:
-            with self.writing():
-                pass
-
-    def _apply_staged(self) -> None:
-        if self._staged:
-            self.table.apply_completions(self._finished, self._later, self._clean)
-
-    def _clear_staged(self) -> None:
-        self._finished, self._later, self._clean = [], [], []
-        self._staged = 0
-
-    # -- the running job --------------------------------------------------------------
-    def begin_run(self, row: JobRow) -> None:
-        self.running_id, self.running_seq, self.superseded = row.job.id, row.seq, False
-
-    def end_run(self) -> None:
-        self.running_id = None
+        """Commit the group transaction now (unless a user block is open). Does not
+        checkpoint."""
+        self.tx.commit_group()
+        if not self.tx.group:
+            self._done = 0
 
     def _touch(self, job_id: str) -> None:
         """A mutation through the API is about to change ``job_id``."""
@@ -125,13 +143,11 @@ class JobStore:
         if job_id == self.running_id:
             self.superseded = True
 
-    # -- reads (they see staged outcomes) ------------------------------------------
+    # -- reads (outcomes are applied in the group: reads see them) -------------------
     def row(self, job_id: str) -> JobRow | None:
-        self.flush()
         return self.table.row(job_id)
 
     def rows(self, owner: str | None = None) -> list[JobRow]:
-        self.flush()
         return self.table.rows(owner)
 
     def dead_letters(self, owner: str | None) -> list[DeadLetter]:
@@ -141,8 +157,7 @@ class JobStore:
         return self.table.meta(key)
 
     def due_batch(self, now: float, after: Cursor, limit: int) -> list[JobRow]:
-        """The alarm run's read: due rows after ``after``. Unflushed: a row whose clean
-        run is staged may come back; the run skips what it ran."""
+        """The alarm run's read: due rows after ``after`` in run order."""
         return self.table.next_due(now, after, limit)
 
     def due_counts(self, now: float) -> list[tuple[str, int]]:
@@ -152,7 +167,6 @@ class JobStore:
         return self.table.has_due(now)
 
     def next_alarm_time(self) -> float | None:
-        self.flush()
         return self.table.next_alarm_time(_clock.now())
 
     # -- mutations through the API -------------------------------------------------
@@ -173,6 +187,7 @@ class JobStore:
                 self._touch(job.id)
             self._lower_alarm(job.time, job.exclusive, job.id)
             self.table.upsert(job, payload_text)
+            self._mutation(lambda: self.table.upsert(job, payload_text))
         if replaced:
             stored = self.table.row(job.id)
             if stored is not None:
@@ -187,6 +202,7 @@ class JobStore:
             deleted = self.table.delete(owner, job_id)
             if deleted:
                 self._touch(job_id)
+                self._mutation(lambda: self.table.delete(owner, job_id))
         # Inside storage.transaction() the alarm must not be raised: a rollback would
         # bring the job back with the alarm above it (an early wake is harmless).
         if deleted and not in_transaction:
@@ -202,6 +218,7 @@ class JobStore:
             self._touch(job_id)
             self._lower_alarm(when, row.job.exclusive, job_id)
             self.table.retime(owner, job_id, when)
+            self._mutation(lambda: self.table.retime(owner, job_id, when))
         if not in_transaction:  # as in cancel: never raise the alarm before a commit
             self.rearm()
         return True
@@ -218,7 +235,14 @@ class JobStore:
             job = attrs.evolve(letter.job, time=_clock.now())
             self._touch(job_id)
             self._lower_alarm(job.time, job.exclusive, job.id)
-            self.table.upsert(job, encode_payload(job.payload))
+            text = encode_payload(job.payload)
+            self.table.upsert(job, text)
+
+            def again() -> None:
+                self.table.unbury(owner, job_id)
+                self.table.upsert(job, text)
+
+            self._mutation(again)
         return job
 
     # -- what the alarm run and the breaker write ------------------------------------
@@ -229,9 +253,10 @@ class JobStore:
 
     def retry_later(self, job_id: str, time: float, attempts: int) -> None:
         """A failed attempt with attempts left: re-time it and record the attempt,
-        committed at once (with the staged outcomes) so attempts survive restarts."""
+        committed at once (with the group) so attempts survive restarts."""
         with self.writing():
             self.table.retry_later(job_id, time, attempts)
+        self.flush()
 
     def bury(
         self, job_id: str, error: str, reason: str, *, attempts: int | None = None
@@ -243,6 +268,7 @@ class JobStore:
                 return None
             self.table.bury(row, error, reason, _clock.now(),
                             attempts=row.attempts if attempts is None else attempts)
+        self.flush()
         return row.job
 
     def defer(self, job_id: str, time: float) -> None:
@@ -283,8 +309,8 @@ class JobStore:
             self.table.set_marker(job_id, started)
 
     def clear_marker(self, job_id: str, started: float) -> bool:
-        self.flush()
-        return self.table.clear_marker(job_id, started)
+        with self.writing():
+            return self.table.clear_marker(job_id, started)
 
     # -- the alarm --------------------------------------------------------------------
     def _lower_alarm(self, time: float, exclusive: bool, job_id: str) -> None:
@@ -300,8 +326,8 @@ class JobStore:
             self._alarm.set(time)
 
     def rearm(self, *, write_through: bool = False) -> None:
-        """Set the alarm for the next due job as the queue stands (after committing
-        the staged outcomes). Does not checkpoint."""
+        """Set the alarm for the next due job as the queue stands (after committing the
+        group: the alarm may only rise above what is committed). Does not checkpoint."""
         self.flush()
         if self.disabled:
             return
@@ -318,6 +344,11 @@ class JobStore:
         without a checkpoint, where every commit is durable already)."""
         if self._alarm.ships and not self.conn.in_transaction:
             await self._alarm.sync()
+
+    async def wait_for_user_block(self) -> None:
+        """Wait until no user block of another task is open (a push from a call must
+        not land in a block that may still roll back). Checkpoints."""
+        await self.tx.wait_for_user_block()
 
     def set_alarm(self, time: float) -> None:
         """Set the alarm to ``time`` outright (the fallback and backup alarms)."""

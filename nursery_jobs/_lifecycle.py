@@ -66,7 +66,8 @@ class Lifecycle:
         self.max_alarm_memory_limit_strikes = max_alarm_memory_limit_strikes
         self._runner: AlarmRunner | None = None
         self.claim = ctx.claim_alarm("Lifecycle", self._alarm_run, LIFECYCLE_RETRY)
-        self.store = JobStore(ctx.storage.conn, self.claim, completion_group=completion_group)
+        self.store = JobStore(ctx.storage.conn, self.claim, self.claim.transactions,
+                              completion_group=completion_group)
         self.jobs = jobs_view(self.store, HOST)
         self.breaker = MemoryBreaker(self.store, max_alarm_memory_limit_strikes, self.label,
                                      self.emit)
@@ -76,9 +77,6 @@ class Lifecycle:
         self._starting: trio.Event | None = None
         # Tracked alarm work in progress: (job id, started) -> how many tasks.
         self.tracked: dict[tuple[str, float], int] = {}
-        # A transaction the user opens must not carry our staged outcomes (its rollback
-        # would undo them): commit them before it begins.
-        self.claim.before_transaction(self.store.flush)
         # Startup (crash strikes, capabilities' on_start, re-arming the alarm from the
         # queue) runs before the first call too, not only when an alarm wakes us.
         self.claim.on_startup(self.start)

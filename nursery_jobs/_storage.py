@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -15,6 +15,8 @@ from ._errors import AlarmOwnedError, StorageKeyError
 
 if TYPE_CHECKING:
     import datetime
+
+    from ._transactions import ObjectTransactions
 
 class AlarmSlot(Protocol):
     """What storage needs from the host to keep an object's alarm."""
@@ -33,62 +35,34 @@ class Storage:
     other tasks; the statement is cheaper than a thread hop.
     """
 
-    __slots__ = ("_alarm", "_before_transaction", "_savepoints", "conn", "db")
+    __slots__ = ("_alarm", "_tx", "conn", "db")
 
     def __init__(
-        self, conn: sqlite3.Connection, alarm: AlarmSlot,
-        before_transaction: list[Callable[[], None]],
+        self, conn: sqlite3.Connection, alarm: AlarmSlot, transactions: ObjectTransactions
     ) -> None:
         self.conn = conn
         self.db = sqlite_utils.Database(conn, execute_plugins=False)
         self._alarm = alarm
-        self._savepoints = 0
-        # Called before an outermost transaction begins (the Lifecycle commits what it
-        # has staged, so the caller's rollback cannot undo it).
-        self._before_transaction = before_transaction
+        self._tx = transactions
 
     # -- SQL --------------------------------------------------------------------
     def execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> sqlite3.Cursor:
         """Run one SQL statement on the object's database (committed unless inside
-        :meth:`transaction`)."""
+        :meth:`transaction`, or a job: a job's writes commit with its outcome)."""
+        self._tx.check_write()
         return self.conn.execute(sql, params)
 
     @contextmanager
     def transaction(self) -> Iterator[Storage]:
         """Commit every write inside the block together, or none if it raises.
 
-        Nested blocks use savepoints. Do not ``await`` inside a transaction except for
-        ``jobs.push``-style calls documented as transaction-safe: other tasks of the
-        object could otherwise write into it.
+        Nested blocks (and blocks inside a job) are savepoints. While the block is open
+        only its task may write: a write from another task (one that ran while the
+        block awaited) raises ``StorageError``; ``jobs.push`` and friends wait for the
+        block to end instead.
         """
-        conn = self.conn
-        if not conn.in_transaction:
-            for hook in self._before_transaction:
-                hook()
-            conn.execute("BEGIN")
-            try:
-                yield self
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
-            else:
-                conn.execute("COMMIT")
-            return
-        self._savepoints += 1
-        name = f"nj_sp_{self._savepoints}"
-        conn.execute(f"SAVEPOINT {name}")
-        try:
+        with self._tx.user_block():
             yield self
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute(f"ROLLBACK TO {name}")
-                conn.execute(f"RELEASE {name}")
-            raise
-        else:
-            conn.execute(f"RELEASE {name}")
-        finally:
-            self._savepoints -= 1
 
     # -- key-value --------------------------------------------------------------
     def get(self, key: str, default: Any = None) -> Any:
@@ -99,6 +73,7 @@ class Storage:
     def put(self, key: str, value: Any) -> None:
         """Store ``value`` (through the payload codec) under ``key``."""
         text = encode_payload(value)
+        self._tx.check_write()
         self.conn.execute(
             "INSERT INTO nj_kv (key, value) VALUES (?, ?)"
             " ON CONFLICT DO UPDATE SET value = excluded.value",
@@ -107,6 +82,7 @@ class Storage:
 
     def delete(self, key: str) -> bool:
         """Delete ``key``; return whether it existed."""
+        self._tx.check_write()
         return self.conn.execute("DELETE FROM nj_kv WHERE key = ?", (_key(key),)).rowcount > 0
 
     def list(self, prefix: str = "") -> dict[str, Any]:

@@ -12,6 +12,9 @@ arguments override config keys for this run). The config holds:
 - ``heartbeat``: seconds, or null. If set, every job is a heartbeat instead: it starts
   long work (``work <job> <pid> <t>``, then sleeps forever) with ``track_alarm_work`` if
   this activation has none, and returns ``Reschedule(now + heartbeat)``;
+- ``marks``: if true, a task calls ``mark(n)`` on the first object every few ms, which
+  stores ``n`` and returns; ``mark <n>`` is logged once the call returned (the output
+  gate: the value must be durable by then);
 - ``clock_rate``: 1 runs on the real clock. Above 1 the runtime's clock runs that much
   faster than real time (a ``trio.testing.MockClock`` with that rate), anchored so that
   runtime time is ``origin + rate * (real time - origin)`` in every run: one continuous
@@ -26,6 +29,7 @@ the page cache, which outlives a SIGKILL of this process (no fsync needed):
     start <job> <pid> <attempt> <t>      on_job began
     work <job> <pid> <t>                 a heartbeat started its tracked work
     done <job> <pid> <attempt> <t>       on_job is about to return None (job complete)
+    mark <n> <pid> <t>                   a call that stored n returned
     strike <job> <pid> <strikes> <sealed> <t>   a job:crash_strike event
     term <pid> <t>                       SIGTERM/SIGINT: leaving the runtime gracefully
     finished <pid> <t>                   no alarm left: every job completed or sealed
@@ -86,12 +90,19 @@ class Worker(nj.DurableObject):
                 self.lifecycle.track_alarm_work(self._work, ctx.job.id)
             note("done", ctx.job.id, pid, ctx.attempt)
             return nj.Reschedule(nj.now() + self.cfg["heartbeat"])
+        # A local effect per job: the counter must end at exactly the number of jobs,
+        # however often the process is killed (its write commits with the outcome).
+        storage = self.ctx.storage
+        storage.put("count", storage.get("count", 0) + 1)
         lo, hi = self.cfg["sleep"]
         await trio.sleep(random.uniform(lo, hi))
         if ctx.job.fn == "poison":
             os.kill(pid, signal.SIGKILL)
         note("done", ctx.job.id, pid, ctx.attempt)
         return None
+
+    async def mark(self, n: int) -> None:
+        self.ctx.storage.put("mark", n)
 
     async def _work(self, job_id: str) -> None:
         note("work", job_id, os.getpid())
@@ -114,6 +125,16 @@ async def push_workload(rt: nj.Runtime, cfg: dict[str, Any]) -> None:
                 fn = "beat"
             jobs.append((f"{object_id}-{i:04d}", fn))
         await rt.get(Worker, object_id).add(jobs)
+
+
+async def call_marks(rt: nj.Runtime, cfg: dict[str, Any]) -> None:
+    obj = rt.get(Worker, cfg["objects"][0])
+    n = 0
+    while True:
+        n += 1
+        await obj.mark(n)
+        os.write(LOG_FD, f"mark {n} {os.getpid()} {nj.now():.6f}\n".encode())
+        await trio.sleep(0.003)
 
 
 async def run(cfg: dict[str, Any]) -> None:
@@ -139,6 +160,8 @@ async def run(cfg: dict[str, Any]) -> None:
                     await push_workload(rt, cfg)
                     marker.touch()
                 note("up", os.getpid())
+                if cfg.get("marks"):
+                    nursery.start_soon(call_marks, rt, cfg)
                 while True:
                     stats = rt.statistics()
                     if stats.pending_alarms == 0 and stats.alarms_in_flight == 0:

@@ -157,7 +157,7 @@ class Campaign:
         out = []
         for raw in path.read_text().splitlines():
             parts = raw.split()
-            if parts[0] in ("start", "done", "strike", "work"):
+            if parts[0] in ("start", "done", "strike", "work", "mark"):
                 out.append(Line(parts[0], parts[1], int(parts[2]), tuple(parts[3:-1]),
                                 float(parts[-1])))
             else:
@@ -383,6 +383,31 @@ def test_random_kills_with_grouped_completions_rerun_at_most_a_group(tmp_path: P
     print(f"completed jobs run again after a kill: {rerun_completed};"
           f" re-runs in all: {sum(rerun_counts(c).values())}; objects x kills:"
           f" {len(c.config['objects']) * landed}; last-job-at-a-kill: {sum(in_flight.values())}")
+
+
+@pytest.mark.crash
+def test_local_effects_are_exactly_once_across_random_kills(tmp_path: Path) -> None:
+    """Each job increments a counter in its object's storage. The increment commits with
+    the job's outcome (the group transaction), so however often the process is killed —
+    mid-job, or with a group of completions not yet committed — each counter ends at
+    exactly the number of jobs. Calls that returned are durable (the output gate)."""
+    jobs = 800
+    c = Campaign.create(tmp_path, objects=[f"o{i}" for i in range(3)], jobs=jobs,
+                        sleep=[0.02, 0.06], group=None, clock_rate=20, marks=True)
+    landed = kill_at_random(c, 6, (0.1, 0.4))
+    assert landed >= 4
+    last_killed = c.killed_pids()[-1]
+    marks_before_last_kill = [int(line.job) for line in c.lines()  # type: ignore[arg-type]
+                              if line.kind == "mark" and line.pid == last_killed]
+    c.finish(timeout=90, marks=False)
+    check_no_job_lost(c)
+    counts = c.db_rows("SELECT value FROM nj_kv WHERE key = 'count'")
+    assert sorted(int(v) for (v,) in counts) == [jobs] * 3, counts
+    # The last call that returned before the last kill left its value behind.
+    (stored,) = c.db_rows("SELECT value FROM nj_kv WHERE key = 'mark'")
+    assert marks_before_last_kill and int(stored[0]) >= max(marks_before_last_kill)
+    reruns = sum(rerun_counts(c).values())
+    print(f"kills: {landed}; job re-runs: {reruns}; counters: {counts}")
 
 
 # -- 2. a poison job is sealed; the others finish --------------------------------------------------

@@ -1,0 +1,201 @@
+"""Who holds an object's database in a transaction, and when it commits.
+
+Three kinds of transaction share one connection:
+
+- the *group* (``BEGIN``), opened by the alarm run before a job: the jobs' writes and
+  their outcomes commit together, every ``completion_group`` jobs, when the run ends,
+  and at the *output gate* (before a stub call returns to its caller);
+- the running job's savepoint (``nj_job``): a job that fails is rolled back, so its
+  re-run finds the storage as it was (exactly-once local effects);
+- a user block (``storage.transaction()``): a real transaction, or a savepoint inside
+  the group. While it is open, only the task that opened it may write.
+
+A write from another task while a job's savepoint is open (a call that runs while the
+job awaits) ends that savepoint first, so a failing job can never roll back another
+task's write; the job's writes so far then stay with the group.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import trio
+
+from ._errors import StorageError
+
+_JOB = "nj_job"
+
+
+class ObjectTransactions:
+    """The transaction state of one object's database."""
+
+    __slots__ = (
+        "_changes", "_job_done", "_user_done", "_user_savepoints", "conn", "group",
+        "job_dirty", "job_savepoint", "job_task", "label", "user_task",
+    )
+
+    def __init__(self, conn: sqlite3.Connection, label: str) -> None:
+        self.conn = conn
+        self.label = label
+        self.group = False  # the alarm run's group transaction is open
+        self.job_task: trio.lowlevel.Task | None = None
+        self.job_savepoint = False
+        # The running job wrote before another task's write ended its savepoint.
+        self.job_dirty = False
+        self._changes = 0  # conn.total_changes when the job's savepoint opened
+        self._job_done: trio.Event | None = None
+        self.user_task: trio.lowlevel.Task | None = None
+        self._user_done: trio.Event | None = None
+        self._user_savepoints = 0
+
+    # -- writes -------------------------------------------------------------------------
+    def check_write(self) -> None:
+        """Before a write: refuse one from outside an open user block, and end a
+        running job's savepoint if another task writes. Does not checkpoint."""
+        if self.user_task is None and not self.job_savepoint:
+            return
+        task = trio.lowlevel.current_task()
+        if self.user_task is not None and self.user_task is not task:
+            raise StorageError(
+                f"{self.label}: a storage.transaction() of another task is open (it awaited"
+                " inside the block); this write would be committed or rolled back with"
+                " it. Write after that block ends, or do not await inside it"
+            )
+        if self.job_savepoint and task is not self.job_task:
+            self.job_dirty = self.conn.total_changes != self._changes
+            self.conn.execute(f"RELEASE {_JOB}")
+            self.job_savepoint = False
+
+    def foreign_user_block(self) -> bool:
+        """Whether a user block of another task is open now."""
+        return self.user_task is not None and self.user_task is not trio.lowlevel.current_task()
+
+    async def wait_for_user_block(self) -> None:
+        """Wait until no user block of another task is open. Checkpoints."""
+        while self.foreign_user_block():
+            assert self._user_done is not None
+            await self._user_done.wait()
+        await trio.lowlevel.checkpoint()
+
+    # -- the group and the job ------------------------------------------------------------
+    def begin_job(self) -> None:
+        """Open the group (if needed) and the job's savepoint, for the current task."""
+        if not self.conn.in_transaction:
+            self.conn.execute("BEGIN")
+            self.group = True
+        self.conn.execute(f"SAVEPOINT {_JOB}")
+        self.job_savepoint = True
+        self.job_dirty = False
+        self._changes = self.conn.total_changes
+        self.job_task = trio.lowlevel.current_task()
+        self._job_done = None
+
+    def end_job(self, *, keep: bool) -> None:
+        """Keep (release) or undo (roll back) what the job wrote."""
+        if self.job_savepoint:
+            if not keep:
+                self.conn.execute(f"ROLLBACK TO {_JOB}")
+            self.conn.execute(f"RELEASE {_JOB}")
+            self.job_savepoint = False
+        self.job_task = None
+        self.job_dirty = False
+        if self._job_done is not None:
+            self._job_done.set()
+            self._job_done = None
+
+    def _job_wrote(self) -> bool:
+        """Whether the running job has written something not yet committed."""
+        if self.job_task is None:
+            return False
+        if self.job_savepoint:
+            return self.conn.total_changes != self._changes
+        return self.job_dirty
+
+    def commit_group(self) -> None:
+        """Commit the group now (a running job's savepoint is reopened after it), unless
+        a user block is open: its writes must not commit half-way. Does not checkpoint."""
+        if not self.group or self.user_task is not None:
+            return
+        reopen = self.job_savepoint
+        if reopen:
+            self.conn.execute(f"RELEASE {_JOB}")
+        self.conn.execute("COMMIT")
+        self.group = False
+        if reopen:
+            self.conn.execute("BEGIN")
+            self.group = True
+            self.conn.execute(f"SAVEPOINT {_JOB}")
+
+    async def output_gate(self) -> None:
+        """Before a call returns to its caller: what it was told has happened is
+        committed. Checkpoints only when it must wait.
+
+        A running job that has written and awaits is waited for: committing now would
+        commit half a job, and a death before its outcome would then run it again on
+        top of its own writes. (A call the job itself makes commits with the job.)
+        """
+        while self.group:
+            task = trio.lowlevel.current_task()
+            if task is self.job_task:
+                return  # the job's own call: its writes commit with the job's outcome
+            if self.foreign_user_block():
+                await self.wait_for_user_block()
+                continue
+            if self._job_wrote():
+                if self._job_done is None:
+                    self._job_done = trio.Event()
+                await self._job_done.wait()
+                continue
+            self.commit_group()
+            return
+
+    # -- user blocks ----------------------------------------------------------------------
+    @contextmanager
+    def user_block(self) -> Iterator[None]:
+        """``storage.transaction()``: all or nothing; a savepoint when a transaction (the
+        group, or an enclosing block of the same task) is already open."""
+        task = trio.lowlevel.current_task()
+        if self.user_task is not None and self.user_task is not task:
+            raise StorageError(
+                f"{self.label}: a storage.transaction() of another task is open; blocks of"
+                " two tasks cannot interleave"
+            )
+        self.check_write()
+        outer = self.user_task is None
+        if outer:
+            self.user_task = task
+            self._user_done = trio.Event()
+        conn = self.conn
+        try:
+            if not conn.in_transaction:
+                conn.execute("BEGIN")
+                try:
+                    yield
+                except BaseException:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    raise
+                conn.execute("COMMIT")
+                return
+            self._user_savepoints += 1
+            name = f"nj_user_{self._user_savepoints}"
+            conn.execute(f"SAVEPOINT {name}")
+            try:
+                yield
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute(f"ROLLBACK TO {name}")
+                    conn.execute(f"RELEASE {name}")
+                raise
+            else:
+                conn.execute(f"RELEASE {name}")
+            finally:
+                self._user_savepoints -= 1
+        finally:
+            if outer:
+                self.user_task = None
+                assert self._user_done is not None
+                self._user_done.set()
+                self._user_done = None
