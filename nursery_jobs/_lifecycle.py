@@ -23,7 +23,7 @@ from . import _clock
 from ._breaker import MemoryBreaker, MemoryLimitContext
 from ._capability import Capability
 from ._codec import encode_payload
-from ._errors import CapabilityError, JobError
+from ._errors import CapabilityError, JobError, describe_error, safe_repr
 from ._jobs import (
     HOST,
     DeadLetter,
@@ -640,14 +640,14 @@ class Lifecycle:
             bound = job.retry.backoff_bound(ctx.attempt)
             delay = RNG.uniform(0.0, bound) if job.retry.jitter else bound
             logger.warning(
-                "job %r of %s failed (attempt %d of %d): %r; retrying in %.3f s",
-                job.id, self._label(), ctx.attempt, job.retry.max_attempts, error, delay,
+                "job %r of %s failed (attempt %d of %d): %s; retrying in %.3f s",
+                job.id, self._label(), ctx.attempt, job.retry.max_attempts, safe_repr(error), delay,
             )
             # Committed at once (with any staged outcomes): attempts survive restarts.
             with self._writing():
                 self.table.retry_later(job.id, _clock.now() + delay, ctx.attempt)
             self._emit("job:retry", id=job.id, owner=job.owner, fn=job.fn, attempt=ctx.attempt,
-                       max_attempts=job.retry.max_attempts, delay=delay, error=repr(error))
+                       max_attempts=job.retry.max_attempts, delay=delay, error=safe_repr(error))
             return
         outcome: JobOutcome = None
         on_job_error = None if job.owner == HOST else getattr(owner, "on_job_error", None)
@@ -661,8 +661,8 @@ class Lifecycle:
         if outcome is not None:
             self._stage(job, outcome, keep_marker=keep_marker)
             return
-        logger.error("job %r of %s failed after %d attempts: %r", job.id, self._label(),
-                     ctx.attempt, error)
+        logger.error("job %r of %s failed after %d attempts: %s", job.id, self._label(),
+                     ctx.attempt, safe_repr(error))
         with self._writing():
             row = self.table.row(job.id)
             if row is None:
@@ -738,7 +738,8 @@ class Lifecycle:
     async def _memory_error(self, job: Job | None, error: MemoryError) -> None:
         """A ``MemoryError`` escaped alarm work: reset the object as the watchdog would."""
         host = self.ctx._host
-        host.reset(f"MemoryError in the alarm work of {self._label()}: {error!r}", memory=True)
+        host.reset(f"MemoryError in the alarm work of {self._label()}: {safe_repr(error)}",
+                   memory=True)
         await self._observe_reset(job, host.reset_reason)
         await trio.lowlevel.checkpoint()  # the reset cancels this task here
 
@@ -762,7 +763,7 @@ class Lifecycle:
                 except Exception as exc:
                     logger.exception("tracked work %r of %s failed", fn, self._label())
                     self._emit("alarm:tracked_work_failed", job=None if job is None else job.id,
-                               error=repr(exc))
+                               error=safe_repr(exc))
         finally:
             if job is not None:
                 key = (job.id, started)
@@ -858,5 +859,5 @@ class CapabilityLifecycle:
 
 
 def _error_text(error: BaseException) -> str:
-    return f"{type(error).__qualname__}: {error}"
+    return describe_error(error)
 

@@ -32,6 +32,7 @@ from ._errors import (
     RuntimeClosedError,
     RuntimeLockedError,
     StorageError,
+    safe_repr,
 )
 from ._events import EventBus
 from ._flight import FlightRecord
@@ -209,7 +210,7 @@ class ObjectHost:
                 raise
             # A task the object started in its nursery crashed: the object is reset.
             logger.exception("object %s/%s crashed", self.namespace, self.object_id)
-            rt.events.emit("object:error", self.namespace, self.object_id, error=repr(exc))
+            rt.events.emit("object:error", self.namespace, self.object_id, error=safe_repr(exc))
         finally:
             self._close()
         if start_error is not None:
@@ -405,17 +406,18 @@ class ObjectHost:
                 self.namespace, self.object_id, retry, exc_info=failure,
             )
             self.runtime.events.emit(
-                "alarm:failed", self.namespace, self.object_id, retries=retry, error=repr(failure)
+                "alarm:failed", self.namespace, self.object_id, retries=retry,
+                error=safe_repr(failure),
             )
             self.write_alarm(None, 0)
             return
         logger.warning(
-            "alarm of %s/%s raised %r; retry %d in %.1f s",
-            self.namespace, self.object_id, failure, retry + 1, delay,
+            "alarm of %s/%s raised %s; retry %d in %.1f s",
+            self.namespace, self.object_id, safe_repr(failure), retry + 1, delay,
         )
         self.runtime.events.emit(
             "alarm:retry", self.namespace, self.object_id, retry=retry + 1, delay=delay,
-            error=repr(failure),
+            error=safe_repr(failure),
         )
         self.write_alarm(_clock.now() + delay, retry + 1)
 
