@@ -30,6 +30,8 @@ from __future__ import annotations
 
 from typing import Final
 
+import trio
+
 # The longest error text kept in a dead letter, an event or a log line.
 ERROR_TEXT_LIMIT: Final = 2000
 
@@ -120,6 +122,28 @@ def safe_repr(obj: object, limit: int = ERROR_TEXT_LIMIT) -> str:
     except Exception as exc:
         return f"<{_type_name(obj)} object (repr() failed: {_type_name(exc)})>"
     return _cut(text, limit)
+
+
+def lone_interrupt(group: BaseExceptionGroup[BaseException]) -> KeyboardInterrupt | None:
+    """The KeyboardInterrupt of ``group`` if, at any depth, it holds nothing else but
+    ``trio.Cancelled`` (the unwinding a Ctrl-C causes); else None.
+
+    Under load a Ctrl-C lands in whatever runtime task holds the Trio thread (a job),
+    and reaches ``open_runtime`` wrapped in the nursery's group: the application must
+    see it as the plain KeyboardInterrupt it sees on an idle runtime (issue 10 #9).
+    """
+    found: KeyboardInterrupt | None = None
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            inner = lone_interrupt(exc)
+            if inner is None:
+                return None
+            found = found or inner
+        elif isinstance(exc, KeyboardInterrupt):
+            found = found or exc
+        elif not isinstance(exc, trio.Cancelled):
+            return None
+    return found
 
 
 def _type_name(obj: object) -> str:

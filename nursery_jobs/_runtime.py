@@ -32,6 +32,7 @@ from ._errors import (
     RuntimeClosedError,
     RuntimeLockedError,
     StorageError,
+    lone_interrupt,
     safe_repr,
 )
 from ._events import EventBus
@@ -844,6 +845,9 @@ async def open_runtime(
             # wrapped in the runtime's nursery group; anything else stays grouped.
             if body_error is not None and _only(group, body_error):
                 raise body_error from None
+            # faults hook (issue 10 #9): Ctrl-C that landed in a runtime task, plain.
+            if (interrupt := lone_interrupt(group)) is not None:
+                raise interrupt from None
             raise
     finally:
         rt._closing = True
