@@ -45,6 +45,7 @@ from ._object import (
     durable_object_retry_delay,
     resolve_namespace,
 )
+from ._stall import StallWatch
 from ._storage import Storage
 
 logger = logging.getLogger("nursery_jobs")
@@ -828,6 +829,7 @@ async def open_runtime(
             async with trio.open_nursery() as nursery:
                 rt._nursery = nursery
                 nursery.start_soon(rt._timer)
+                nursery.start_soon(StallWatch(rt.events).run)  # faults hook (issue 10 #8)
                 if rt.path is not None:
                     nursery.start_soon(rt._checkpointer)
                 if memory_limit is not None:
