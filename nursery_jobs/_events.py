@@ -105,7 +105,8 @@ class EventBus:
         """Publish an event. Does not checkpoint and never blocks."""
         level = logging.WARNING if type in _WARNING_TYPES else logging.DEBUG
         if logger.isEnabledFor(level):
-            logger.log(level, "%s %s/%s %r", type, namespace, object_id, data)
+            # safe_repr: a capability's event data may hold anything (issue 10 #2).
+            logger.log(level, "%s %s/%s %s", type, namespace, object_id, safe_repr(data))
         if not self._subscribers and not self._listeners:
             return
         event = Event(type=type, namespace=namespace, object_id=object_id, data=data, time=now())

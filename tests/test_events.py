@@ -229,3 +229,14 @@ async def test_listeners_added_or_removed_during_emit() -> None:
         bus.emit("a", "ns", "id")
         bus.emit("b", "ns", "id")
     assert heard == ["adder a", "late b"]
+
+
+async def test_event_data_that_cannot_be_printed_is_still_logged(
+    caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str],
+) -> None:
+    caplog.set_level(logging.DEBUG, "nursery_jobs")
+    async with nj.open_runtime() as rt:
+        rt.events.emit("test:odd", "ns", "id", value=Unprintable())
+    (record,) = [r for r in caplog.records if "test:odd" in r.getMessage()]
+    assert "repr() failed" in record.getMessage()
+    assert "Logging error" not in capsys.readouterr().err
