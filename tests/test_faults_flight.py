@@ -188,7 +188,7 @@ GARBAGE = {
     "owner not strings": _entry(b"[1, 2]"),
     "owner with null": _entry(b'["ns", null]'),
     "empty object id": _entry(b'["ns", ""]'),
-    "deeply nested": _entry(b"[" * 100_000 + b"]" * 100_000)[:SLOT_SIZE - 4],
+    "deeply nested": _entry(b"[" * 2000 + b"]" * 2000),
     "NaN start": _entry(b'["ns", "obj"]', math.nan),
     "infinite start": _entry(b'["ns", "obj"]', math.inf),
     "token not UTF-8": _entry(b'["ns", "obj"]', token=b"\xff\xfe"),
