@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 import attrs
 
 from . import _clock
-from ._errors import JobError, UnknownCallbackError
+from ._errors import JobError, UnknownCallbackError, safe_repr
 from ._jobs import Job, JobContext, JobOutcome, RetryOptions
 from ._lifecycle import Lifecycle
 from ._object import DurableObject, ObjectContext
@@ -214,8 +214,8 @@ class Agent(DurableObject):
 
     async def on_error(self, error: Exception, task: TaskRecord) -> None:
         """Called when a task's last delivery fails; it is then kept as a dead letter."""
-        logger.error("task %r (%s) of %s/%s failed for good: %r", task.id, task.name,
-                     self.ctx.namespace, self.ctx.id, error)
+        logger.error("task %r (%s) of %s/%s failed for good: %s", task.id, task.name,
+                     self.ctx.namespace, self.ctx.id, safe_repr(error))
 
     async def _task_failed(self, error: Exception, item: QueueItem | Schedule) -> None:
         # The failed attempt's context (its number is not in the table yet, and the

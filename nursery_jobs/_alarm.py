@@ -18,6 +18,7 @@ import attrs
 import trio
 
 from . import _clock
+from ._errors import safe_repr
 
 if TYPE_CHECKING:
     from ._engine import Engine, FlightSlot, ObjectState
@@ -183,13 +184,13 @@ class ObjectAlarm:
             logger.error("alarm of %s failed after %d retries; dropping it", label, retry,
                          exc_info=failure)
             self._events.emit("alarm:failed", self.namespace, self.object_id, retries=retry,
-                              error=repr(failure))
+                              error=safe_repr(failure))
             self.write(None, 0)
             return
-        logger.warning("alarm of %s raised %r; retry %d in %.1f s", label, failure, retry + 1,
-                       delay)
+        logger.warning("alarm of %s raised %s; retry %d in %.1f s", label, safe_repr(failure),
+                       retry + 1, delay)
         self._events.emit("alarm:retry", self.namespace, self.object_id, retry=retry + 1,
-                          delay=delay, error=repr(failure))
+                          delay=delay, error=safe_repr(failure))
         self.write(_clock.now() + delay, retry + 1)
 
 

@@ -20,6 +20,7 @@ import trio
 
 from . import _clock
 from ._capability import Capability
+from ._errors import describe_error, safe_repr
 from ._job_table import Cursor, JobRow
 from ._jobs import HOST, Job, JobContext, JobOutcome, coerce_outcome
 
@@ -58,7 +59,7 @@ current_run: contextvars.ContextVar[AlarmRun | None] = contextvars.ContextVar(
 
 
 def error_text(error: BaseException) -> str:
-    return f"{type(error).__qualname__}: {error}"
+    return describe_error(error)
 
 
 class AlarmRunner:
@@ -261,12 +262,13 @@ class AlarmRunner:
         if ctx.attempt < job.retry.max_attempts:
             bound = job.retry.backoff_bound(ctx.attempt)
             delay = self._rng.uniform(0.0, bound) if job.retry.jitter else bound
-            logger.warning("job %r of %s failed (attempt %d of %d): %r; retrying in %.3f s",
-                           job.id, label, ctx.attempt, job.retry.max_attempts, error, delay)
+            logger.warning("job %r of %s failed (attempt %d of %d): %s; retrying in %.3f s",
+                           job.id, label, ctx.attempt, job.retry.max_attempts,
+                           safe_repr(error), delay)
             store.retry_later(job.id, _clock.now() + delay, ctx.attempt)
             self._lc.emit("job:retry", id=job.id, owner=job.owner, fn=job.fn,
                           attempt=ctx.attempt, max_attempts=job.retry.max_attempts, delay=delay,
-                          error=repr(error))
+                          error=safe_repr(error))
             return
         outcome: JobOutcome = None
         on_job_error = None if job.owner == HOST else getattr(owner, "on_job_error", None)
@@ -280,8 +282,8 @@ class AlarmRunner:
         if outcome is not None:
             store.finish(job, outcome, keep_marker=keep_marker)
             return
-        logger.error("job %r of %s failed after %d attempts: %r", job.id, label, ctx.attempt,
-                     error)
+        logger.error("job %r of %s failed after %d attempts: %s", job.id, label, ctx.attempt,
+                     safe_repr(error))
         if store.bury(job.id, error_text(error), "failed", attempts=ctx.attempt) is not None:
             self._lc.emit("job:dead_letter", id=job.id, owner=job.owner, fn=job.fn,
                           attempts=ctx.attempt, error=error_text(error))

@@ -21,9 +21,21 @@ lookup errors derive from :class:`LookupError`::
      │   └─ JobOwnershipError             a job id held by another owner
      ├─ CapabilityError (ValueError)      a duplicate capability id, or use() after start
      └─ UnknownCallbackError (ValueError, LookupError)
+
+User exceptions are formatted (for dead letters, events and log lines) by
+:func:`describe_error` and :func:`safe_repr`, which never raise: an exception whose
+``__str__`` or ``__repr__`` raises must stay the failure of the job that raised it, not
+become a failure of the runtime (issue 10 #2).
 """
 
 from __future__ import annotations
+
+from typing import Final
+
+import trio
+
+# The longest error text kept in a dead letter, an event or a log line.
+ERROR_TEXT_LIMIT: Final = 2000
 
 
 class NurseryJobsError(Exception):
@@ -94,3 +106,66 @@ class CapabilityError(NurseryJobsError, ValueError):
 
 class UnknownCallbackError(NurseryJobsError, ValueError, LookupError):
     """A Queue, Scheduler or Agent callback name is not registered."""
+
+
+def describe_error(error: BaseException, limit: int = ERROR_TEXT_LIMIT) -> str:
+    """``"Type: message"`` for ``error`` (``"Type"`` if the message is empty), never
+    raising: a ``__str__`` that raises, recurses without end or returns a non-str gives
+    ``"Type (str() failed: Error)"``; a text longer than ``limit`` is cut."""
+    name = _type_name(error)
+    try:
+        message = str(error)
+        if not isinstance(message, str):
+            raise TypeError(f"__str__ returned {_type_name(message)}")
+    except Exception as exc:
+        return f"{name} (str() failed: {_type_name(exc)})"
+    return _cut(f"{name}: {message}" if message else name, limit)
+
+
+def safe_repr(obj: object, limit: int = ERROR_TEXT_LIMIT) -> str:
+    """``repr(obj)``, never raising: a ``__repr__`` that raises, recurses without end or
+    returns a non-str gives ``"<Type object (repr() failed: Error)>"``; a text longer
+    than ``limit`` is cut."""
+    try:
+        text = repr(obj)
+        if not isinstance(text, str):
+            raise TypeError(f"__repr__ returned {_type_name(text)}")
+    except Exception as exc:
+        return f"<{_type_name(obj)} object (repr() failed: {_type_name(exc)})>"
+    return _cut(text, limit)
+
+
+def lone_interrupt(group: BaseExceptionGroup[BaseException]) -> KeyboardInterrupt | None:
+    """The KeyboardInterrupt of ``group`` if, at any depth, it holds nothing else but
+    ``trio.Cancelled`` (the unwinding a Ctrl-C causes); else None.
+
+    Under load a Ctrl-C lands in whatever runtime task holds the Trio thread (a job),
+    and reaches ``open_runtime`` wrapped in the nursery's group: the application must
+    see it as the plain KeyboardInterrupt it sees on an idle runtime (issue 10 #9).
+    """
+    found: KeyboardInterrupt | None = None
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            inner = lone_interrupt(exc)
+            if inner is None:
+                return None
+            found = found or inner
+        elif isinstance(exc, KeyboardInterrupt):
+            found = found or exc
+        elif not isinstance(exc, trio.Cancelled):
+            return None
+    return found
+
+
+def _type_name(obj: object) -> str:
+    try:
+        name = type(obj).__qualname__
+    except Exception:  # a metaclass with a hostile __qualname__
+        return "object"
+    return name if isinstance(name, str) else "object"
+
+
+def _cut(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text)} chars)"

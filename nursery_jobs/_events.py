@@ -1,18 +1,29 @@
-"""Diagnostics events: a best-effort fan-out to subscribers, listeners and the logger."""
+"""Diagnostics events: a best-effort fan-out to subscribers, listeners and the logger.
+
+A fault in a consumer stays with that consumer (issue 10 #1): a subscriber whose
+channel is closed is dropped; a listener that raises anything is logged once, counted,
+and disabled after ``LISTENER_FAILURE_LIMIT`` failures in a row.
+"""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from typing import Any
+from contextlib import contextmanager, suppress
+from typing import Any, Final
 
 import attrs
 import trio
 
 from ._clock import now
+from ._errors import describe_error, safe_repr
 
 logger = logging.getLogger("nursery_jobs")
+
+# A listener that raises this many times in a row is disabled. In a row, not in total:
+# a runtime lives for months, and a total would in the end disable a listener that
+# fails once a day; one that fails on every event is disabled after three.
+LISTENER_FAILURE_LIMIT: Final = 3
 
 
 @attrs.frozen(kw_only=True)
@@ -28,56 +39,131 @@ class Event:
 
 _WARNING_TYPES = frozenset(
     {"alarm:failed", "job:backlog_warning", "job:slow_dispatch", "alarm:memory_limit_reset",
-     "queue:error", "schedule:error", "job:dead_letter", "job:crash_strike"}
+     "queue:error", "schedule:error", "job:dead_letter", "job:crash_strike",
+     "listener:disabled"}
 )
+
+
+class _Listener:
+    __slots__ = ("failures", "fn", "logged")
+
+    def __init__(self, fn: Callable[[Event], object]) -> None:
+        self.fn = fn
+        self.failures = 0  # in a row
+        self.logged = False
 
 
 class EventBus:
     """Delivers events to subscribers (bounded channels) and listeners; never blocks."""
 
-    __slots__ = ("_listeners", "_subscribers", "dropped")
+    __slots__ = ("_disabled", "_listeners", "_subscribers", "dropped", "listener_errors")
 
     def __init__(self) -> None:
         self._subscribers: list[trio.MemorySendChannel[Event]] = []
-        self._listeners: list[Callable[[Event], object]] = []
+        # Replaced, never mutated: emit iterates it while listeners add and remove.
+        self._listeners: tuple[_Listener, ...] = ()
+        self._disabled: list[Callable[[Event], object]] = []
         self.dropped = 0
+        self.listener_errors = 0
 
     @contextmanager
     def subscribe(self, max_buffer: int = 1000) -> Iterator[trio.MemoryReceiveChannel[Event]]:
         """Yield a receive channel of events. A full buffer drops events (counted in
-        ``dropped``) rather than block dispatch. Does not checkpoint."""
+        ``dropped``) rather than block dispatch; a closed channel is dropped itself.
+        Does not checkpoint."""
         send, receive = trio.open_memory_channel[Event](max_buffer)
         self._subscribers.append(send)
         try:
             with receive:
                 yield receive
         finally:
-            self._subscribers.remove(send)
+            with suppress(ValueError):  # already dropped: its receiver was closed
+                self._subscribers.remove(send)
             send.close()
 
     def add_listener(self, fn: Callable[[Event], object]) -> None:
-        """Call ``fn(event)`` synchronously for every event; its errors are logged."""
-        self._listeners.append(fn)
+        """Call ``fn(event)`` synchronously for every event. Whatever it raises is
+        logged (the first time), counted in ``listener_errors``, and after
+        ``LISTENER_FAILURE_LIMIT`` failures in a row the listener is disabled, with a
+        ``listener:disabled`` event."""
+        self._listeners = (*self._listeners, _Listener(fn))
 
     def remove_listener(self, fn: Callable[[Event], object]) -> None:
-        """Stop calling ``fn``."""
-        self._listeners.remove(fn)
+        """Stop calling ``fn`` (a no-op if it was disabled). Raises ``ValueError`` if
+        ``fn`` is not a listener."""
+        for listener in self._listeners:
+            if listener.fn == fn:
+                self._listeners = tuple(x for x in self._listeners if x is not listener)
+                return
+        for disabled in self._disabled:
+            if disabled == fn:
+                self._disabled.remove(disabled)
+                return
+        raise ValueError(f"{safe_repr(fn)} is not a listener")
 
     def emit(self, type: str, namespace: str, object_id: str, **data: Any) -> None:
         """Publish an event. Does not checkpoint and never blocks."""
         level = logging.WARNING if type in _WARNING_TYPES else logging.DEBUG
         if logger.isEnabledFor(level):
-            logger.log(level, "%s %s/%s %r", type, namespace, object_id, data)
+            # safe_repr: a capability's event data may hold anything (issue 10 #2).
+            logger.log(level, "%s %s/%s %s", type, namespace, object_id, safe_repr(data))
         if not self._subscribers and not self._listeners:
             return
         event = Event(type=type, namespace=namespace, object_id=object_id, data=data, time=now())
+        closed = None
         for send in self._subscribers:
             try:
                 send.send_nowait(event)
-            except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+            except trio.WouldBlock:
                 self.dropped += 1
-        for fn in list(self._listeners):
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                closed = [] if closed is None else closed
+                closed.append(send)
+        if closed is not None:
+            self._drop_subscribers(closed)
+        if self._listeners:
+            self._call_listeners(event)
+
+    def _drop_subscribers(self, closed: list[trio.MemorySendChannel[Event]]) -> None:
+        """Forget subscribers whose receive channel is closed (their ``subscribe``
+        block may go on, or never end)."""
+        for send in closed:
+            self._subscribers.remove(send)
+            send.close()
+            self.dropped += 1
+
+    @trio.lowlevel.enable_ki_protection
+    def _call_listeners(self, event: Event) -> None:
+        # KI-protected: a real Ctrl-C arriving while a listener runs is delivered by
+        # Trio to the main task (the application), never raised inside the listener.
+        # So whatever a listener raises — KeyboardInterrupt, SystemExit, a Cancelled it
+        # made — is its own fault, and is caught: emit is called from the middle of the
+        # runtime's bookkeeping (after commits, while an alarm is re-timed), where an
+        # escaping exception would leave that work half done or stop the runtime.
+        for listener in self._listeners:
             try:
-                fn(event)
-            except Exception:
-                logger.exception("event listener %r failed on %s", fn, type)
+                listener.fn(event)
+            except BaseException as exc:
+                self._listener_failed(listener, event, exc)
+            else:
+                if listener.failures:
+                    listener.failures = 0
+
+    def _listener_failed(self, listener: _Listener, event: Event, error: BaseException) -> None:
+        """Count a failure; log the first (with its traceback) and disable the listener
+        at the limit. Later failures cost a counter, not a formatted traceback (a log
+        record per failure made every emit 49x slower)."""
+        self.listener_errors += 1
+        listener.failures += 1
+        if not listener.logged:
+            listener.logged = True
+            logger.error(
+                "event listener %s raised %s on %s (logged once; disabled after %d"
+                " failures in a row)", safe_repr(listener.fn), describe_error(error),
+                event.type, LISTENER_FAILURE_LIMIT, exc_info=error,
+            )
+        if listener.failures >= LISTENER_FAILURE_LIMIT and listener in self._listeners:
+            self._listeners = tuple(x for x in self._listeners if x is not listener)
+            self._disabled.append(listener.fn)
+            self.emit("listener:disabled", "", "", listener=safe_repr(listener.fn),
+                      failures=listener.failures, error=describe_error(error))

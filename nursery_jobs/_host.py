@@ -16,7 +16,13 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import trio
 
 from ._alarm import AlarmHandler, Backoff, ObjectAlarm, Timer, retry_unreachable
-from ._errors import AlarmOwnedError, ObjectFencedError, ObjectResetError, RpcError
+from ._errors import (
+    AlarmOwnedError,
+    ObjectFencedError,
+    ObjectResetError,
+    RpcError,
+    safe_repr,
+)
 from ._events import EventBus
 from ._object import AlarmInfo, DurableObject, ObjectContext, class_path
 from ._storage import Storage
@@ -158,7 +164,8 @@ class ObjectHost:
                 raise
             # A task the object started in its nursery crashed: the object is reset.
             logger.exception("object %s crashed", self.label)
-            site.events.emit("object:error", self.namespace, self.object_id, error=repr(exc))
+            site.events.emit("object:error", self.namespace, self.object_id,
+                             error=safe_repr(exc))
         finally:
             self.close()
         if start_error is not None:

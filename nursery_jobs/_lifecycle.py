@@ -17,7 +17,7 @@ import trio
 from ._alarm import LIFECYCLE_RETRY
 from ._alarm_run import AlarmRun, AlarmRunner, current_run
 from ._capability import Capability
-from ._errors import CapabilityError
+from ._errors import CapabilityError, safe_repr
 from ._job_store import DEFAULT_COMPLETION_GROUP, JobStore
 from ._jobs import HOST, DeadLetter, Job, check_job_id
 from ._object import DurableObject
@@ -228,7 +228,7 @@ class Lifecycle:
                 except Exception as exc:
                     logger.exception("tracked work %r of %s failed", fn, self.label)
                     self.emit("alarm:tracked_work_failed", job=None if job is None else job.id,
-                              error=repr(exc))
+                              error=safe_repr(exc))
         finally:
             if job is not None:
                 key = (job.id, started)
@@ -243,7 +243,7 @@ class Lifecycle:
     # -- memory limits ------------------------------------------------------------------
     async def memory_error(self, job: Job | None, error: MemoryError) -> None:
         """A ``MemoryError`` escaped alarm work: reset the object as the watchdog would."""
-        self.claim.reset(f"MemoryError in the alarm work of {self.label}: {error!r}",
+        self.claim.reset(f"MemoryError in the alarm work of {self.label}: {safe_repr(error)}",
                          memory=True)
         await self.observe_reset(job, self.claim.reset_reason)
         await trio.lowlevel.checkpoint()  # the reset cancels this task here

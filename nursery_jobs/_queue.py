@@ -18,7 +18,7 @@ import attrs
 
 from . import _clock
 from ._capability import CallbackCapability
-from ._errors import JobError, UnknownCallbackError
+from ._errors import JobError, UnknownCallbackError, safe_repr
 from ._jobs import MAX_PRIORITY, Job, JobContext, JobOutcome, RetryOptions, check_job_id
 
 logger = logging.getLogger("nursery_jobs")
@@ -204,7 +204,7 @@ class Queue(CallbackCapability):
     async def on_job_error(self, ctx: JobContext, error: Exception) -> JobOutcome:
         job = ctx.job
         item = item_of(job)
-        self.lifecycle.emit("queue:error", callback=job.fn, id=job.id, error=repr(error),
+        self.lifecycle.emit("queue:error", callback=job.fn, id=job.id, error=safe_repr(error),
                             attempts=ctx.attempt)
         if self.on_error is not None:
             self.running = ctx

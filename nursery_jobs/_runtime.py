@@ -25,10 +25,11 @@ from . import _clock
 from ._alarm import Key, Timer, retry_unreachable
 from ._catalog import check_object_id
 from ._engine import Engine, engine_for
-from ._errors import RpcError, RuntimeClosedError
+from ._errors import RpcError, RuntimeClosedError, lone_interrupt
 from ._events import EventBus
 from ._host import ObjectHost
 from ._object import DurableObject, resolve_namespace
+from ._stall import StallWatch
 
 logger = logging.getLogger("nursery_jobs")
 
@@ -324,6 +325,7 @@ async def open_runtime(
                 nursery.start_soon(rt.timer.run, nursery)
                 nursery.start_soon(engine.serve, rt)
                 nursery.start_soon(_clock.run_anchor, rt._clock_adjusted)
+                nursery.start_soon(StallWatch(rt.events).run)
                 if memory_limit is not None:
                     nursery.start_soon(rt._memory_watchdog)
                 try:
@@ -339,6 +341,9 @@ async def open_runtime(
             # wrapped in the runtime's nursery group; anything else stays grouped.
             if body_error is not None and _only(group, body_error):
                 raise body_error from None
+            # Ctrl-C that landed in a runtime task (under load) reaches the caller plain.
+            if (interrupt := lone_interrupt(group)) is not None:
+                raise interrupt from None
             raise
     finally:
         rt._closing = True

@@ -21,7 +21,7 @@ from cronsim import CronSim, CronSimError
 from . import _clock
 from ._capability import CallbackCapability
 from ._codec import encode_payload
-from ._errors import JobError, UnknownCallbackError
+from ._errors import JobError, UnknownCallbackError, safe_repr
 from ._jobs import (
     Job,
     JobContext,
@@ -288,7 +288,7 @@ class Scheduler(CallbackCapability):
     async def on_job_error(self, ctx: JobContext, error: Exception) -> JobOutcome:
         schedule = schedule_of(ctx.job)
         self.lifecycle.emit("schedule:error", callback=schedule.callback, id=schedule.id,
-                            error=repr(error), attempts=ctx.attempt)
+                            error=safe_repr(error), attempts=ctx.attempt)
         if self.on_error is not None:
             self.running = ctx
             try:

@@ -78,8 +78,16 @@ class Worker(nj.DurableObject):
         self.working = False
 
     async def add(self, jobs: list[tuple[str, str]]) -> None:
-        for job_id, fn in jobs:
-            await self.lifecycle.jobs.push(fn, id=job_id)
+        """Push this object's workload once: atomically, with a mark saying it was (a
+        death while another object's workload is pushed must not push this one again:
+        that would replace jobs that ran, and reset their crash strikes)."""
+        storage = self.ctx.storage
+        with storage.transaction():
+            if storage.get("workload-pushed"):
+                return
+            for job_id, fn in jobs:
+                await self.lifecycle.jobs.push(fn, id=job_id)
+            storage.put("workload-pushed", True)
 
     async def on_job(self, ctx: nj.JobContext) -> nj.JobOutcome:
         pid = os.getpid()

@@ -1,0 +1,242 @@
+"""The event bus (DESIGN.md §6) under faults (issue 10 #1, the listener part): a listener
+that raises anything is logged once, counted and disabled after
+``LISTENER_FAILURE_LIMIT`` failures in a row; it never kills the runtime and never makes
+every emit slow. A subscriber whose channel is closed is dropped."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+from conftest import EPOCH
+
+import nursery_jobs as nj
+from nursery_jobs._events import LISTENER_FAILURE_LIMIT, EventBus
+
+HANG = 100_000
+
+
+class Custom(BaseException):
+    pass
+
+
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("__str__ exploded")
+
+    def __repr__(self) -> str:
+        raise RuntimeError("__repr__ exploded")
+
+
+def _cancelled() -> BaseException:
+    return trio.Cancelled._create()
+
+
+RAISES = {
+    "Exception": lambda: RuntimeError("listener bug"),
+    "KeyboardInterrupt": KeyboardInterrupt,
+    "SystemExit": lambda: SystemExit(3),
+    "GeneratorExit": GeneratorExit,
+    "custom BaseException": Custom,
+    "trio.Cancelled": _cancelled,
+    "unprintable": Unprintable,
+}
+
+
+class Raiser:
+    """A listener that raises ``make()`` (every time, or every other time), and whose
+    own repr raises too."""
+
+    def __init__(self, make: Any, every: int = 1) -> None:
+        self.make = make
+        self.every = every
+        self.calls = 0
+
+    def __call__(self, event: nj.Event) -> None:
+        self.calls += 1
+        if self.calls % self.every == 0:
+            raise self.make()
+
+    def __repr__(self) -> str:
+        raise RuntimeError("listener repr exploded")
+
+
+def records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+@pytest.mark.parametrize("kind", list(RAISES))
+async def test_a_raising_listener_is_logged_once_counted_and_disabled(
+    kind: str, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str],
+) -> None:
+    heard: list[str] = []
+    bad = Raiser(RAISES[kind])
+    async with nj.open_runtime() as rt:
+        with rt.events.subscribe() as channel:
+            rt.events.add_listener(bad)
+            rt.events.add_listener(lambda e: heard.append(e.type))
+            for n in range(100):
+                rt.events.emit("test:one", "ns", "id", n=n)
+            assert bad.calls == LISTENER_FAILURE_LIMIT
+            assert rt.events.listener_errors == LISTENER_FAILURE_LIMIT
+            assert heard.count("test:one") == 100
+            assert heard[-1] == "test:one"
+            disabled = [e for e in heard if e == "listener:disabled"]
+            assert len(disabled) == 1
+            received = []
+            while True:
+                try:
+                    received.append(channel.receive_nowait())
+                except trio.WouldBlock:
+                    break
+            assert [e.data["n"] for e in received if e.type == "test:one"] == list(range(100))
+            (event,) = [e for e in received if e.type == "listener:disabled"]
+            assert event.data["failures"] == LISTENER_FAILURE_LIMIT
+            assert "Raiser" in event.data["listener"]
+            # Disabled: removing it is a no-op, not a ValueError.
+            rt.events.remove_listener(bad)
+    logged = records(caplog)
+    # One record for the first failure (with its traceback), one for the disabling.
+    assert len(logged) == 2, [r.getMessage() for r in logged]
+    assert logged[0].exc_info is not None
+    assert "listener:disabled" in logged[1].getMessage()
+    assert "Logging error" not in capsys.readouterr().err
+
+
+async def test_a_listener_that_fails_now_and_then_is_counted_not_disabled(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    flaky = Raiser(lambda: RuntimeError("every other event"), every=2)
+    async with nj.open_runtime() as rt:
+        rt.events.add_listener(flaky)
+        for n in range(100):
+            rt.events.emit("test:one", "ns", "id", n=n)
+        assert flaky.calls == 100
+        assert rt.events.listener_errors == 50
+        rt.events.remove_listener(flaky)
+        rt.events.emit("test:one", "ns", "id", n=100)
+        assert flaky.calls == 100
+    assert len(records(caplog)) == 1  # the first failure only
+
+
+async def test_remove_listener_of_an_unknown_listener_raises() -> None:
+    bus = EventBus()
+    with pytest.raises(ValueError, match="not a listener"):
+        bus.remove_listener(print)
+
+
+class Host(nj.DurableObject):
+    namespace = "tests.test_events.Host"
+
+    def __init__(self, ctx: nj.ObjectContext) -> None:
+        super().__init__(ctx)
+        self.lifecycle = nj.Lifecycle.install(self)
+
+    async def add(self, n: int) -> None:
+        for i in range(n):
+            await self.lifecycle.jobs.push("work", id=f"j{i}", delay=i)
+
+    async def on_job(self, ctx: nj.JobContext) -> nj.JobOutcome:
+        done: list[tuple[str, float]] = self.ctx.env
+        done.append((ctx.job.id, nj.now() - EPOCH))
+        if ctx.job.id == "j1":
+            raise RuntimeError("retry me")  # a job:retry event, heard by the listeners
+        return None
+
+
+@pytest.mark.parametrize("kind", list(RAISES))
+async def test_a_raising_listener_never_stops_the_runtime(
+    kind: str, autojump_clock: trio.testing.MockClock,
+) -> None:
+    done: list[tuple[str, float]] = []
+    bad = Raiser(RAISES[kind])
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(env=done) as rt:
+            rt.events.add_listener(bad)
+            await rt.get(Host, "h").add(5)
+            await trio.sleep(10)
+    # j1 failed three times (two job:retry events, a job:dead_letter): the listener
+    # heard those three, and was disabled.
+    assert sorted(job for job, _ in done) == ["j0", "j1", "j1", "j1", "j2", "j3", "j4"]
+    assert bad.calls == LISTENER_FAILURE_LIMIT
+
+
+def test_ctrl_c_during_a_listener_still_reaches_the_application() -> None:
+    """A real SIGINT that arrives while a listener runs is Trio's to deliver (to the main
+    task, at its next checkpoint), not the listener's error to swallow. (A plain
+    ``trio.run``: under pytest-trio the main task is the plugin's, not the test's.)"""
+
+    def interrupted(event: nj.Event) -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(1000):  # the handler runs between these bytecodes
+            pass
+
+    async def main() -> None:
+        async with nj.open_runtime() as rt:
+            rt.events.add_listener(interrupted)
+            rt.events.emit("test:one", "ns", "id")
+            assert rt.events.listener_errors == 0
+            await trio.sleep(1)
+            pytest.fail("the KeyboardInterrupt was lost")
+
+    with pytest.raises(KeyboardInterrupt):
+        trio.run(main)
+
+
+async def test_a_subscriber_whose_channel_was_closed_is_dropped() -> None:
+    async with nj.open_runtime() as rt:
+        bus = rt.events
+        with bus.subscribe() as live, bus.subscribe() as gone:
+            gone.close()
+            bus.emit("test:one", "ns", "id")
+            bus.emit("test:two", "ns", "id")
+            assert bus.dropped == 1  # counted once, then forgotten
+            assert len(bus._subscribers) == 1
+            assert [live.receive_nowait().type for _ in range(2)] == ["test:one", "test:two"]
+        assert bus._subscribers == []  # leaving both blocks is clean
+
+
+async def test_an_abandoned_subscription_is_dropped() -> None:
+    async with nj.open_runtime() as rt:
+        bus = rt.events
+        subscription = bus.subscribe()
+        channel = subscription.__enter__()
+        assert len(bus._subscribers) == 1
+        del subscription, channel  # never exited: the generator is collected
+        bus.emit("test:one", "ns", "id")
+        assert bus._subscribers == []
+
+
+async def test_listeners_added_or_removed_during_emit() -> None:
+    bus = EventBus()
+    heard: list[str] = []
+
+    def late(event: nj.Event) -> None:
+        heard.append("late " + event.type)
+
+    def adder(event: nj.Event) -> None:
+        heard.append("adder " + event.type)
+        bus.remove_listener(adder)
+        bus.add_listener(late)
+
+    bus.add_listener(adder)
+    async with nj.open_runtime():  # nj.now() needs a running clock
+        bus.emit("a", "ns", "id")
+        bus.emit("b", "ns", "id")
+    assert heard == ["adder a", "late b"]
+
+
+async def test_event_data_that_cannot_be_printed_is_still_logged(
+    caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str],
+) -> None:
+    caplog.set_level(logging.DEBUG, "nursery_jobs")
+    async with nj.open_runtime() as rt:
+        rt.events.emit("test:odd", "ns", "id", value=Unprintable())
+    (record,) = [r for r in caplog.records if "test:odd" in r.getMessage()]
+    assert "repr() failed" in record.getMessage()
+    assert "Logging error" not in capsys.readouterr().err
