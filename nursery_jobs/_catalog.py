@@ -78,6 +78,7 @@ def object_file_name(namespace: str, object_id: str) -> str:
 def connect(
     path: str, *, synchronous: str, exclusive: bool = False, autocheckpoint: bool = True,
     label: str = "the catalog", busy_timeout: float = 0.0, cache_kib: int = 8192,
+    factory: type[GuardedConnection] = GuardedConnection,
 ) -> GuardedConnection:
     """Open a SQLite connection in autocommit mode with WAL and the given sync level.
 
@@ -90,14 +91,15 @@ def connect(
     fails at once (``StorageFaultError``, cause ``locked``) and is retried with backoff
     by whoever asked. A failed open closes what it opened: a half-open connection would
     keep the file locked in this process for as long as the error is referenced.
+    ``factory`` is the connection class (a subclass injects faults in tests).
 
     Raises:
         StorageFaultError: the file cannot be opened (locked, damaged, disk full...).
     """
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False,
-                           timeout=busy_timeout, factory=GuardedConnection)
+                           timeout=busy_timeout, factory=factory)
     assert isinstance(conn, GuardedConnection)
-    conn.name(label, path)
+    conn.name(label, path, quarantines=exclusive)
     try:
         if exclusive:
             conn.execute("PRAGMA locking_mode=EXCLUSIVE")

@@ -64,7 +64,8 @@ OBJECT_CACHE_KIB: Final = 8192
 class SqliteObject:
     """An object's state in a SQLite database of its own (files or memory engine)."""
 
-    __slots__ = ("_engine", "_keep_open", "alarm", "conn", "file", "namespace", "object_id")
+    __slots__ = ("_crashes", "_engine", "_keep_open", "alarm", "conn", "file", "namespace",
+                 "object_id")
     ships = False  # every commit is durable when it returns
 
     def __init__(
@@ -77,16 +78,23 @@ class SqliteObject:
         self.object_id = object_id
         self.file = file
         self._keep_open = keep_open
+        self._crashes: bool | None = None  # whether crash tokens were found (None: unread)
         self.alarm = engine.get_alarm(namespace, object_id)
 
     def write_alarm(self, time: float | None, retry: int) -> None:
         self._engine.write_alarm(self.namespace, self.object_id, time, retry)
 
     def crash_tokens(self) -> list[tuple[str, float]]:
-        return self._engine.catalog.crashes(self.namespace, self.object_id)
+        tokens = self._engine.catalog.crashes(self.namespace, self.object_id)
+        self._crashes = bool(tokens)
+        return tokens
 
     def clear_crash_tokens(self) -> None:
-        self._engine.catalog.clear_crashes(self.namespace, self.object_id)
+        # No write when there was nothing to clear: one catalog commit fewer per
+        # activation, and none to fail on a full disk.
+        if self._crashes is not False:
+            self._engine.catalog.clear_crashes(self.namespace, self.object_id)
+            self._crashes = False
 
     async def sync(self) -> None:
         await trio.lowlevel.checkpoint()  # every commit here is durable when it returns
@@ -112,6 +120,8 @@ class _CatalogEngine:
 
     catalog: Catalog
     flight: FlightRecord
+    # The class of every connection the engine opens (tests inject faults with one).
+    connection_class: type[GuardedConnection] = GuardedConnection
 
     def __init__(self) -> None:
         # Alarm writes the catalog refused (disk full, read-only, I/O errors): kept here
@@ -280,7 +290,8 @@ class MemoryEngine(_CatalogEngine):
         return "memory"
 
     def open(self, now: float) -> None:
-        self.catalog = Catalog(connect(":memory:", synchronous=self._synchronous))
+        self.catalog = Catalog(connect(":memory:", synchronous=self._synchronous,
+                                       factory=self.connection_class))
         self.flight = FlightRecord(None, FLIGHT_SLOTS)
 
     def close(self) -> None:
@@ -301,7 +312,8 @@ class MemoryEngine(_CatalogEngine):
         conn = self._objects.get(key)
         label = f"{namespace}/{object_id}"
         if conn is None:
-            conn = connect(":memory:", synchronous="OFF", label=label)
+            conn = connect(":memory:", synchronous="OFF", label=label,
+                           factory=self.connection_class)
             prepare(conn, label=label)
             self._objects[key] = conn
         return SqliteObject(self, conn, namespace, object_id, file=":memory:", keep_open=True)
@@ -395,7 +407,8 @@ class FilesEngine(_CatalogEngine):
 
     def _connect_catalog(self, path: Path) -> Catalog:
         conn = connect(str(path), synchronous=self._synchronous, autocheckpoint=False,
-                       label="the catalog", busy_timeout=CATALOG_BUSY_TIMEOUT)
+                       label="the catalog", busy_timeout=CATALOG_BUSY_TIMEOUT,
+                       factory=self.connection_class)
         try:
             return Catalog(conn)
         except BaseException:
@@ -447,7 +460,8 @@ class FilesEngine(_CatalogEngine):
     ) -> GuardedConnection:
         try:
             conn = connect(str(path), synchronous=self._synchronous, exclusive=True,
-                           label=label, cache_kib=OBJECT_CACHE_KIB)
+                           label=label, cache_kib=OBJECT_CACHE_KIB,
+                           factory=self.connection_class)
         except StorageFaultError as exc:
             if exc.cause == "cantopen":
                 raise StorageFaultError(

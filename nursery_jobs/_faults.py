@@ -11,12 +11,13 @@ object and the file, never as a raw ``sqlite3`` error. Errors in the caller's ow
 ``GuardedConnection`` is the connection class of every database the runtime opens: it
 types faults as they are raised, rolls back a transaction whose COMMIT failed (left
 open, every later write of the object would join it and never commit), and, once the
-file is found damaged, refuses every statement until the object leaves memory and its
-file is moved to ``objects/quarantine/``.
+file of an object is found damaged, refuses every statement until the object leaves
+memory and its file is moved to ``objects/quarantine/``.
 """
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from collections.abc import Iterable
 from typing import Any, Final, Literal
@@ -48,6 +49,8 @@ _MESSAGES: Final[tuple[tuple[str, Cause], ...]] = (
     ("disk i/o error", "io"),
     ("unable to open", "cantopen"),
 )
+# Less free space than this on the filesystem of a failing file: it is full.
+_NEARLY_FULL: Final = 64 * 1024
 _EXPLAIN: Final[dict[Cause, str]] = {
     "full": "the disk is full",
     "readonly": "the file or its directory is read-only",
@@ -95,12 +98,28 @@ def fault_error(
     """The typed error for storage fault ``exc`` of ``label``'s database ``file``."""
     if isinstance(exc, StorageFaultError) and cause is None:
         return exc
-    cause = cause or fault_cause(exc) or "io"
+    cause = cause or _refine(fault_cause(exc) or "io", file)
     what = f" while {doing}" if doing else ""
     return StorageFaultError(
         f"the database of {label} ({file}){what}: {_EXPLAIN[cause]} ({exc})",
         label=label, file=file, cause=cause,
     )
+
+
+def _refine(cause: Cause, file: str) -> Cause:
+    """SQLite reports a read-only filesystem, or a full one, as an I/O error when it
+    cannot create a side file (``-wal``): ask the filesystem what it is."""
+    if cause not in ("io", "cantopen") or file in ("", ":memory:"):
+        return cause
+    try:
+        stats = os.statvfs(os.path.dirname(file) or ".")
+    except OSError:
+        return cause
+    if stats.f_flag & os.ST_RDONLY:
+        return "readonly"
+    if stats.f_bavail * stats.f_frsize < _NEARLY_FULL:
+        return "full"
+    return cause
 
 
 class GuardedConnection(sqlite3.Connection):
@@ -113,17 +132,19 @@ class GuardedConnection(sqlite3.Connection):
     label: str = "?"
     file: str = "?"
     broken: StorageFaultError | None = None
+    quarantines = False  # an object's database: refused once found damaged
 
-    def name(self, label: str, file: str) -> None:
+    def name(self, label: str, file: str, *, quarantines: bool = False) -> None:
         self.label = label
         self.file = file
+        self.quarantines = quarantines
 
     def fault(self, exc: sqlite3.Error, sql: str = "") -> StorageFaultError | None:
         """Type ``exc`` raised by ``sql``; None if it is the SQL's own error."""
         if fault_cause(exc) is None:
             return None
         error = fault_error(exc, label=self.label, file=self.file)
-        if error.cause == "corrupt":
+        if error.cause == "corrupt" and self.quarantines:
             self.broken = error
         if self.in_transaction and sql.lstrip()[:6].upper() == "COMMIT":
             # A transaction that cannot commit is dead: left open, the next write of
