@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -424,3 +425,25 @@ async def test_a_read_only_object_file_is_a_typed_error(tmp_path: Path) -> None:
     async with nj.open_runtime(tmp_path) as rt:
         await rt.get(Worker, "a").put("k", 3)
         assert await rt.get(Worker, "a").read("k") == 3
+
+
+# -- (11) memory at scale ------------------------------------------------------------------
+
+
+def _soft_heap_limit() -> int:
+    conn = sqlite3.connect(":memory:")
+    try:
+        return int(conn.execute("PRAGMA soft_heap_limit").fetchone()[0])
+    finally:
+        conn.close()
+
+
+async def test_page_caches_are_bounded_per_object_and_in_all(tmp_path: Path) -> None:
+    from nursery_jobs._engine_files import OBJECT_CACHE_KIB, PAGE_CACHE_BUDGET
+
+    before = _soft_heap_limit()
+    async with nj.open_runtime(tmp_path) as rt:
+        assert await rt.get(Worker, "a").pragma("cache_size") == -OBJECT_CACHE_KIB <= -1
+        assert OBJECT_CACHE_KIB <= 1024
+        assert 0 < _soft_heap_limit() <= PAGE_CACHE_BUDGET
+    assert _soft_heap_limit() == before
