@@ -1,9 +1,11 @@
 """Timer benchmark: 10,000 objects with alarms spread over 10 s of real time.
 
 Reports alarm lateness (p50/p99/max), the catalog's cost of an evicted object with a
-pending alarm, and the resident memory of an active object with an open database.
+pending alarm, and the resident memory per active object at 1k and 10k objects (each
+measured in a fresh process): light objects (one key written) and busy ones (a 1 MiB
+table read through, so the page cache is as full as the database allows).
 
-Run: python benchmarks/timers.py [--objects N] [--spread S] [--json]
+Run: python benchmarks/timers.py [--objects N] [--spread S] [--json] [--memory-only]
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ import argparse
 import gc
 import json
 import os
+import resource
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -41,6 +45,15 @@ class Sleeper(nj.DurableObject):
 
     async def touch(self) -> None:
         self.ctx.storage.put("k", 1)
+
+    async def fill(self, kib: int) -> None:
+        """A database of ``kib`` KiB, read through once (a busy object's cache)."""
+        db = self.ctx.storage
+        db.execute("CREATE TABLE IF NOT EXISTS blob (id INTEGER PRIMARY KEY, v BLOB)")
+        with db.transaction():
+            db.conn.executemany("INSERT INTO blob (v) VALUES (?)",
+                                [(os.urandom(1024),) for _ in range(kib)])
+        db.execute("SELECT sum(length(v)) FROM blob").fetchone()
 
 
 def pct(values: list[float], q: float) -> float:
@@ -80,18 +93,45 @@ async def lateness(path: str, objects: int, spread: float, idle_timeout: float) 
             "armed_late": nj.now() > start}
 
 
-async def memory(path: str, objects: int) -> dict[str, float]:
+async def memory(path: str, objects: int, busy_kib: int = 0) -> dict[str, float]:
+    """Resident memory per active object: ``objects`` objects activated and kept
+    resident, each touched once (``busy_kib=0``) or holding a table of ``busy_kib`` KiB
+    that it has read through (its page cache as full as its database allows)."""
     proc = psutil.Process()
-    async with nj.open_runtime(path, idle_timeout=3600) as rt:
+    async with nj.open_runtime(path, idle_timeout=3600, max_active=objects + 1) as rt:
         await rt.get(Sleeper, "warm").touch()
+        if busy_kib:
+            await rt.get(Sleeper, "warm").fill(busy_kib)
         gc.collect()
         before = proc.memory_info().rss
         for i in range(objects):
-            await rt.get(Sleeper, f"m{i}").touch()
+            stub = rt.get(Sleeper, f"m{i}")
+            await (stub.fill(busy_kib) if busy_kib else stub.touch())
         gc.collect()
         after = proc.memory_info().rss
-        rows = sum(1 for _ in rt.catalog.objects())
-    return {"active_object_kb": (after - before) / objects / 1024, "registered": rows}
+        active = rt.statistics().active_objects
+    return {"objects": objects, "busy_kib": busy_kib, "active": active,
+            "bytes_per_object": (after - before) / objects}
+
+
+def memory_probe(objects: int, busy_kib: int, where: str | None) -> dict[str, float]:
+    """``memory`` in a fresh process (a process's heaps never shrink back)."""
+    out = subprocess.run(
+        [sys.executable, __file__, "--memory-probe", f"{objects},{busy_kib}"]
+        + (["--dir", where] if where else []),
+        check=True, capture_output=True, text=True,
+    ).stdout
+    result: dict[str, float] = json.loads(out)
+    return result
+
+
+def resident_limit() -> int:
+    """How many objects the open-file limit lets stay resident (two files each)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        soft = hard
+    return max(16, (soft - 256) // 2)
 
 
 def main() -> None:
@@ -101,34 +141,55 @@ def main() -> None:
     parser.add_argument("--cold-objects", type=int, default=2_000)
     parser.add_argument("--dir", default=None, help="where to put the data (default: tmp)")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--memory-only", action="store_true")
+    parser.add_argument("--memory-probe", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
-        # Memory first, in a process that has not yet grown its heaps.
-        result = trio.run(memory, os.path.join(tmp, "memory"), 500)
-        catalog = os.path.getsize(os.path.join(tmp, "memory", "catalog.sqlite3"))
-        result["catalog_bytes_per_object"] = catalog / max(result.pop("registered"), 1)
-        result.update(trio.run(lateness, os.path.join(tmp, "warm"), args.objects, args.spread,
-                               60.0))
-        # Cold: every object is evicted after arming, so each alarm re-activates it
-        # (opens its database) before it runs.
-        cold = trio.run(lateness, os.path.join(tmp, "cold"), args.cold_objects, args.spread, 0.2)
-        result.update({f"cold_{k}": v for k, v in cold.items()})
+    if args.memory_probe:
+        objects, busy = (int(x) for x in args.memory_probe.split(","))
+        resident_limit()
+        with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+            row = trio.run(memory, os.path.join(tmp, "m"), objects, busy)
+            catalog = os.path.getsize(os.path.join(tmp, "m", "catalog.sqlite3"))
+            row["catalog_bytes_per_object"] = catalog / (objects + 1)
+            json.dump(row, sys.stdout)
+        return
+    result: dict[str, object] = {}
+    large = min(10_000, resident_limit() - 1)
+    memory_rows = [memory_probe(n, kib, args.dir) for n in (1_000, large) for kib in (0, 1024)]
+    result["memory"] = memory_rows
+    result["catalog_bytes_per_object"] = memory_rows[1]["catalog_bytes_per_object"]
+    if not args.memory_only:
+        with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+            result.update(trio.run(lateness, os.path.join(tmp, "warm"), args.objects,
+                                   args.spread, 60.0))
+            # Cold: every object is evicted after arming, so each alarm re-activates it
+            # (opens its database) before it runs.
+            cold = trio.run(lateness, os.path.join(tmp, "cold"), args.cold_objects,
+                            args.spread, 0.2)
+            result.update({f"cold_{k}": v for k, v in cold.items()})
     if args.json:
         json.dump(result, sys.stdout, indent=2)
         print()
         return
-    print(f"{args.objects} objects, alarms spread over {args.spread:.0f} s (real time);"
-          f" at most {result['max_active']} resident (the open-file limit allows that many)")
-    print(f"  lateness  p50 {result['p50_ms']:.2f} ms   p99 {result['p99_ms']:.2f} ms"
-          f"   max {result['max_ms']:.2f} ms   (targets: p99 <= 5 ms, max <= 50 ms)")
-    print(f"  cold ({args.cold_objects} objects evicted before their alarm): p50"
-          f" {result['cold_p50_ms']:.2f} ms   p99 {result['cold_p99_ms']:.2f} ms"
-          f"   max {result['cold_max_ms']:.2f} ms")
-    print(f"  creating an object's database: {result['create_ms_per_object']:.2f} ms each")
+    if not args.memory_only:
+        print(f"{args.objects} objects, alarms spread over {args.spread:.0f} s (real time);"
+              f" at most {result['max_active']} resident (the open-file limit allows that"
+              " many)")
+        print(f"  lateness  p50 {result['p50_ms']:.2f} ms   p99 {result['p99_ms']:.2f} ms"
+              f"   max {result['max_ms']:.2f} ms   (targets: p99 <= 5 ms, max <= 50 ms)")
+        print(f"  cold ({args.cold_objects} objects evicted before their alarm): p50"
+              f" {result['cold_p50_ms']:.2f} ms   p99 {result['cold_p99_ms']:.2f} ms"
+              f"   max {result['cold_max_ms']:.2f} ms")
+        print(f"  creating an object's database: {result['create_ms_per_object']:.2f} ms each")
     print(f"  evicted object with a pending alarm: its catalog rows only"
           f" (~{result['catalog_bytes_per_object']:.0f} B of catalog per object)")
-    print(f"  active object with an open database: {result['active_object_kb']:.0f} KB RSS"
-          " (target <= 200 KB)")
+    print("  resident memory per active object (page cache: 1 MiB per object, 256 MiB for"
+          " all):")
+    for row in memory_rows:
+        kind = "busy (1 MiB read)" if row["busy_kib"] else "light (one key)"
+        print(f"    {int(row['objects']):>6} active, {kind:<18}"
+              f" {row['bytes_per_object'] / 1024:8.0f} KiB per object"
+              f"  ({row['bytes_per_object'] * row['objects'] / 2**20:6.0f} MiB in all)")
 
 
 if __name__ == "__main__":

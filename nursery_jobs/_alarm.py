@@ -18,7 +18,7 @@ import attrs
 import trio
 
 from . import _clock
-from ._errors import safe_repr
+from ._errors import StorageError, safe_repr
 
 if TYPE_CHECKING:
     from ._engine import Engine, FlightSlot, ObjectState
@@ -179,7 +179,10 @@ class ObjectAlarm:
     def failed(self, failure: BaseException, retry: int) -> None:
         """A run of this alarm failed: re-time it by the policy, or drop it."""
         label = f"{self.namespace}/{self.object_id}"
-        delay = self.policy.delay(retry)
+        # nj-faults hook: a storage fault (disk full, a damaged or locked file) is the
+        # platform's, not the object's: retried with backoff for good, never dropped.
+        policy = ACTIVATION_RETRY if isinstance(failure, StorageError) else self.policy
+        delay = policy.delay(retry)
         if delay is None:
             logger.error("alarm of %s failed after %d retries; dropping it", label, retry,
                          exc_info=failure)

@@ -1,12 +1,19 @@
-"""The catalog database: the registry of objects and the alarm index the timer reads."""
+"""The catalog database: the registry of objects and the alarm index the timer reads.
+
+The catalog is an index: every fact in it but a plain object's alarm can be rebuilt
+from the object files (``_rebuild``). A registry row's ``created`` flag says the
+object's file was created (its first open succeeded): a file missing then is a fault,
+never a reason to start the object empty.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from ._errors import ObjectIdError
+from ._faults import GuardedConnection
 
 MAX_OBJECT_ID_LENGTH = 1024
 
@@ -17,6 +24,7 @@ CREATE TABLE IF NOT EXISTS nj_objects (
     file TEXT NOT NULL,
     class_path TEXT NOT NULL,
     created_at REAL NOT NULL,
+    created INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (namespace, object_id)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS nj_alarms (
@@ -68,34 +76,54 @@ def object_file_name(namespace: str, object_id: str) -> str:
 
 
 def connect(
-    path: str, *, synchronous: str, exclusive: bool = False, autocheckpoint: bool = True
-) -> sqlite3.Connection:
+    path: str, *, synchronous: str, exclusive: bool = False, autocheckpoint: bool = True,
+    label: str = "the catalog", busy_timeout: float = 0.0, cache_kib: int = 8192,
+    factory: type[GuardedConnection] = GuardedConnection,
+) -> GuardedConnection:
     """Open a SQLite connection in autocommit mode with WAL and the given sync level.
 
     ``exclusive`` holds the file's lock for the connection's life: no shared-memory
     index file (one file descriptor fewer per open object) and cheaper commits
     (measured: 26 µs instead of 35 µs). Object databases are the runtime's alone.
+
+    ``busy_timeout`` is 0 by default: SQLite's busy wait sleeps inline, on the Trio
+    thread (5 s per attempt with Python's default), so a file locked by another process
+    fails at once (``StorageFaultError``, cause ``locked``) and is retried with backoff
+    by whoever asked. A failed open closes what it opened: a half-open connection would
+    keep the file locked in this process for as long as the error is referenced.
+    ``factory`` is the connection class (a subclass injects faults in tests).
+
+    Raises:
+        StorageFaultError: the file cannot be opened (locked, damaged, disk full...).
     """
-    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    if exclusive:
-        conn.execute("PRAGMA locking_mode=EXCLUSIVE")
-    # The sync level first: switching a new file to WAL under the default FULL costs
-    # several fsyncs (measured: 13 ms per new object database on this disk).
-    conn.execute(f"PRAGMA synchronous={synchronous}")
-    # Up to 8 MiB of page cache (allocated only as a database grows): a 100k-job queue
-    # then stays in memory instead of re-reading index pages for every job.
-    conn.execute("PRAGMA cache_size=-8192")
-    if autocheckpoint:
-        # Checkpoint (an fsync, inline in a commit) only every ~40 MB of WAL: with the
-        # default 4 MB the timer benchmark saw stalls (p99 lateness 369 ms -> 1.5 ms).
-        conn.execute("PRAGMA wal_autocheckpoint=10000")
-    else:
-        # The owner checkpoints from a worker thread instead: an automatic checkpoint
-        # runs inside a commit and fsyncs, stalling the Trio thread (measured: alarm
-        # lateness p99 409 ms with it, 1.6 ms without, 9,000 objects over 10 s).
-        conn.execute("PRAGMA wal_autocheckpoint=0")
-    if path != ":memory:":
-        conn.execute("PRAGMA journal_mode=WAL")
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False,
+                           timeout=busy_timeout, factory=factory)
+    assert isinstance(conn, GuardedConnection)
+    conn.name(label, path, quarantines=exclusive)
+    try:
+        if exclusive:
+            conn.execute("PRAGMA locking_mode=EXCLUSIVE")
+        # The sync level first: switching a new file to WAL under the default FULL
+        # costs several fsyncs (measured: 13 ms per new object database on this disk).
+        conn.execute(f"PRAGMA synchronous={synchronous}")
+        # A bound on the page cache (allocated only as a database grows).
+        conn.execute(f"PRAGMA cache_size=-{int(cache_kib)}")
+        if autocheckpoint:
+            # Checkpoint (an fsync, inline in a commit) only every ~40 MB of WAL: with
+            # the default 4 MB the timer benchmark saw stalls (p99 lateness 369 ms ->
+            # 1.5 ms).
+            conn.execute("PRAGMA wal_autocheckpoint=10000")
+        else:
+            # The owner checkpoints from a worker thread instead: an automatic
+            # checkpoint runs inside a commit and fsyncs, stalling the Trio thread
+            # (measured: alarm lateness p99 409 ms with it, 1.6 ms without, 9,000
+            # objects over 10 s).
+            conn.execute("PRAGMA wal_autocheckpoint=0")
+        if path != ":memory:":
+            conn.execute("PRAGMA journal_mode=WAL")
+    except BaseException:
+        conn.close()
+        raise
     return conn
 
 
@@ -105,25 +133,87 @@ class Catalog:
     Every method runs one or two statements inline and commits (autocommit).
     """
 
-    __slots__ = ("_conn",)
+    __slots__ = ("_conn", "migrated_created")
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
         conn.executescript(_SCHEMA)
+        columns = {row[1] for row in conn.execute("PRAGMA table_info(nj_objects)")}
+        # Catalogs written before the ``created`` flag: the engine sets it for the rows
+        # whose file exists (``mark_created``).
+        self.migrated_created = "created" not in columns
+        if self.migrated_created:
+            conn.execute(
+                "ALTER TABLE nj_objects ADD COLUMN created INTEGER NOT NULL DEFAULT 0"
+            )
 
     def close(self) -> None:
         self._conn.close()
 
-    def register(self, namespace: str, object_id: str, class_path: str, now: float) -> str:
-        """Record an object (once) and return its database file name."""
-        file = object_file_name(namespace, object_id)
+    def check(self) -> str | None:
+        """What ``PRAGMA quick_check`` finds wrong with the catalog, or None."""
+        rows = [str(row[0]) for row in self._conn.execute("PRAGMA quick_check")]
+        return None if rows == ["ok"] else "; ".join(rows[:5])
+
+    def register(
+        self, namespace: str, object_id: str, class_path: str, now: float
+    ) -> tuple[str, bool]:
+        """Record an object (once); return its database file name and whether that
+        file was created (its first open succeeded)."""
+        row = self._conn.execute(
+            "SELECT file, class_path, created FROM nj_objects"
+            " WHERE namespace = ? AND object_id = ?",
+            (namespace, object_id),
+        ).fetchone()
+        if row is None:
+            file = object_file_name(namespace, object_id)
+            self._conn.execute(
+                "INSERT INTO nj_objects (namespace, object_id, file, class_path, created_at)"
+                " VALUES (?, ?, ?, ?, ?)",
+                (namespace, object_id, file, class_path, now),
+            )
+            return file, False
+        if row[1] != class_path:
+            self._conn.execute(
+                "UPDATE nj_objects SET class_path = ? WHERE namespace = ? AND object_id = ?",
+                (class_path, namespace, object_id),
+            )
+        return str(row[0]), bool(row[2])
+
+    def mark_created(self, namespace: str, object_id: str) -> None:
+        """The object's file exists now: from here on, its absence is a fault."""
         self._conn.execute(
-            "INSERT INTO nj_objects (namespace, object_id, file, class_path, created_at)"
-            " VALUES (?, ?, ?, ?, ?) ON CONFLICT DO UPDATE SET class_path = excluded.class_path"
-            " WHERE class_path != excluded.class_path",
-            (namespace, object_id, file, class_path, now),
+            "UPDATE nj_objects SET created = 1 WHERE namespace = ? AND object_id = ?",
+            (namespace, object_id),
         )
-        return file
+
+    def mark_files_created(self, files: Iterable[str]) -> None:
+        """Set the ``created`` flag of the rows whose file is among ``files``."""
+        self._conn.executemany(
+            "UPDATE nj_objects SET created = 1 WHERE file = ?", [(file,) for file in files]
+        )
+
+    def files(self) -> set[str]:
+        """The database file names of every registered object."""
+        return {str(row[0]) for row in self._conn.execute("SELECT file FROM nj_objects")}
+
+    def adopt(
+        self, namespace: str, object_id: str, class_path: str, now: float,
+        alarm: float | None,
+    ) -> None:
+        """Register an object found on disk (its file exists: ``created``), with the
+        alarm its earliest job implies; an alarm already set is only ever lowered."""
+        self._conn.execute(
+            "INSERT INTO nj_objects (namespace, object_id, file, class_path, created_at,"
+            " created) VALUES (?, ?, ?, ?, ?, 1) ON CONFLICT DO UPDATE SET created = 1",
+            (namespace, object_id, object_file_name(namespace, object_id), class_path, now),
+        )
+        if alarm is not None:
+            self._conn.execute(
+                "INSERT INTO nj_alarms (namespace, object_id, time, retry) VALUES (?, ?, ?, 0)"
+                " ON CONFLICT DO UPDATE SET time = excluded.time WHERE excluded.time < time",
+                (namespace, object_id, alarm),
+            )
 
     def forget(self, namespace: str, object_id: str) -> None:
         """Remove an object's registry row and alarm."""
@@ -137,6 +227,14 @@ class Catalog:
                 "DELETE FROM nj_alarms WHERE namespace = ? AND object_id = ?",
                 (namespace, object_id),
             )
+
+    def forget_file(self, file: str) -> None:
+        """Remove the registry row and alarm of the object whose file is ``file``."""
+        row = self._conn.execute(
+            "SELECT namespace, object_id FROM nj_objects WHERE file = ?", (file,)
+        ).fetchone()
+        if row is not None:
+            self.forget(str(row[0]), str(row[1]))
 
     def class_path(self, namespace: str) -> str | None:
         row = self._conn.execute(

@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ._errors import EngineError
+
+if TYPE_CHECKING:
+    from ._events import EventBus  # nj-faults hook: engines emit (catalog:rebuilt...)
 
 
 class FlightSlot(Protocol):
@@ -120,6 +123,8 @@ class Engine(Protocol):
 
 class EngineSite(Protocol):
     """What an engine may ask of the runtime that opened it."""
+
+    events: EventBus  # nj-faults hook: where an engine reports storage faults
 
     def earliest_alarm(self) -> float:
         """The time the timer sleeps until (``inf`` when no alarm is pending)."""

@@ -7,22 +7,37 @@ flight record) and ``runtime.lock`` (held with ``flock`` while a runtime runs).
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
+import math
 import os
 import sqlite3
 from contextlib import suppress
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
 from . import _clock
+from ._alarm import Backoff
 from ._catalog import Catalog, connect, object_file_name
 from ._engine import EngineSite, FlightSlot
-from ._errors import RuntimeLockedError, StorageError
+from ._errors import RuntimeLockedError
+from ._faults import GuardedConnection, StorageFaultError
 from ._flight import FlightRecord
+from ._rebuild import (
+    DESTROYED_SUFFIX,
+    adopt_files,
+    finish_destroys,
+    move_aside,
+    quarantine_path,
+    stamp_identity,
+)
 from ._schema import prepare
+
+if TYPE_CHECKING:
+    from ._events import EventBus
 
 logger = logging.getLogger("nursery_jobs")
 
@@ -32,68 +47,261 @@ FLIGHT_SLOTS: Final = 64
 CHECKPOINT_INTERVAL: Final = 1.0
 CHECKPOINT_WAL_BYTES: Final = 4 * 1024 * 1024
 CHECKPOINT_WAL_MAX: Final = 256 * 1024 * 1024
+# An object file locked by another process: tried again this often (Trio sleeps) before
+# the open fails; the alarm or the caller then retries with its own backoff.
+LOCKED_RETRY: Final = Backoff(base=0.05, max_retries=4)
+# The catalog is shared with nobody but ``nursery-jobs`` and the checkpoint thread (WAL:
+# readers never block its writer): a short inline wait at most.
+CATALOG_BUSY_TIMEOUT: Final = 0.05
+# The timer's reads of an alarm index that fails (a damaged catalog, I/O errors).
+INDEX_RETRY: Final = Backoff(base=1.0, cap=300.0)
+# Alarm writes the catalog refused are written again this often.
+HELD_RETRY_INTERVAL: Final = 1.0
+# Page cache per object database, KiB. 1 MiB, not 8: a 100k-job queue dispatches as fast
+# (the OS page cache serves the rest; measured 12.7 µs per job either way), and a busy
+# object holds 1.2 MB instead of up to 8 (benchmarks/timers.py, memory).
+OBJECT_CACHE_KIB: Final = 1024
+# What all object databases' page caches may hold together (SQLite's soft heap limit,
+# process-wide: past it, caches recycle their own pages instead of growing). Measured
+# with 1,000 busy objects (1 MiB each, read through): 1.2 MB per object without it,
+# 440 KB with it.
+PAGE_CACHE_BUDGET: Final = 256 * 1024 * 1024
+
+
+class _HeapBudget:
+    """SQLite's soft heap limit while any files engine is open, restored after."""
+
+    users = 0
+    previous = 0
+
+    @classmethod
+    def acquire(cls, budget: int) -> None:
+        conn = sqlite3.connect(":memory:")
+        try:
+            current = int(conn.execute("PRAGMA soft_heap_limit").fetchone()[0])
+            if cls.users == 0:
+                cls.previous = current
+            if budget > 0 and (current == 0 or budget < current):
+                conn.execute(f"PRAGMA soft_heap_limit={int(budget)}")
+        finally:
+            conn.close()
+        cls.users += 1
+
+    @classmethod
+    def release(cls) -> None:
+        cls.users -= 1
+        if cls.users == 0:
+            conn = sqlite3.connect(":memory:")
+            try:
+                conn.execute(f"PRAGMA soft_heap_limit={int(cls.previous)}")
+            finally:
+                conn.close()
 
 
 class SqliteObject:
     """An object's state in a SQLite database of its own (files or memory engine)."""
 
-    __slots__ = ("_catalog", "_keep_open", "alarm", "conn", "namespace", "object_id")
+    __slots__ = ("_crashes", "_engine", "_keep_open", "alarm", "conn", "file", "namespace",
+                 "object_id")
     ships = False  # every commit is durable when it returns
 
     def __init__(
-        self, catalog: Catalog, conn: sqlite3.Connection, namespace: str, object_id: str, *,
-        keep_open: bool,
+        self, engine: _CatalogEngine, conn: GuardedConnection, namespace: str, object_id: str,
+        *, file: str, keep_open: bool,
     ) -> None:
-        self._catalog = catalog
+        self._engine = engine
         self.conn = conn
         self.namespace = namespace
         self.object_id = object_id
+        self.file = file
         self._keep_open = keep_open
-        self.alarm = catalog.get_alarm(namespace, object_id)
+        self._crashes: bool | None = None  # whether crash tokens were found (None: unread)
+        self.alarm = engine.get_alarm(namespace, object_id)
 
     def write_alarm(self, time: float | None, retry: int) -> None:
-        if time is None:
-            self._catalog.delete_alarm(self.namespace, self.object_id)
-        else:
-            self._catalog.set_alarm(self.namespace, self.object_id, time, retry)
+        self._engine.write_alarm(self.namespace, self.object_id, time, retry)
 
     def crash_tokens(self) -> list[tuple[str, float]]:
-        return self._catalog.crashes(self.namespace, self.object_id)
+        tokens = self._engine.catalog.crashes(self.namespace, self.object_id)
+        self._crashes = bool(tokens)
+        return tokens
 
     def clear_crash_tokens(self) -> None:
-        self._catalog.clear_crashes(self.namespace, self.object_id)
+        # No write when there was nothing to clear: one catalog commit fewer per
+        # activation, and none to fail on a full disk.
+        if self._crashes is not False:
+            self._engine.catalog.clear_crashes(self.namespace, self.object_id)
+            self._crashes = False
 
     async def sync(self) -> None:
         await trio.lowlevel.checkpoint()  # every commit here is durable when it returns
 
     def close(self) -> None:
         conn = self.conn
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")  # never leave a half-written transaction behind
+        try:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")  # never leave a half-written transaction behind
+        except sqlite3.Error:
+            logger.warning("rolling back the open transaction of %s/%s failed",
+                           self.namespace, self.object_id, exc_info=True)
         if not self._keep_open:
             conn.close()
+        if conn.broken is not None:
+            self._engine.quarantine(self.namespace, self.object_id, self.file, conn.broken)
 
 
 class _CatalogEngine:
-    """What the files and memory engines share: the catalog and the flight record."""
+    """What the files and memory engines share: the catalog, the flight record, alarms
+    kept in memory while the catalog cannot be written, and events raised before the
+    runtime's event bus was at hand."""
 
     catalog: Catalog
     flight: FlightRecord
+    # The class of every connection the engine opens (tests inject faults with one).
+    connection_class: type[GuardedConnection] = GuardedConnection
 
+    def __init__(self) -> None:
+        # Alarm writes the catalog refused (disk full, read-only, I/O errors): kept here
+        # and written again every HELD_RETRY_INTERVAL. Only writes that leave the index
+        # holding an earlier alarm are kept (an early wake is harmless, a lost one is
+        # not); any other refused write raises to its writer.
+        self._held: dict[tuple[str, str], tuple[float | None, int]] = {}
+        self._held_event = trio.Event()
+        # The timer's reads of the alarm index failing: when to try again.
+        self._index_failures = 0
+        self._index_retry_at = -math.inf
+        self._events: EventBus | None = None
+        self._pending_events: list[tuple[str, str, str, dict[str, Any]]] = []
+
+    # -- events -----------------------------------------------------------------------
+    def emit(self, type: str, namespace: str, object_id: str, **data: Any) -> None:
+        """Emit an event on the runtime's bus (queued until ``serve`` starts)."""
+        if self._events is None:
+            self._pending_events.append((type, namespace, object_id, data))
+        else:
+            self._events.emit(type, namespace, object_id, **data)
+
+    def _attach(self, site: EngineSite) -> None:
+        self._events = site.events
+        pending, self._pending_events = self._pending_events, []
+        for type, namespace, object_id, data in pending:
+            site.events.emit(type, namespace, object_id, **data)
+
+    # -- objects --------------------------------------------------------------------------
     def class_path(self, namespace: str) -> str | None:
         return self.catalog.class_path(namespace)
 
+    def quarantine(
+        self, namespace: str, object_id: str, file: str, error: StorageFaultError
+    ) -> None:
+        """A damaged object file left memory (files engine: moved aside)."""
+
+    # -- the alarm index (the timer's side) -------------------------------------------------
     def due(self, now: float, limit: int) -> list[tuple[str, str]]:
-        return [(ns, oid) for ns, oid, _time, _retry in self.catalog.due(now, limit)]
+        if now < self._index_retry_at:
+            return []
+        held = self._held
+        try:
+            rows = self.catalog.due(now, limit + len(held))
+        except StorageFaultError as exc:
+            self._index_failed(exc, now)
+            return []
+        self._index_failures = 0
+        due = []
+        for ns, oid, _time, _retry in rows:
+            kept = held.get((ns, oid)) if held else None
+            if kept is not None and (kept[0] is None or kept[0] > now):
+                continue  # retried later than the index says: the in-memory time rules
+            due.append((ns, oid))
+        return due[:limit]
 
     def next_alarm_after(self, now: float) -> float | None:
-        return self.catalog.next_after(now)
+        if self._index_failures:
+            return max(self._index_retry_at, now)
+        try:
+            time = self.catalog.next_after(now)
+        except StorageFaultError as exc:
+            self._index_failed(exc, now)
+            return self._index_retry_at
+        for kept, _retry in self._held.values():
+            if kept is not None and kept > now and (time is None or kept < time):
+                time = kept
+        return time
+
+    def _index_failed(self, exc: StorageFaultError, now: float) -> None:
+        delay = INDEX_RETRY.delay(self._index_failures)
+        assert delay is not None
+        self._index_failures += 1
+        self._index_retry_at = now + delay
+        self.emit("catalog:error", "", "", error=str(exc), cause=exc.cause, delay=delay,
+                  hint="restart the runtime to rebuild a damaged catalog"
+                  if exc.cause == "corrupt" else None)
 
     def get_alarm(self, namespace: str, object_id: str) -> tuple[float, int] | None:
+        kept = self._held.get((namespace, object_id)) if self._held else None
+        if kept is not None:
+            return None if kept[0] is None else (kept[0], kept[1])
         return self.catalog.get_alarm(namespace, object_id)
 
     def set_alarm(self, namespace: str, object_id: str, time: float, retry: int) -> None:
-        self.catalog.set_alarm(namespace, object_id, time, retry)
+        self.write_alarm(namespace, object_id, time, retry)
+
+    def write_alarm(
+        self, namespace: str, object_id: str, time: float | None, retry: int
+    ) -> None:
+        """Set (or with None, delete) an alarm in the index. A write the catalog refuses
+        is kept in memory when the index then still holds an earlier alarm (a retry's
+        backoff, say: the object is not woken again before it) and raises otherwise.
+
+        Raises:
+            StorageFaultError: the catalog cannot be written, and keeping the write in
+                memory could lose a wake-up (a new or lowered alarm).
+        """
+        key = (namespace, object_id)
+        try:
+            if time is None:
+                self.catalog.delete_alarm(namespace, object_id)
+            else:
+                self.catalog.set_alarm(namespace, object_id, time, retry)
+        except StorageFaultError as exc:
+            try:
+                current = self.catalog.get_alarm(namespace, object_id)
+            except StorageFaultError:
+                raise exc from None
+            if current is None or (time is not None and time < current[0]):
+                raise
+            if not self._held:
+                logger.error(
+                    "the catalog cannot be written (%s); alarm retries are kept in memory and"
+                    " written again every %.0f s", exc, HELD_RETRY_INTERVAL,
+                )
+                self._held_event.set()
+            self._held[key] = (time, retry)
+            return
+        if self._held:
+            self._held.pop(key, None)
+
+    def write_held(self) -> None:
+        """Write the alarms kept in memory to the catalog, while it takes them."""
+        for (namespace, object_id), (time, retry) in list(self._held.items()):
+            try:
+                if time is None:
+                    self.catalog.delete_alarm(namespace, object_id)
+                else:
+                    self.catalog.set_alarm(namespace, object_id, time, retry)
+            except StorageFaultError:
+                return
+            del self._held[(namespace, object_id)]
+        if self._held_event.is_set():
+            logger.warning("the catalog can be written again; the alarms kept in memory are"
+                           " written")
+            self._held_event = trio.Event()
+
+    async def _serve_held(self) -> None:
+        while True:
+            await self._held_event.wait()
+            await trio.sleep(HELD_RETRY_INTERVAL)
+            self.write_held()
 
     def alarm_count(self) -> int:
         return self.catalog.alarm_count()
@@ -110,15 +318,17 @@ class MemoryEngine(_CatalogEngine):
     as long as the engine, so an evicted object comes back with its data."""
 
     def __init__(self, *, synchronous: str) -> None:
+        super().__init__()
         self._synchronous = synchronous
-        self._objects: dict[tuple[str, str], sqlite3.Connection] = {}
+        self._objects: dict[tuple[str, str], GuardedConnection] = {}
 
     @property
     def label(self) -> str:
         return "memory"
 
     def open(self, now: float) -> None:
-        self.catalog = Catalog(connect(":memory:", synchronous=self._synchronous))
+        self.catalog = Catalog(connect(":memory:", synchronous=self._synchronous,
+                                       factory=self.connection_class))
         self.flight = FlightRecord(None, FLIGHT_SLOTS)
 
     def close(self) -> None:
@@ -129,18 +339,21 @@ class MemoryEngine(_CatalogEngine):
             self.catalog.close()
 
     async def serve(self, site: EngineSite) -> None:
-        await trio.sleep_forever()
+        self._attach(site)
+        await self._serve_held()
 
     async def open_object(self, namespace: str, object_id: str, class_path: str) -> SqliteObject:
         await trio.lowlevel.checkpoint()
         self.catalog.register(namespace, object_id, class_path, _clock.now())
         key = (namespace, object_id)
         conn = self._objects.get(key)
+        label = f"{namespace}/{object_id}"
         if conn is None:
-            conn = connect(":memory:", synchronous="OFF")
-            prepare(conn, label=f"{namespace}/{object_id}")
+            conn = connect(":memory:", synchronous="OFF", label=label,
+                           factory=self.connection_class)
+            prepare(conn, label=label)
             self._objects[key] = conn
-        return SqliteObject(self.catalog, conn, namespace, object_id, keep_open=True)
+        return SqliteObject(self, conn, namespace, object_id, file=":memory:", keep_open=True)
 
     def destroy_object(self, namespace: str, object_id: str) -> None:
         self.catalog.forget(namespace, object_id)
@@ -152,20 +365,30 @@ class MemoryEngine(_CatalogEngine):
 class FilesEngine(_CatalogEngine):
     """A data directory on disk."""
 
-    def __init__(self, path: str | os.PathLike[str], *, synchronous: str) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], *, synchronous: str,
+        page_cache_budget: int = PAGE_CACHE_BUDGET,
+    ) -> None:
+        super().__init__()
         self.path = Path(path)
         self._synchronous = synchronous
         self._lock_fd: int | None = None
+        self._budget = page_cache_budget
+        self._budget_held = False
 
     @property
     def label(self) -> str:
         return str(self.path)
 
+    @property
+    def objects_dir(self) -> Path:
+        return self.path / "objects"
+
     def object_path(self, namespace: str, object_id: str) -> Path:
-        return self.path / "objects" / object_file_name(namespace, object_id)
+        return self.objects_dir / object_file_name(namespace, object_id)
 
     def open(self, now: float) -> None:
-        (self.path / "objects").mkdir(parents=True, exist_ok=True)
+        self.objects_dir.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path / "runtime.lock", os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -175,11 +398,10 @@ class FilesEngine(_CatalogEngine):
                 f"{self.path} is in use by another runtime (in this or another process)"
             ) from None
         self._lock_fd = fd
+        _HeapBudget.acquire(self._budget)
+        self._budget_held = True
         try:
-            self.catalog = Catalog(
-                connect(str(self.path / "catalog.sqlite3"), synchronous=self._synchronous,
-                        autocheckpoint=False)
-            )
+            self._open_catalog(now)
             self.flight = FlightRecord(self.path / "flight.rec", FLIGHT_SLOTS)
         except BaseException:
             self.close()
@@ -193,6 +415,50 @@ class FilesEngine(_CatalogEngine):
             self.catalog.add_crashes(crashed, now)
         self.flight.wipe()
 
+    # -- the catalog: an index, rebuilt from the object files when damaged or lost --------
+    def _open_catalog(self, now: float) -> None:
+        path = self.path / "catalog.sqlite3"
+        existed = path.exists() and path.stat().st_size > 0
+        damage = None
+        try:
+            self.catalog = self._connect_catalog(path)
+            damage = self.catalog.check()
+            if damage is not None:
+                self.catalog.close()
+        except StorageFaultError as exc:
+            if exc.cause != "corrupt":
+                raise
+            with suppress(AttributeError):
+                self.catalog.close()
+            damage = str(exc)
+        moved = None
+        if damage is not None:
+            moved = move_aside(path, self.path / f"catalog.sqlite3.damaged-{int(now)}")
+            self.catalog = self._connect_catalog(path)
+        finish_destroys(self.catalog, self.objects_dir)
+        if self.catalog.migrated_created:
+            with os.scandir(self.objects_dir) as entries:
+                self.catalog.mark_files_created([e.name for e in entries])
+        adopted = adopt_files(self.catalog, self.objects_dir, now)
+        if damage is None and not adopted.objects and not adopted.skipped:
+            return
+        reason = (f"damaged: {damage}" if damage is not None
+                  else "missing" if not existed
+                  else "incomplete: object files it did not list")
+        self.emit("catalog:rebuilt", "", "", reason=reason, objects=adopted.objects,
+                  alarms=adopted.alarms, skipped=len(adopted.skipped),
+                  moved_to=None if moved is None else str(moved))
+
+    def _connect_catalog(self, path: Path) -> Catalog:
+        conn = connect(str(path), synchronous=self._synchronous, autocheckpoint=False,
+                       label="the catalog", busy_timeout=CATALOG_BUSY_TIMEOUT,
+                       factory=self.connection_class)
+        try:
+            return Catalog(conn)
+        except BaseException:
+            conn.close()
+            raise
+
     def close(self) -> None:
         with suppress(AttributeError):
             self.catalog.close()
@@ -201,32 +467,101 @@ class FilesEngine(_CatalogEngine):
         if self._lock_fd is not None:
             os.close(self._lock_fd)  # closing the descriptor releases the flock
             self._lock_fd = None
+        if self._budget_held:
+            self._budget_held = False
+            _HeapBudget.release()
 
+    # -- objects ----------------------------------------------------------------------------
     async def open_object(self, namespace: str, object_id: str, class_path: str) -> SqliteObject:
+        """Open the object's database. A file locked by another process is tried again
+        with backoff (``LOCKED_RETRY``, in Trio sleeps, never SQLite's inline busy wait)
+        before ``StorageFaultError`` (cause ``locked``) is raised; a damaged file is
+        quarantined; a file the catalog says was created but is gone is never replaced
+        by an empty one."""
         await trio.lowlevel.checkpoint()
-        file = self.catalog.register(namespace, object_id, class_path, _clock.now())
         label = f"{namespace}/{object_id}"
+        file, created = self.catalog.register(namespace, object_id, class_path, _clock.now())
+        path = self.objects_dir / file
+        if created and not path.exists():
+            raise self._missing(label, file)
+        attempt = 0
+        while True:
+            try:
+                conn = self._open_file(path, label, namespace, object_id, class_path)
+                break
+            except StorageFaultError as exc:
+                if exc.cause == "corrupt":
+                    self.quarantine(namespace, object_id, file, exc)
+                    raise
+                delay = LOCKED_RETRY.delay(attempt) if exc.cause == "locked" else None
+                if delay is None:
+                    raise
+            await trio.sleep(delay)
+            attempt += 1
+        if not created:
+            self.catalog.mark_created(namespace, object_id)
+        return SqliteObject(self, conn, namespace, object_id, file=file, keep_open=False)
+
+    def _open_file(
+        self, path: Path, label: str, namespace: str, object_id: str, class_path: str
+    ) -> GuardedConnection:
         try:
-            conn = connect(str(self.path / "objects" / file), synchronous=self._synchronous,
-                           exclusive=True)
-        except sqlite3.OperationalError as exc:
-            raise StorageError(
-                f"cannot open the database of {label} ({file}): {exc}. If the open-file"
-                " limit is reached, lower max_active or raise the limit"
-            ) from exc
+            conn = connect(str(path), synchronous=self._synchronous, exclusive=True,
+                           label=label, cache_kib=OBJECT_CACHE_KIB,
+                           factory=self.connection_class)
+        except StorageFaultError as exc:
+            if exc.cause == "cantopen":
+                raise StorageFaultError(
+                    f"cannot open the database of {label} ({path}): {_why_not(path)} ({exc})",
+                    label=label, file=str(path), cause="cantopen",
+                ) from exc
+            raise
         try:
             prepare(conn, label=label)
+            stamp_identity(conn, namespace, object_id, class_path)
         except BaseException:
             conn.close()
             raise
-        return SqliteObject(self.catalog, conn, namespace, object_id, keep_open=False)
+        return conn
+
+    def _missing(self, label: str, file: str) -> StorageFaultError:
+        held = quarantine_path(self.objects_dir, file)
+        where = (f"it was quarantined to {held}; move it back to restore the object"
+                 if held.exists() else
+                 "restore it from a backup; the object is not recreated empty")
+        return StorageFaultError(
+            f"the database of {label} ({self.objects_dir / file}) is missing, though the"
+            f" catalog says it was created: {where}",
+            label=label, file=str(self.objects_dir / file), cause="missing",
+        )
+
+    def quarantine(
+        self, namespace: str, object_id: str, file: str, error: StorageFaultError
+    ) -> None:
+        """Move a damaged object file to ``objects/quarantine/``. Its catalog rows stay:
+        its alarm keeps being retried (with backoff), so the object comes back when an
+        operator restores the file; until then it is answered with ``StorageError``."""
+        path = self.objects_dir / file
+        try:
+            moved = move_aside(path, quarantine_path(self.objects_dir, file))
+        except OSError as exc:
+            logger.error("cannot move the damaged database of %s/%s (%s) aside: %s",
+                         namespace, object_id, path, exc)
+            return
+        self.emit("object:quarantined", namespace, object_id, file=str(path),
+                  moved_to=str(moved), error=str(error))
 
     def destroy_object(self, namespace: str, object_id: str) -> None:
-        self.catalog.forget(namespace, object_id)
         file = self.object_path(namespace, object_id)
-        for suffix in ("", "-wal", "-shm"):
+        gone = Path(f"{file}{DESTROYED_SUFFIX}")
+        with suppress(FileNotFoundError):
+            os.replace(file, gone)
+        for suffix in ("-wal", "-shm"):
             with suppress(FileNotFoundError):
                 os.unlink(f"{file}{suffix}")
+        self.catalog.forget(namespace, object_id)
+        with suppress(FileNotFoundError):
+            os.unlink(gone)
 
     async def serve(self, site: EngineSite) -> None:
         """Checkpoint the catalog's WAL from a worker thread once it has grown, so no
@@ -234,16 +569,35 @@ class FilesEngine(_CatalogEngine):
         fsync can still hold up writes to the same filesystem (measured: p99 lateness
         401 ms), so it waits for a lull (no alarm due within a second) unless the WAL
         has grown past CHECKPOINT_WAL_MAX. (A thread can only let a MockClock jump
-        ahead here, where nothing waits on its result.)"""
+        ahead here, where nothing waits on its result.) Alarms kept in memory are
+        written again on the same beat."""
+        self._attach(site)
         catalog = self.path / "catalog.sqlite3"
         wal = self.path / "catalog.sqlite3-wal"
         while True:
             await trio.sleep(CHECKPOINT_INTERVAL)
+            if self._held:
+                self.write_held()
             try:
                 size = wal.stat().st_size
             except FileNotFoundError:
                 continue
             lull = site.earliest_alarm() - _clock.now() > CHECKPOINT_INTERVAL
             if (size >= CHECKPOINT_WAL_BYTES and lull) or size >= CHECKPOINT_WAL_MAX:
-                await trio.to_thread.run_sync(Catalog.checkpoint, str(catalog))
+                try:
+                    await trio.to_thread.run_sync(Catalog.checkpoint, str(catalog))
+                except sqlite3.Error as exc:
+                    logger.warning("checkpointing the catalog failed: %s", exc)
 
+
+def _why_not(path: Path) -> str:
+    """Why ``path`` cannot be opened, as the operating system says."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        if exc.errno in (errno.EMFILE, errno.ENFILE):
+            return ("the open-file limit is reached: lower max_active or raise the limit"
+                    " (ulimit -n)")
+        return os.strerror(exc.errno or 0) or str(exc)
+    os.close(fd)
+    return "SQLite cannot open it"

@@ -40,7 +40,7 @@ class Event:
 _WARNING_TYPES = frozenset(
     {"alarm:failed", "job:backlog_warning", "job:slow_dispatch", "alarm:memory_limit_reset",
      "queue:error", "schedule:error", "job:dead_letter", "job:crash_strike",
-     "listener:disabled"}
+     "listener:disabled", "catalog:rebuilt", "catalog:error", "object:quarantined"}
 )
 
 

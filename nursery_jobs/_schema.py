@@ -83,6 +83,8 @@ def prepare(conn: sqlite3.Connection, *, label: str) -> None:
     """
     try:
         version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+    except StorageError:
+        raise  # typed already (a GuardedConnection): locked, damaged, disk full...
     except sqlite3.DatabaseError as exc:
         raise StorageError(f"cannot read the database of {label}: {exc}") from exc
     if version == SCHEMA_VERSION:

@@ -95,15 +95,34 @@ class ObjectTransactions:
     def end_job(self, *, keep: bool) -> None:
         """Keep (release) or undo (roll back) what the job wrote."""
         if self.job_savepoint:
-            if not keep:
-                self.conn.execute(f"ROLLBACK TO {_JOB}")
-            self.conn.execute(f"RELEASE {_JOB}")
             self.job_savepoint = False
+            if self._lost():
+                # A failed statement rolled everything back: the job's writes are gone,
+                # so its outcome must not be recorded — it runs again.
+                self.job_task = None
+                if keep:
+                    raise StorageError(
+                        f"{self.label}: the job's transaction was rolled back by a failed"
+                        " write; the job runs again"
+                    )
+            elif not keep:
+                self.conn.execute(f"ROLLBACK TO {_JOB}")
+                self.conn.execute(f"RELEASE {_JOB}")
+            else:
+                self.conn.execute(f"RELEASE {_JOB}")
         self.job_task = None
         self.job_dirty = False
         if self._job_done is not None:
             self._job_done.set()
             self._job_done = None
+
+    def _lost(self) -> bool:
+        """Whether the group was rolled back underneath us (a statement failed and the
+        connection rolled back): forget it, and the job's savepoint with it."""
+        if self.group and not self.conn.in_transaction:
+            self.group = self.job_savepoint = False
+            return True
+        return False
 
     def _job_wrote(self) -> bool:
         """Whether the running job has written something not yet committed."""
@@ -116,12 +135,20 @@ class ObjectTransactions:
     def commit_group(self) -> None:
         """Commit the group now (a running job's savepoint is reopened after it), unless
         a user block is open: its writes must not commit half-way. Does not checkpoint."""
-        if not self.group or self.user_task is not None:
+        if not self.group or self.user_task is not None or self._lost():
             return
         reopen = self.job_savepoint
-        if reopen:
-            self.conn.execute(f"RELEASE {_JOB}")
-        self.conn.execute("COMMIT")
+        try:
+            if reopen:
+                self.conn.execute(f"RELEASE {_JOB}")
+            self.conn.execute("COMMIT")
+        except BaseException:
+            # The group is lost (the disk refused it): its jobs run again, and their
+            # writes went with it — still exactly once.
+            if self.conn.in_transaction:
+                self.conn.execute("ROLLBACK")
+            self.group = self.job_savepoint = False
+            raise
         self.group = False
         if reopen:
             self.conn.execute("BEGIN")
