@@ -217,6 +217,8 @@ class PostgresEngine:
             self._alarms.pop(key, None)
         else:
             self._alarms[key] = taken.alarm
+            if self._site is not None:
+                self._site.wake_timer()  # the timer now serves this alarm
         return state
 
     def _drop(self, key: Key) -> None:

@@ -166,7 +166,10 @@ def capture_sql(table: RowTable) -> list[str]:
     """TEMP triggers recording the keys a write changes into ``temp.nj_changed`` (rolled
     back with the transaction that made them)."""
     new_key, old_key = table.key_of("NEW."), table.key_of("OLD.")
-    record = "INSERT OR IGNORE INTO nj_changed (tbl, key) VALUES ('{t}', {k});"
+    # Not INSERT OR IGNORE: an outer statement's conflict clause (an upsert's) would
+    # override it inside the trigger.
+    record = ("INSERT INTO nj_changed (tbl, key) SELECT '{t}', {k} WHERE NOT EXISTS"
+              " (SELECT 1 FROM nj_changed WHERE tbl = '{t}' AND key = {k});")
     name = table.name
     return [
         f"CREATE TEMP TRIGGER {name}_ins AFTER INSERT ON main.{name} BEGIN"

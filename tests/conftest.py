@@ -3,6 +3,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from pg_support import pg_dsn  # noqa: F401  (the fresh-PostgreSQL-database fixture)
 
 from nursery_jobs import _clock
 

@@ -15,8 +15,9 @@ from __future__ import annotations
 import os
 import secrets
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import pytest
 
@@ -73,3 +74,19 @@ def pg_dsn() -> Iterator[str]:
     """The address of a fresh database, dropped after the test."""
     with fresh_database() as dsn:
         yield dsn
+
+
+async def eventually(predicate: Callable[[], Any], seconds: float = 10.0) -> None:
+    """Wait (real time) until ``predicate()`` (or its awaited result) is true."""
+    import inspect
+
+    import trio
+
+    with trio.fail_after(seconds):
+        while True:
+            value = predicate()
+            if inspect.isawaitable(value):
+                value = await value
+            if value:
+                return
+            await trio.sleep(0.02)
