@@ -16,8 +16,8 @@ psycopg = pytest.importorskip("psycopg")  # the postgres extra; CI installs it (
 
 import nursery_jobs as nj
 from nursery_jobs._engine import ObjectLeasedElsewhere, engine_for
-from nursery_jobs._errors import EngineError, ObjectFencedError, StorageError
 from nursery_jobs._engine_pg import PostgresEngine
+from nursery_jobs._errors import EngineError, ObjectFencedError, StorageError
 
 NOW = 1_800_000_000.0
 NS = "tests.Thing"
