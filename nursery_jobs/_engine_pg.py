@@ -32,7 +32,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from . import _clock
 from . import _pg_ops as ops
 from ._engine import EngineSite, ObjectLeasedElsewhere
-from ._errors import StorageError
+from ._errors import ObjectFencedError, StorageError
 from ._pg_calls import CallRouter, channel
 from ._pg_copy import Change, PgObject, load_copy
 from ._pg_schema import ensure_schema
@@ -50,6 +50,10 @@ MAX_UNACTIVATED: Final = 256
 # The flight list ships at most this often while it changes (seconds): a job that kills
 # its host sooner than this after it starts may get no crash strike for that death.
 FLIGHT_INTERVAL: Final = 0.02
+# Active objects' commits ship in the background at least this often (seconds), besides
+# the output gate's syncs: a host's death re-runs at most this much completed work (the
+# completion group's bound, in time: a long alarm run syncs only at its end).
+SHIP_INTERVAL: Final = 0.05
 _COMMIT: Final = {"NORMAL": "off", "FULL": "on"}
 
 
@@ -320,6 +324,7 @@ class PostgresEngine:
             nursery.start_soon(self._claim_loop, site)
             nursery.start_soon(self._flight_loop)
             nursery.start_soon(self._release_loop)
+            nursery.start_soon(self._ship_loop, site)
             nursery.start_soon(self._calls.serve, site, self._classes)
 
     async def _renew_loop(self, site: EngineSite) -> None:
@@ -364,6 +369,17 @@ class PostgresEngine:
             with trio.move_on_after(delay):
                 await self._claim_wake.wait()
             self._claim_wake = trio.Event()
+
+    async def _ship_loop(self, site: EngineSite) -> None:
+        while True:
+            await trio.sleep(SHIP_INTERVAL)
+            for state in [s for s in self._active.values() if s.changed]:
+                try:
+                    await state.sync()
+                except ObjectFencedError:
+                    site.fenced(*state.key)
+                except StorageError as exc:
+                    logger.warning("%s", exc)
 
     async def _flight_loop(self) -> None:
         while True:

@@ -79,7 +79,7 @@ class PgObject:
 
     __slots__ = (
         "_clear_crashes", "_closed", "_lock", "_on_alarm_cb", "_on_close", "_pending_alarm",
-        "_ship", "_tokens", "alarm", "conn", "epoch", "key", "label",
+        "_ship", "_shipped_changes", "_tokens", "alarm", "conn", "epoch", "key", "label",
     )
     ships = True
 
@@ -103,6 +103,15 @@ class PgObject:
         self._clear_crashes = False
         self._closed = False
         self._lock = trio.Lock()
+        self._shipped_changes = conn.total_changes
+
+    @property
+    def changed(self) -> bool:
+        """Whether something may wait to ship (a cheap check, no query)."""
+        return not self._closed and (
+            self.conn.total_changes != self._shipped_changes
+            or self._pending_alarm is not None or self._clear_crashes
+        )
 
     def write_alarm(self, time: float | None, retry: int) -> None:
         self._pending_alarm = (time, retry)
@@ -172,6 +181,7 @@ class PgObject:
                 # in one): ship once it has committed or rolled back.
                 await trio.sleep(0.001)
             change = self._snapshot()
+            self._shipped_changes = self.conn.total_changes
             if change is None:
                 return
             try:
