@@ -33,7 +33,7 @@ from . import _clock
 from . import _pg_ops as ops
 from ._engine import EngineSite, ObjectLeasedElsewhere
 from ._errors import ObjectFencedError, StorageError
-from ._pg_calls import CallRouter, channel
+from ._pg_calls import POLL, CallRouter, channel
 from ._pg_copy import Change, PgObject, load_copy
 from ._pg_schema import ensure_schema
 
@@ -433,6 +433,8 @@ class PostgresEngine:
     def _notified(self, chan: str, payload: str) -> None:
         if chan == "nj_alarm" or payload == "listening":
             self._claim_wake.set()
+            if payload == "listening":  # (re)connected: calls sent meanwhile wait
+                self._calls.incoming_send.send_nowait(POLL)
             return
         kind, call_id = payload[:1], payload[1:]
         if not call_id.isdigit():

@@ -30,6 +30,7 @@ logger = logging.getLogger("nursery_jobs")
 # How often a waiting caller checks that the host it called still holds the object.
 CHECK_INTERVAL: Final = 1.0
 _DONE: Final = ("ok", "error", "moved")
+POLL: Final = -1  # (on the incoming channel) look for calls whose notification was missed
 
 Db = Callable[..., Awaitable[Any]]
 
@@ -124,12 +125,17 @@ class CallRouter:
         self._me = me
         self._db = db
         self._waiting: dict[int, trio.Event] = {}
+        # Answers that arrived before their caller was waiting (a fast owner answers
+        # while the caller's insert is still returning from its thread).
+        self._early: set[int] = set()
         self.incoming_send, self._incoming = trio.open_memory_channel[int](1_000_000)
 
     def answered(self, call_id: int) -> None:
         event = self._waiting.get(call_id)
         if event is not None:
             event.set()
+        elif len(self._early) < 100_000:
+            self._early.add(call_id)
 
     async def forward(
         self, target: str, cls: type[DurableObject], object_id: str, name: str,
@@ -151,6 +157,9 @@ class CallRouter:
                                  name, payload)
         event = trio.Event()
         self._waiting[call_id] = event
+        if call_id in self._early:
+            self._early.discard(call_id)
+            event.set()
         retry = False
         try:
             while not event.is_set():
@@ -198,7 +207,16 @@ class CallRouter:
         """Run the calls forwarded to this host, each in a task of its own."""
         async with trio.open_nursery() as nursery:
             async for call_id in self._incoming:
-                nursery.start_soon(self._run, site, classes, call_id)
+                if call_id == POLL:
+                    nursery.start_soon(self._poll_logged)
+                else:
+                    nursery.start_soon(self._run, site, classes, call_id)
+
+    async def _poll_logged(self) -> None:
+        try:
+            await self.poll()
+        except Exception as exc:
+            logger.warning("cannot look for forwarded calls: %s", exc)
 
     async def poll(self) -> None:
         """Pick up calls whose notification was missed (a reconnecting listener)."""
