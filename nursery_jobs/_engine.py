@@ -6,7 +6,8 @@ object's state only through the ``ObjectState`` the engine opened for it. Engine
 - files (``_engine_files.FilesEngine``): a data directory — ``catalog.sqlite3`` (objects
   registry, alarm index, crash tokens), one SQLite file per object, the flight record;
 - memory (``_engine_files.MemoryEngine``, ``path=None``): the same, in memory;
-- PostgreSQL (section 9 of the design): working copies in memory, shipped per commit.
+- PostgreSQL (``_engine_pg.PostgresEngine``, section 9 of the design): working copies
+  in memory, shipped per commit, leases fenced by an epoch.
 
 Every object's working database is a ``sqlite3.Connection`` with the schema of
 ``_schema``: the Lifecycle, Queue, Scheduler and Agent run unchanged on any engine.
@@ -16,12 +17,35 @@ from __future__ import annotations
 
 import os
 import sqlite3
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ._errors import EngineError
+from ._errors import EngineError, NurseryJobsError
 
 if TYPE_CHECKING:
-    from ._events import EventBus  # nj-faults hook: engines emit (catalog:rebuilt...)
+    from ._events import EventBus
+    from ._object import DurableObject
+
+
+class ObjectLeasedElsewhere(NurseryJobsError):
+    """``open_object`` found the object leased by another live host (engines with
+    several hosts): the stub call goes there instead, through ``forward``."""
+
+    def __init__(
+        self, label: str, owner: str,
+        forward: Callable[..., Awaitable[Any]],
+    ) -> None:
+        super().__init__(f"{label} is held by host {owner}")
+        self.owner = owner
+        # forward(cls, object_id, name, args, kwargs, again) -> the call's result;
+        # ``again`` is the stub call, for an object that moved before the call ran.
+        self.forward = forward
+
+    async def forward_call(
+        self, cls: type[DurableObject], object_id: str, name: str, args: tuple[Any, ...],
+        kwargs: dict[str, Any], again: Callable[..., Awaitable[Any]],
+    ) -> Any:
+        return await self.forward(cls, object_id, name, args, kwargs, again)
 
 
 class FlightSlot(Protocol):
@@ -158,6 +182,15 @@ def engine_for(
         if not isinstance(text, str):
             raise EngineError(f"a data directory must be a str path, got {location!r}")
         scheme, sep, _ = text.partition("://")
+        if sep and scheme.lower() in ("postgresql", "postgres"):
+            try:
+                from ._engine_pg import PostgresEngine
+            except ImportError as exc:
+                raise EngineError(
+                    f"a {scheme}:// address needs the PostgreSQL engine's driver ({exc}):"
+                    " pip install 'nursery_jobs[postgres]'"
+                ) from exc
+            return PostgresEngine(text, synchronous=synchronous)
         if sep and scheme and "/" not in scheme:
             raise EngineError(
                 f"no engine for {scheme + '://'!r} addresses ({text[:80]!r}): give a data"

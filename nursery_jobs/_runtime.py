@@ -24,7 +24,7 @@ import trio
 from . import _clock
 from ._alarm import Key, Timer, retry_unreachable
 from ._catalog import check_object_id
-from ._engine import Engine, engine_for
+from ._engine import Engine, ObjectLeasedElsewhere, engine_for
 from ._errors import RpcError, RuntimeClosedError, lone_interrupt
 from ._events import EventBus
 from ._host import ObjectHost
@@ -81,7 +81,10 @@ class Stub:
 
     async def call(self, name: str, /, *args: Any, **kwargs: Any) -> Any:
         """Call method ``name`` on the object, activating it if needed. Checkpoints."""
-        host = await self._rt._activate(self._cls, self._ns, self._id)
+        try:
+            host = await self._rt._activate(self._cls, self._ns, self._id)
+        except ObjectLeasedElsewhere as moved:  # hook(pg): another host holds the object
+            return await moved.forward_call(self._cls, self._id, name, args, kwargs, self.call)
         return await host.call(name, args, kwargs)
 
     def __getattr__(self, name: str) -> Any:

@@ -11,7 +11,7 @@ import sqlite_utils
 
 from ._clock import coerce_time
 from ._codec import decode_payload, encode_payload
-from ._errors import AlarmOwnedError, StorageKeyError
+from ._errors import AlarmOwnedError, StorageError, StorageKeyError
 
 if TYPE_CHECKING:
     import datetime
@@ -35,20 +35,27 @@ class Storage:
     other tasks; the statement is cheaper than a thread hop.
     """
 
-    __slots__ = ("_alarm", "_tx", "conn", "db")
+    __slots__ = ("_alarm", "_db", "_tx", "conn")
 
     def __init__(
         self, conn: sqlite3.Connection, alarm: AlarmSlot, transactions: ObjectTransactions
     ) -> None:
         self.conn = conn
-        self.db = sqlite_utils.Database(conn, execute_plugins=False)
+        self._db = sqlite_utils.Database(conn, execute_plugins=False)
         self._alarm = alarm
         self._tx = transactions
 
     # -- SQL --------------------------------------------------------------------
+    @property
+    def db(self) -> sqlite_utils.Database:
+        """The object's database through sqlite-utils (file and memory engines)."""
+        _refuse_raw_sql(self.conn, "storage.db")  # hook(pg)
+        return self._db
+
     def execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> sqlite3.Cursor:
         """Run one SQL statement on the object's database (committed unless inside
         :meth:`transaction`, or a job: a job's writes commit with its outcome)."""
+        _refuse_raw_sql(self.conn, "storage.execute()")
         self._tx.check_write()
         return self.conn.execute(sql, params)
 
@@ -114,6 +121,15 @@ class Storage:
                 f"the {self._alarm.owner} owns this object's alarm; cancel its jobs instead"
             )
         self._alarm.delete()
+
+
+def _refuse_raw_sql(conn: sqlite3.Connection, what: str) -> None:  # hook(pg)
+    engine = getattr(conn, "refuses_raw_sql", None)
+    if engine is not None:
+        raise StorageError(
+            f"{what}: raw SQL on the object's own tables belongs to the file engine; under"
+            f" {engine} use the storage KV, jobs and capabilities"
+        )
 
 
 def _key(key: object, *, allow_empty: bool = False) -> str:

@@ -32,7 +32,7 @@ class ObjectTransactions:
     """The transaction state of one object's database."""
 
     __slots__ = (
-        "_changes", "_job_done", "_user_done", "_user_savepoints", "conn", "group",
+        "_job_done", "_user_done", "_user_savepoints", "conn", "group",
         "job_dirty", "job_savepoint", "job_task", "label", "user_task",
     )
 
@@ -42,9 +42,8 @@ class ObjectTransactions:
         self.group = False  # the alarm run's group transaction is open
         self.job_task: trio.lowlevel.Task | None = None
         self.job_savepoint = False
-        # The running job wrote before another task's write ended its savepoint.
+        # The running job has written (through storage or the job API) since it began.
         self.job_dirty = False
-        self._changes = 0  # conn.total_changes when the job's savepoint opened
         self._job_done: trio.Event | None = None
         self.user_task: trio.lowlevel.Task | None = None
         self._user_done: trio.Event | None = None
@@ -52,9 +51,11 @@ class ObjectTransactions:
 
     # -- writes -------------------------------------------------------------------------
     def check_write(self) -> None:
-        """Before a write: refuse one from outside an open user block, and end a
-        running job's savepoint if another task writes. Does not checkpoint."""
-        if self.user_task is None and not self.job_savepoint:
+        """Before a write: refuse one from outside an open user block; for the running
+        job's own write, make sure its savepoint is open (it is closed by a commit of the
+        group at an output gate); a write from another task ends the job's savepoint
+        first. Does not checkpoint."""
+        if self.user_task is None and self.job_task is None:
             return
         task = trio.lowlevel.current_task()
         if self.user_task is not None and self.user_task is not task:
@@ -63,10 +64,20 @@ class ObjectTransactions:
                 " inside the block); this write would be committed or rolled back with"
                 " it. Write after that block ends, or do not await inside it"
             )
-        if self.job_savepoint and task is not self.job_task:
-            self.job_dirty = self.conn.total_changes != self._changes
+        if task is self.job_task:
+            self.job_dirty = True
+            if not self.job_savepoint:
+                self._open_job_savepoint()
+        elif self.job_savepoint:
             self.conn.execute(f"RELEASE {_JOB}")
             self.job_savepoint = False
+
+    def _open_job_savepoint(self) -> None:
+        if not self.conn.in_transaction:
+            self.conn.execute("BEGIN")
+            self.group = True
+        self.conn.execute(f"SAVEPOINT {_JOB}")
+        self.job_savepoint = True
 
     def foreign_user_block(self) -> bool:
         """Whether a user block of another task is open now."""
@@ -82,13 +93,8 @@ class ObjectTransactions:
     # -- the group and the job ------------------------------------------------------------
     def begin_job(self) -> None:
         """Open the group (if needed) and the job's savepoint, for the current task."""
-        if not self.conn.in_transaction:
-            self.conn.execute("BEGIN")
-            self.group = True
-        self.conn.execute(f"SAVEPOINT {_JOB}")
-        self.job_savepoint = True
+        self._open_job_savepoint()
         self.job_dirty = False
-        self._changes = self.conn.total_changes
         self.job_task = trio.lowlevel.current_task()
         self._job_done = None
 
@@ -124,22 +130,14 @@ class ObjectTransactions:
             return True
         return False
 
-    def _job_wrote(self) -> bool:
-        """Whether the running job has written something not yet committed."""
-        if self.job_task is None:
-            return False
-        if self.job_savepoint:
-            return self.conn.total_changes != self._changes
-        return self.job_dirty
-
     def commit_group(self) -> None:
-        """Commit the group now (a running job's savepoint is reopened after it), unless
-        a user block is open: its writes must not commit half-way. Does not checkpoint."""
+        """Commit the group now, unless a user block is open (its writes must not commit
+        half-way). A running job's savepoint ends with it; the job's next write opens a
+        new one. Does not checkpoint."""
         if not self.group or self.user_task is not None or self._lost():
             return
-        reopen = self.job_savepoint
         try:
-            if reopen:
+            if self.job_savepoint:
                 self.conn.execute(f"RELEASE {_JOB}")
             self.conn.execute("COMMIT")
         except BaseException:
@@ -147,13 +145,9 @@ class ObjectTransactions:
             # writes went with it — still exactly once.
             if self.conn.in_transaction:
                 self.conn.execute("ROLLBACK")
-            self.group = self.job_savepoint = False
             raise
-        self.group = False
-        if reopen:
-            self.conn.execute("BEGIN")
-            self.group = True
-            self.conn.execute(f"SAVEPOINT {_JOB}")
+        finally:
+            self.group = self.job_savepoint = False
 
     async def output_gate(self) -> None:
         """Before a call returns to its caller: what it was told has happened is
@@ -170,7 +164,7 @@ class ObjectTransactions:
             if self.foreign_user_block():
                 await self.wait_for_user_block()
                 continue
-            if self._job_wrote():
+            if self.job_task is not None and self.job_dirty:
                 if self._job_done is None:
                     self._job_done = trio.Event()
                 await self._job_done.wait()

@@ -1,10 +1,12 @@
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from pg_support import fresh_database, pg_dsn  # noqa: F401  (the fresh-PostgreSQL-database fixture)
 
 from nursery_jobs import _clock
 
@@ -30,6 +32,8 @@ def _pinned_epoch(request: pytest.FixtureRequest) -> Iterator[None]:
 # opens its runtimes with ``nj.open_runtime(engine.location, ...)``; tests that reopen a
 # data directory use ``engine.durable(tmp_path)``. A new engine joins by adding a param.
 ENGINES = ["memory", "files"]
+if os.environ.get("NJ_POSTGRES_DSN") or os.environ.get("CI"):
+    ENGINES.append("postgres")  # a fresh database per test (tests/pg_support.py)
 
 
 class EngineUnderTest:
@@ -37,18 +41,21 @@ class EngineUnderTest:
 
     name = "memory"
     _root: Path | None = None
+    _dsn: str | None = None
 
     @property
     def location(self) -> Any:
-        """A fresh runtime's location: None (memory) or a data directory."""
+        """A fresh runtime's location: None (memory), a data directory, or a database."""
         if self.name == "memory":
             return None
+        if self._dsn is not None:
+            return self._dsn
         assert self._root is not None
         return self._root / "data"
 
     def durable(self, tmp_path: Path) -> Any:
         """A location that survives reopening (memory tests reopen on files)."""
-        return tmp_path / "durable"
+        return self._dsn if self._dsn is not None else tmp_path / "durable"
 
 
 engine = EngineUnderTest()
@@ -59,6 +66,11 @@ def on_every_engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[
     engine.name = request.param
     engine._root = tmp_path
     try:
-        yield request.param
+        if request.param == "postgres":
+            with fresh_database() as dsn:
+                engine._dsn = dsn
+                yield request.param
+        else:
+            yield request.param
     finally:
-        engine.name, engine._root = "memory", None
+        engine.name, engine._root, engine._dsn = "memory", None, None

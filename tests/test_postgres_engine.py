@@ -1,0 +1,247 @@
+"""The PostgreSQL engine on its own (DESIGN.md §9): schema and version refusal, the
+working copy and its shipping, leases and the epoch fence, crash tokens on takeover."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any
+
+import pytest
+import trio
+from pg_support import eventually
+
+psycopg = pytest.importorskip("psycopg")  # the postgres extra; CI installs it (dev)
+
+import nursery_jobs as nj
+from nursery_jobs._engine import ObjectLeasedElsewhere, engine_for
+from nursery_jobs._engine_pg import PostgresEngine
+from nursery_jobs._errors import EngineError, ObjectFencedError, StorageError
+
+NOW = 1_800_000_000.0
+NS = "tests.Thing"
+CP = "tests.test_postgres_engine:Thing"
+
+
+@contextmanager
+def opened(dsn: str, **kwargs: Any) -> Iterator[PostgresEngine]:
+    engine = PostgresEngine(dsn, **kwargs)
+    engine.open(NOW)
+    try:
+        yield engine
+    finally:
+        engine.close()
+
+
+def sql(dsn: str, query: str, params: Any = ()) -> list[tuple[Any, ...]]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        cur = conn.execute(query, params)
+        return cur.fetchall() if cur.description else []
+
+
+def expire_leases(dsn: str) -> None:
+    sql(dsn, "UPDATE nj_objects SET lease_until = now() - interval '1 second'")
+
+
+class Site:
+    """An EngineSite that records what the engine asks."""
+
+    def __init__(self) -> None:
+        self.fenced_keys: list[tuple[str, str]] = []
+        self.woken = 0
+
+    def earliest_alarm(self) -> float:
+        return float("inf")
+
+    def wake_timer(self) -> None:
+        self.woken += 1
+
+    async def run_call(self, *args: Any) -> Any:
+        raise AssertionError("no calls here")
+
+    def fenced(self, namespace: str, object_id: str) -> None:
+        self.fenced_keys.append((namespace, object_id))
+
+
+@asynccontextmanager
+async def serving(engine: PostgresEngine, site: Any) -> AsyncIterator[None]:
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(engine.serve, site)
+        yield
+        nursery.cancel_scope.cancel()
+
+
+def test_addresses_route_to_the_postgres_engine(pg_dsn: str) -> None:
+    engine = engine_for(pg_dsn, synchronous="NORMAL")
+    assert isinstance(engine, PostgresEngine)
+    assert isinstance(engine_for(pg_dsn.replace("postgresql://", "postgres://"),
+                                 synchronous="FULL"), PostgresEngine)
+
+
+def test_without_psycopg_the_address_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "psycopg", None)
+    monkeypatch.delitem(sys.modules, "nursery_jobs._engine_pg", raising=False)
+    with pytest.raises(EngineError, match=r"pip install 'nursery_jobs\[postgres\]'"):
+        engine_for("postgresql://u@h/db", synchronous="NORMAL")
+
+
+def test_bad_arguments_are_refused() -> None:
+    with pytest.raises(ValueError, match="lease_ttl"):
+        PostgresEngine("postgresql://x/y", lease_ttl=0)
+    with pytest.raises(ValueError, match="pool_size"):
+        PostgresEngine("postgresql://x/y", pool_size=1)
+
+
+def test_an_unreachable_server_is_a_storage_error_without_the_password() -> None:
+    engine = PostgresEngine("postgresql://u:secret@127.0.0.1:1/nope?connect_timeout=1")
+    with pytest.raises(StorageError, match=r"postgresql://u@127\.0\.0\.1:1/nope") as info:
+        engine.open(NOW)
+    assert "secret" not in str(info.value)
+
+
+def test_schema_is_created_and_a_newer_one_refused(pg_dsn: str) -> None:
+    with opened(pg_dsn):
+        pass
+    assert sql(pg_dsn, "SELECT version, object_schema FROM nj_schema") == [(1, 2)]
+    with opened(pg_dsn):  # an existing schema of this version is fine
+        pass
+    sql(pg_dsn, "UPDATE nj_schema SET version = 99")
+    with pytest.raises(StorageError, match=r"schema version 99 \(objects 2\), newer than"):
+        PostgresEngine(pg_dsn).open(NOW)
+    assert sql(pg_dsn, "SELECT version FROM nj_schema") == [(99,)]
+    assert sql(pg_dsn, "SELECT count(*) FROM nj_hosts") == [(0,)]
+
+
+async def test_the_working_copy_ships_commits_and_reloads(pg_dsn: str) -> None:
+    with opened(pg_dsn) as a:
+        state = await a.open_object(NS, "o1", CP)
+        assert state.ships and state.alarm is None
+        conn = state.conn
+        conn.execute("INSERT INTO nj_kv VALUES ('a', '1'), ('b', '2'), ('gone', '3')")
+        conn.execute("DELETE FROM nj_kv WHERE key = 'gone'")
+        conn.execute(
+            "INSERT INTO nj_jobs (id, owner, fn, time, payload, max_attempts, base_delay,"
+            " max_delay, jitter, singleflight, hung_timeout, exclusive, recovery_loop,"
+            " created_at) VALUES ('j1', 'host', 'f', 5.5, '[1]', 3, 1, 60, 1, 0, 30, 0, 0, 1)"
+        )
+        conn.execute(
+            "INSERT INTO nj_dead_letters VALUES ('host', 'd1', '{}', 'err', 3, 'failed', 2)"
+        )
+        conn.execute("INSERT INTO nj_meta VALUES ('memory_limit_strikes', 2)")
+        conn.execute("BEGIN")
+        conn.execute("INSERT INTO nj_kv VALUES ('rolled', 'back')")
+        conn.execute("ROLLBACK")
+        state.write_alarm(NOW + 5, 1)
+        await state.sync()
+        assert sql(pg_dsn, "SELECT alarm_time, alarm_retry FROM nj_objects") == [(NOW + 5, 1)]
+        conn.execute("UPDATE nj_kv SET value = '9' WHERE key = 'b'")
+        await state.sync()
+        state.close()
+    with opened(pg_dsn) as b:
+        state = await b.open_object(NS, "o1", CP)
+        conn = state.conn
+        assert conn.execute("SELECT * FROM nj_kv ORDER BY key").fetchall() == [
+            ("a", "1"), ("b", "9")]
+        assert conn.execute("SELECT seq, id, time, payload, jitter FROM nj_jobs").fetchall() == [
+            (1, "j1", 5.5, "[1]", 1)]
+        assert conn.execute("SELECT owner, id, attempts FROM nj_dead_letters").fetchall() == [
+            ("host", "d1", 3)]
+        assert conn.execute("SELECT * FROM nj_meta").fetchall() == [("memory_limit_strikes", 2)]
+        assert state.alarm == (NOW + 5, 1)
+        conn.execute("DELETE FROM nj_dead_letters")
+        await state.sync()
+        assert sql(pg_dsn, "SELECT count(*) FROM nj_rows WHERE tbl = 'nj_dead_letters'") == [(0,)]
+        state.close()
+
+
+async def test_a_live_lease_sends_the_caller_elsewhere(pg_dsn: str) -> None:
+    with opened(pg_dsn) as a, opened(pg_dsn) as b:
+        await a.open_object(NS, "o1", CP)
+        with pytest.raises(ObjectLeasedElsewhere) as info:
+            await b.open_object(NS, "o1", CP)
+        assert info.value.owner == a.host_id
+
+
+async def test_a_taken_over_object_refuses_the_old_hosts_writes(pg_dsn: str) -> None:
+    with opened(pg_dsn, lease_ttl=30) as a, opened(pg_dsn) as b:
+        old = await a.open_object(NS, "o1", CP)
+        old.conn.execute("INSERT INTO nj_kv VALUES ('k', 'a1')")
+        await old.sync()
+        expire_leases(pg_dsn)  # a is paused past its lease
+        new = await b.open_object(NS, "o1", CP)
+        assert new.epoch == old.epoch + 1
+        old.conn.execute("UPDATE nj_kv SET value = 'zombie' WHERE key = 'k'")
+        old.conn.execute("INSERT INTO nj_kv VALUES ('z', 'zombie')")
+        old.write_alarm(NOW + 1, 0)
+        with pytest.raises(ObjectFencedError, match="another host took the object over"):
+            await old.sync()
+        assert sql(pg_dsn, "SELECT key, data FROM nj_rows ORDER BY key") == [
+            ("k", '["k", "a1"]')]
+        assert sql(pg_dsn, "SELECT alarm_time, owner FROM nj_objects") == [(None, b.host_id)]
+        new.conn.execute("UPDATE nj_kv SET value = 'b1' WHERE key = 'k'")
+        await new.sync()
+        assert sql(pg_dsn, "SELECT data FROM nj_rows") == [('["k", "b1"]',)]
+
+
+async def test_renewal_finds_a_lost_lease_and_fences_the_object(pg_dsn: str) -> None:
+    site = Site()
+    with opened(pg_dsn, lease_ttl=0.3) as a:
+        async with serving(a, site):
+            await a.open_object(NS, "o1", CP)
+            await trio.sleep(0.5)  # renewed meanwhile: still a's
+            assert site.fenced_keys == []
+            # Another host takes it over (as after a pause longer than the lease).
+            sql(pg_dsn, "UPDATE nj_objects SET owner = 'other', epoch = epoch + 1")
+            await eventually(lambda: site.fenced_keys)
+            assert site.fenced_keys == [(NS, "o1")]
+
+
+async def test_eviction_and_shutdown_release_leases(pg_dsn: str) -> None:
+    with opened(pg_dsn) as a:
+        async with serving(a, Site()):
+            state = await a.open_object(NS, "o1", CP)
+            await a.open_object(NS, "o2", CP)
+            state.close()
+            await eventually(lambda: sql(
+                pg_dsn, "SELECT owner FROM nj_objects WHERE object_id = 'o1'") == [(None,)])
+    assert sql(pg_dsn, "SELECT owner FROM nj_objects WHERE object_id = 'o2'") == [(None,)]
+    assert sql(pg_dsn, "SELECT count(*) FROM nj_hosts") == [(0,)]
+
+
+async def test_due_unleased_objects_are_claimed_once(pg_dsn: str) -> None:
+    with opened(pg_dsn) as a:
+        for oid in ("o1", "o2", "later"):
+            state = await a.open_object(NS, oid, CP)
+            state.write_alarm(nj.now() + (1000 if oid == "later" else -1), 0)
+            await state.sync()
+            state.close()
+    site_b, site_c = Site(), Site()
+    with opened(pg_dsn) as b, opened(pg_dsn) as c:
+        async with serving(b, site_b), serving(c, site_c):
+            await eventually(lambda: len(b.due(nj.now(), 10)) + len(c.due(nj.now(), 10)) >= 2)
+            await trio.sleep(0.2)
+            due = sorted(b.due(nj.now(), 10) + c.due(nj.now(), 10))
+            assert due == [(NS, "o1"), (NS, "o2")]
+            assert b.next_alarm_after(nj.now()) is None
+            assert c.next_alarm_after(nj.now()) is None
+
+
+async def test_a_dead_hosts_running_job_becomes_a_crash_token(pg_dsn: str) -> None:
+    with opened(pg_dsn) as a, opened(pg_dsn) as b:
+        async with serving(a, Site()):
+            await a.open_object(NS, "o1", CP)
+            slot = a.acquire_flight(NS, "o1")
+            slot.record("job-7", NOW + 0.5)
+            await eventually(lambda: sql(
+                pg_dsn, "SELECT jsonb_array_length(flight) FROM nj_hosts WHERE host_id = %s",
+                (a.host_id,)) == [(1,)])
+        a._pool, pool = None, a._pool  # a dies: nothing released
+        expire_leases(pg_dsn)
+        state = await b.open_object(NS, "o1", CP)
+        assert state.crash_tokens() == [("job-7", NOW + 0.5)]
+        state.clear_crash_tokens()
+        await state.sync()
+        assert sql(pg_dsn, "SELECT count(*) FROM nj_crashes") == [(0,)]
+        assert pool is not None
+        pool.close()
