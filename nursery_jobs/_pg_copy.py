@@ -176,10 +176,12 @@ class PgObject:
         async with self._lock:  # one ship at a time, in commit order
             if self._closed:
                 return
-            while self.conn.in_transaction:  # noqa: ASYNC110
-                # Another task of the object is inside a transaction (a push awaits
-                # in one): ship once it has committed or rolled back.
-                await trio.sleep(0.001)
+            if self.conn.in_transaction:
+                # A transaction is open (the alarm run's group, a user block): ship only
+                # what is committed — the next sync does, after the group commits (the
+                # output gate commits it before a call returns).
+                await trio.lowlevel.checkpoint()
+                return
             change = self._snapshot()
             self._shipped_changes = self.conn.total_changes
             if change is None:
