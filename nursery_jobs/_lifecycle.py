@@ -611,9 +611,13 @@ class Lifecycle:
             await self._memory_error(job, exc)
         except Exception as exc:
             self._unwatch()
+            self.ctx.runtime.metrics.job_ran(self.ctx.namespace, job.owner,  # nj-hook: metrics
+                                             trio.current_time() - clock, False)
             await self._failed(owner, ctx, exc, keep_marker=self._keeps_marker(run, job))
         else:
             self._unwatch()
+            self.ctx.runtime.metrics.job_ran(self.ctx.namespace, job.owner,  # nj-hook: metrics
+                                             trio.current_time() - clock, True)
             self._stage(job, outcome, keep_marker=self._keeps_marker(run, job))
         finally:
             if flight is not None:

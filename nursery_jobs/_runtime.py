@@ -35,6 +35,7 @@ from ._errors import (
 )
 from ._events import EventBus
 from ._flight import FlightRecord
+from ._metrics import Metrics  # nj-hook: metrics
 from ._object import (
     AlarmInfo,
     DurableObject,
@@ -343,6 +344,8 @@ class ObjectHost:
         a shutdown then cancels it before the object's database closes, so its cleanup
         still has the database."""
         assert self.ctx is not None
+        if self.alarm_time is not None:  # nj-hook: metrics
+            self.runtime.metrics.alarm_delivered(_clock.now() - self.alarm_time)
         done = trio.Event()
         # Busy from delivery on: were the idle deadline to pass before the task starts,
         # the object would be evicted (its nursery cancelled) and the alarm would begin
@@ -475,6 +478,8 @@ class Runtime:
         self.max_active = default_max_active() if max_active is None else max_active
         self.durability = durability
         self.events = EventBus()
+        self.metrics = Metrics(self.events)  # nj-hook: metrics
+        self.http_url: str | None = None  # nj-hook: dashboard (set by _web.start_http)
         self._synchronous = _SYNCHRONOUS[durability]
         self._hosts: OrderedDict[Key, ObjectHost] = OrderedDict()
         self._memory_dbs: dict[Key, sqlite3.Connection] = {}
@@ -787,6 +792,8 @@ async def open_runtime(
     durability: Durability = "normal",
     memory_limit: int | None = None,
     memory_probe: Callable[[], float] | None = None,
+    http: tuple[str, int] | None = None,  # nj-hook: dashboard
+    http_writes: bool = False,  # nj-hook: dashboard
 ) -> AsyncIterator[Runtime]:
     """Open a runtime on data directory ``path`` (None: everything in memory).
 
@@ -796,6 +803,10 @@ async def open_runtime(
     With ``memory_limit`` (bytes), a watchdog samples ``memory_probe()`` (default:
     the process's RSS) every 0.1 s; over the limit, every object whose alarm work is
     running is reset, and its Lifecycle's circuit breaker records a strike.
+
+    With ``http=(host, port)`` the runtime serves its dashboard, ``/metrics`` and
+    ``/api`` there (the ``web`` extra); ``http_writes=True`` allows requeueing and
+    discarding dead letters from it.
     """
     if memory_limit is not None and (
         isinstance(memory_limit, bool) or not isinstance(memory_limit, (int, float))
@@ -830,6 +841,10 @@ async def open_runtime(
                 if memory_limit is not None:
                     nursery.start_soon(rt._memory_watchdog)
                 try:
+                    if http is not None:  # nj-hook: dashboard
+                        from ._web import start_http
+
+                        await start_http(rt, nursery, http, writes=http_writes)
                     yield rt
                 except BaseException as exc:
                     body_error = exc
