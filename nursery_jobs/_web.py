@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from functools import partial
 from itertools import pairwise
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal, cast
 from urllib.parse import parse_qs, urlencode
 
 import trio
@@ -346,6 +346,7 @@ class Dashboard:
                     return
         if scope["type"] != "http":
             return
+        head = scope.get("method") == "HEAD"
         try:
             response = await self.handle(scope, receive)
         except HttpError as exc:
@@ -358,7 +359,7 @@ class Dashboard:
                     "headers": [(k.encode(), v.encode())
                                 for k, v in (*response.headers, *_SECURITY_HEADERS,
                                              ("content-length", str(len(response.body))))]})
-        await send({"type": "http.response.body", "body": response.body})
+        await send({"type": "http.response.body", "body": b"" if head else response.body})
 
     async def handle(self, scope: Scope, receive: Receive) -> Response:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1")
@@ -405,7 +406,8 @@ class Dashboard:
             raise HttpError(400, f"only must be all, active or due, not {only!r}")
         limit = min(max(_int(query, "limit", PAGE_SIZE), 1), MAX_PAGE_SIZE)
         offset = max(_int(query, "page", 1) - 1, 0) * limit
-        return query.get("ns") or None, query.get("q") or None, only, offset, limit  # type: ignore[return-value]
+        return (query.get("ns") or None, query.get("q") or None, cast(Only, only), offset,
+                limit)
 
     def _detail(self, query: dict[str, str], now: float, job_limit: int) -> ObjectDetail:
         namespace, object_id = query.get("ns") or query.get("namespace"), query.get("id")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -157,7 +158,12 @@ def main(argv: list[str] | None = None) -> int:
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command == "inspect":
-        return inspect(args.data, args.json)
+        try:
+            return inspect(args.data, args.json)
+        except BrokenPipeError:
+            # `nursery-jobs inspect DATA | head`: the reader has gone; stop quietly.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
     if args.command == "serve":
         return serve(args.data, args.host, args.port)
     return requeue(args.data, args.namespace, args.object_id, args.job_id, args.owner)
