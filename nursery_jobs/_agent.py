@@ -11,7 +11,7 @@ import attrs
 
 from . import _clock
 from ._errors import JobError, UnknownCallbackError, safe_repr
-from ._jobs import Job, JobContext, JobOutcome, RetryOptions
+from ._jobs import DeadLetter, Job, JobContext, JobOutcome, RetryOptions
 from ._lifecycle import Lifecycle
 from ._object import DurableObject, ObjectContext
 from ._queue import Queue, QueueItem, call_callback
@@ -147,6 +147,30 @@ class Agent(DurableObject):
             seconds, method, payload, id=id, retry=agent_retry(max_retries)
         )
         return schedule.id
+
+    # -- dead letters (queued and scheduled tasks whose retries ran out) ---------------
+    def dead_letters(self) -> list[DeadLetter]:
+        """Tasks whose retries ran out (queued and scheduled), oldest first."""
+        owners = (self._task_queue.id, self._task_scheduler.id)
+        return [d for d in self.lifecycle.dead_letters() if d.job.owner in owners]
+
+    async def requeue(self, id: str) -> bool:
+        """Run the dead task ``id`` again with fresh attempts; return whether it was
+        there. Checkpoints."""
+        if await self._task_queue.requeue(id) is not None:
+            return True
+        return await self._task_scheduler.requeue(id) is not None
+
+    async def discard(self, id: str) -> bool:
+        """Delete the dead task ``id``; return whether it was there. Checkpoints."""
+        if await self._task_queue.discard(id):
+            return True
+        return await self._task_scheduler.discard(id)
+
+    async def discard_dead_letters(self, *, before: Any = None) -> int:
+        """Delete the dead tasks buried before ``before`` (None: all); return how many."""
+        return (await self._task_queue.discard_dead_letters(before=before)
+                + await self._task_scheduler.discard_dead_letters(before=before))
 
     async def cancel_schedule(self, id: str) -> bool:
         """Cancel a queued or scheduled task; return whether it existed."""

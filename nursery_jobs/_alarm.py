@@ -23,6 +23,7 @@ from ._errors import StorageError, safe_repr
 if TYPE_CHECKING:
     from ._engine import Engine, FlightSlot, ObjectState
     from ._events import EventBus
+    from ._metrics import Metrics
     from ._object import AlarmInfo
     from ._transactions import ObjectTransactions
 
@@ -114,6 +115,10 @@ class AlarmClaim(Protocol):
     def on_startup(self, hook: Callable[[], Awaitable[None]]) -> None:
         """Await ``hook`` before the first call each activation serves (until it
         succeeds: a call it fails for gets its error, the next call tries again)."""
+
+    @property
+    def metrics(self) -> Metrics:
+        """The runtime's counters (jobs run, their durations)."""
 
     @property
     def ships(self) -> bool:

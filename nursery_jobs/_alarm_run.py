@@ -240,10 +240,14 @@ class AlarmRunner:
             await self._lc.memory_error(job, exc)
         except Exception as exc:
             self._watch_job = None
+            self._claim.metrics.job_ran(self._lc.ctx.namespace, job.owner,
+                                        trio.current_time() - clock, False)
             store.fail()
             await self._failed(owner, ctx, exc, keep_marker=self._lc.keeps_marker(run, job))
         else:
             self._watch_job = None
+            self._claim.metrics.job_ran(self._lc.ctx.namespace, job.owner,
+                                        trio.current_time() - clock, True)
             store.finish(job, outcome, keep_marker=self._lc.keeps_marker(run, job))
         finally:
             store.tx.end_job(keep=False)  # (a no-op unless something above was cut off)

@@ -147,6 +147,11 @@ class Catalog:
                 "ALTER TABLE nj_objects ADD COLUMN created INTEGER NOT NULL DEFAULT 0"
             )
 
+    @property
+    def conn(self) -> sqlite3.Connection:
+        """The catalog's connection, for reading (the dashboard). Write through methods."""
+        return self._conn
+
     def close(self) -> None:
         self._conn.close()
 

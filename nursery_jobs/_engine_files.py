@@ -355,6 +355,10 @@ class MemoryEngine(_CatalogEngine):
             self._objects[key] = conn
         return SqliteObject(self, conn, namespace, object_id, file=":memory:", keep_open=True)
 
+    def database(self, namespace: str, object_id: str) -> sqlite3.Connection | None:
+        """An object's in-memory database, kept while it is evicted (for reading)."""
+        return self._objects.get((namespace, object_id))
+
     def destroy_object(self, namespace: str, object_id: str) -> None:
         self.catalog.forget(namespace, object_id)
         conn = self._objects.pop((namespace, object_id), None)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import trio
 
+from . import _clock
 from ._alarm import AlarmHandler, Backoff, ObjectAlarm, Timer, retry_unreachable
 from ._errors import (
     AlarmOwnedError,
@@ -24,6 +25,7 @@ from ._errors import (
     safe_repr,
 )
 from ._events import EventBus
+from ._metrics import Metrics
 from ._object import AlarmInfo, DurableObject, ObjectContext, class_path
 from ._storage import Storage
 from ._transactions import ObjectTransactions
@@ -41,6 +43,7 @@ class HostSite(Protocol):
     engine: Engine
     timer: Timer
     events: EventBus
+    metrics: Metrics
     env: Any
     idle_timeout: float
     probation: trio.Lock
@@ -270,9 +273,7 @@ class ObjectHost:
         fn = self._method(name)
         with self.working() as scope:
             if self._startup:
-                for hook in self._startup:
-                    await hook()
-                self._startup = None
+                await self.call_startup()
             result = fn(*args, **kwargs)
             if inspect.isawaitable(result):
                 result = await result
@@ -285,6 +286,15 @@ class ObjectHost:
         if scope.cancelled_caught:
             raise ObjectResetError(f"{self.label} was reset during {name}()")
         return result
+
+    async def call_startup(self) -> None:
+        """Run the startup hooks (once per activation, until they succeed)."""
+        if self._startup:
+            for hook in self._startup:
+                await hook()
+            self._startup = None
+        else:
+            await trio.lowlevel.checkpoint()
 
     async def sync(self) -> None:
         """Make the object's commits durable on an engine that ships them (a checkpoint
@@ -344,6 +354,8 @@ class ObjectHost:
             assert self.alarm is not None and self.instance is not None
             alarm = self.alarm
             retry = alarm.retry
+            if alarm.time is not None:
+                self.site.metrics.alarm_delivered(_clock.now() - alarm.time)
             handler = alarm.handler or self.instance.alarm
             version = alarm.version
             failure: Exception | None = None
@@ -448,6 +460,10 @@ class HostClaim:
         if host._startup is None:
             host._startup = []
         host._startup.append(hook)
+
+    @property
+    def metrics(self) -> Metrics:
+        return self._host.site.metrics
 
     @property
     def ships(self) -> bool:

@@ -29,25 +29,31 @@ if TYPE_CHECKING:
 # this many completed jobs per object (at-least-once). 1 commits every completion.
 DEFAULT_COMPLETION_GROUP: Final = 64
 _ALARMS_DISABLED: Final = "alarms_disabled"
+# Dead letters kept per object; past it the oldest go (job:dead_letter_dropped).
+DEFAULT_DEAD_LETTER_LIMIT: Final = 10_000
 
 
 class JobStore:
     """The jobs and dead letters of one object, and the alarm they imply."""
 
     __slots__ = (
-        "_alarm", "_done", "_replay", "completion_group", "conn", "disabled", "running_id",
+        "_alarm", "_done", "_dropped", "_replay", "completion_group", "conn",
+        "dead_letter_limit", "disabled", "running_id",
         "running_seq", "superseded", "table", "tx", "version",
     )
 
     def __init__(
         self, conn: sqlite3.Connection, alarm: AlarmClaim, transactions: ObjectTransactions, *,
-        completion_group: int,
+        completion_group: int, dead_letter_limit: int = DEFAULT_DEAD_LETTER_LIMIT,
+        on_dropped: Callable[[str, str], None] = lambda owner, job_id: None,
     ) -> None:
         self.conn = conn
         self.table = JobTable(conn)
         self.tx = transactions
         self._alarm = alarm
         self.completion_group = completion_group
+        self.dead_letter_limit = dead_letter_limit
+        self._dropped = on_dropped
         # Jobs finished in the open group transaction (committed every completion_group).
         self._done = 0
         # Queue mutations the running job made (pushes, cancels, re-times): commands that
@@ -268,8 +274,21 @@ class JobStore:
                 return None
             self.table.bury(row, error, reason, _clock.now(),
                             attempts=row.attempts if attempts is None else attempts)
+            dropped = self.table.drop_oldest_dead_letters(self.dead_letter_limit)
         self.flush()
+        for owner, dropped_id in dropped:
+            self._dropped(owner, dropped_id)
         return row.job
+
+    def discard(self, owner: str | None, job_id: str) -> bool:
+        """Delete dead letter ``job_id`` (of ``owner``, or any owner with None)."""
+        with self.writing():
+            return self.table.discard(owner, job_id)
+
+    def discard_dead_letters(self, owner: str | None, before: float | None) -> int:
+        """Delete the dead letters (of ``owner``) buried before ``before`` (all: None)."""
+        with self.writing():
+            return self.table.discard_before(owner, before)
 
     def defer(self, job_id: str, time: float) -> None:
         """Move a job to ``time`` and clear its running marker (a reset)."""

@@ -268,6 +268,32 @@ class JobTable:
             )
         return [_dead_letter(*row) for row in cursor]
 
+    def discard(self, owner: str | None, job_id: str) -> bool:
+        cursor = self.conn.execute(
+            "DELETE FROM nj_dead_letters WHERE id = ? AND (owner = ? OR ? IS NULL)",
+            (job_id, owner, owner),
+        )
+        return cursor.rowcount > 0
+
+    def discard_before(self, owner: str | None, before: float | None) -> int:
+        cursor = self.conn.execute(
+            "DELETE FROM nj_dead_letters WHERE (owner = ? OR ? IS NULL)"
+            " AND (time < ? OR ? IS NULL)",
+            (owner, owner, before, before),
+        )
+        return cursor.rowcount
+
+    def drop_oldest_dead_letters(self, keep: int) -> list[tuple[str, str]]:
+        """Delete the oldest dead letters beyond ``keep``; return their (owner, id)."""
+        (count,) = self.conn.execute("SELECT COUNT(*) FROM nj_dead_letters").fetchone()
+        if count <= keep:
+            return []
+        oldest = self.conn.execute(
+            "SELECT owner, id FROM nj_dead_letters ORDER BY time LIMIT ?", (count - keep,)
+        ).fetchall()
+        self.conn.executemany("DELETE FROM nj_dead_letters WHERE owner = ? AND id = ?", oldest)
+        return [(str(owner), str(job_id)) for owner, job_id in oldest]
+
     def unbury(self, owner: str, job_id: str) -> DeadLetter | None:
         row = self.conn.execute(
             "SELECT job, error, attempts, reason, time FROM nj_dead_letters"

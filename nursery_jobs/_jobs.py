@@ -201,6 +201,16 @@ def ownership_error(owner: str, holder: str, job_id: str) -> JobOwnershipError:
     )
 
 
+def check_before(before: object) -> float | None:
+    """A ``before=`` cutoff: None, epoch seconds or an aware datetime."""
+    if before is None:
+        return None
+    try:
+        return _clock.coerce_time(before, name="before")
+    except (TypeError, ValueError) as exc:
+        raise JobError(str(exc)) from None
+
+
 def check_priority(priority: object, *, job: str) -> int:
     if isinstance(priority, bool) or not isinstance(priority, int) or not (
         -MAX_PRIORITY <= priority <= MAX_PRIORITY

@@ -18,8 +18,8 @@ from ._alarm import LIFECYCLE_RETRY
 from ._alarm_run import AlarmRun, AlarmRunner, current_run
 from ._capability import Capability
 from ._errors import CapabilityError, safe_repr
-from ._job_store import DEFAULT_COMPLETION_GROUP, JobStore
-from ._jobs import HOST, DeadLetter, Job, check_job_id
+from ._job_store import DEFAULT_COMPLETION_GROUP, DEFAULT_DEAD_LETTER_LIMIT, JobStore
+from ._jobs import HOST, DeadLetter, Job, check_before, check_job_id
 from ._object import DurableObject
 from ._strikes import MemoryBreaker, MemoryLimitContext, recover_crashes
 from ._views import capability_view, jobs_view
@@ -41,6 +41,7 @@ class Lifecycle:
         max_alarm_memory_limit_strikes: int = 3,
         completion_group: int = DEFAULT_COMPLETION_GROUP,
         rng: random.Random | None = None,
+        dead_letter_limit: int = DEFAULT_DEAD_LETTER_LIMIT,
     ) -> None:
         if not isinstance(host, DurableObject):
             raise TypeError(f"Lifecycle.install() needs a DurableObject, got {host!r}")
@@ -57,6 +58,10 @@ class Lifecycle:
             completion_group < 1
         ):
             raise ValueError(f"completion_group must be an int >= 1, got {completion_group!r}")
+        if isinstance(dead_letter_limit, bool) or not isinstance(dead_letter_limit, int) or (
+            dead_letter_limit < 1
+        ):
+            raise ValueError(f"dead_letter_limit must be an int >= 1, got {dead_letter_limit!r}")
         if rng is not None and not isinstance(rng, random.Random):
             raise TypeError(f"rng must be a random.Random, got {rng!r}")
         ctx = host.ctx
@@ -67,7 +72,9 @@ class Lifecycle:
         self._runner: AlarmRunner | None = None
         self.claim = ctx.claim_alarm("Lifecycle", self._alarm_run, LIFECYCLE_RETRY)
         self.store = JobStore(ctx.storage.conn, self.claim, self.claim.transactions,
-                              completion_group=completion_group)
+                              completion_group=completion_group,
+                              dead_letter_limit=dead_letter_limit,
+                              on_dropped=self._dead_letter_dropped)
         self.jobs = jobs_view(self.store, HOST)
         self.breaker = MemoryBreaker(self.store, max_alarm_memory_limit_strikes, self.label,
                                      self.emit)
@@ -89,15 +96,19 @@ class Lifecycle:
         *,
         completion_group: int = DEFAULT_COMPLETION_GROUP,
         rng: random.Random | None = None,
+        dead_letter_limit: int = DEFAULT_DEAD_LETTER_LIMIT,
     ) -> Lifecycle:
         """Create the Lifecycle of ``host`` and hand it the object's alarm.
 
         ``completion_group`` bounds how many completed jobs a process death may re-run
         (their outcomes are committed together); 1 commits each completion. ``rng``
-        draws the retry jitter (seed one for reproducible tests).
+        draws the retry jitter (seed one for reproducible tests). At most
+        ``dead_letter_limit`` dead letters are kept; past it the oldest is dropped with a
+        ``job:dead_letter_dropped`` event.
         """
         return cls(host, max_alarm_memory_limit_strikes=max_alarm_memory_limit_strikes,
-                   completion_group=completion_group, rng=rng)
+                   completion_group=completion_group, rng=rng,
+                   dead_letter_limit=dead_letter_limit)
 
     def __repr__(self) -> str:
         return f"<Lifecycle {self.label}>"
@@ -282,6 +293,24 @@ class Lifecycle:
         job_id = check_job_id(id)
         await trio.lowlevel.checkpoint()
         return self.store.requeue(owner, job_id)
+
+    async def discard(self, id: str, *, owner: str = HOST) -> bool:
+        """Delete dead letter ``id`` of ``owner``; return whether it existed.
+        Checkpoints."""
+        job_id = check_job_id(id)
+        await trio.lowlevel.checkpoint()
+        return self.store.discard(owner, job_id)
+
+    async def discard_dead_letters(self, *, before: Any = None) -> int:
+        """Delete every dead letter of this object (all owners) buried before ``before``
+        (epoch seconds or aware datetime; None: all). Returns how many. Checkpoints."""
+        cutoff = check_before(before)
+        await trio.lowlevel.checkpoint()
+        return self.store.discard_dead_letters(None, cutoff)
+
+    def _dead_letter_dropped(self, owner: str, job_id: str) -> None:
+        self.emit("job:dead_letter_dropped", owner=owner, id=job_id,
+                  limit=self.store.dead_letter_limit)
 
     # -- diagnostics ------------------------------------------------------------------
     def emit(self, type: str, **data: Any) -> None:

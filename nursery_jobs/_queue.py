@@ -182,6 +182,15 @@ class Queue(CallbackCapability):
         return await self._push(job.fn, job.payload["p"], id=job.id, retry=job.retry,
                                 priority=job.priority, keep_position=False)
 
+    async def discard(self, id: str) -> bool:
+        """Delete dead letter ``id``; return whether it existed. Checkpoints."""
+        return await self.lifecycle.discard(id)
+
+    async def discard_dead_letters(self, *, before: Any = None) -> int:
+        """Delete the dead letters buried before ``before`` (None: all); return how
+        many. Checkpoints."""
+        return await self.lifecycle.discard_dead_letters(before=before)
+
     # -- the capability hooks -----------------------------------------------------------
     async def on_job(self, ctx: JobContext) -> JobOutcome:
         job = ctx.job

@@ -12,6 +12,7 @@ import logging
 import math
 import os
 import resource
+import sqlite3
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -28,6 +29,7 @@ from ._engine import Engine, ObjectLeasedElsewhere, engine_for
 from ._errors import RpcError, RuntimeClosedError, lone_interrupt
 from ._events import EventBus
 from ._host import ObjectHost
+from ._metrics import Metrics
 from ._object import DurableObject, resolve_namespace
 from ._stall import StallWatch
 
@@ -122,6 +124,8 @@ class Runtime:
         self.max_active = default_max_active() if max_active is None else max_active
         self.durability = durability
         self.events = EventBus()
+        self.metrics = Metrics(self.events)
+        self.http_url: str | None = None  # where the dashboard listens (open_runtime http=)
         self.timer = Timer(engine, self._deliver)
         self._hosts: OrderedDict[Key, ObjectHost] = OrderedDict()
         self._nursery: trio.Nursery | None = None
@@ -190,6 +194,28 @@ class Runtime:
             if host.status == "ready" and not host.busy:
                 host.evict("evicted: max_active")
                 excess -= 1
+
+    # -- inspection (the dashboard, nursery_jobs.testing) --------------------------------
+    def active_objects(self) -> list[Key]:
+        """(namespace, object id) of every active object. Does not checkpoint."""
+        return [key for key, host in self._hosts.items() if host.status == "ready"]
+
+    def active_database(self, namespace: str, object_id: str) -> sqlite3.Connection | None:
+        """The open database of an active object (read it on the Trio thread), or None."""
+        host = self._hosts.get((namespace, object_id))
+        return None if host is None or host.state is None else host.state.conn
+
+    def active_instance(self, namespace: str, object_id: str) -> DurableObject | None:
+        """The instance of an active object, or None. Does not checkpoint."""
+        host = self._hosts.get((namespace, object_id))
+        return None if host is None else host.instance
+
+    async def activate(self, cls: type[DurableObject], object_id: str) -> DurableObject:
+        """Activate an object (running its startup) and return its instance."""
+        host = await self._activate(cls, cls.namespace, check_object_id(object_id))
+        await host.call_startup()
+        assert host.instance is not None
+        return host.instance
 
     @property
     def closing(self) -> bool:
@@ -286,6 +312,8 @@ async def open_runtime(
     durability: Durability = "normal",
     memory_limit: int | None = None,
     memory_probe: Callable[[], float] | None = None,
+    http: tuple[str, int] | None = None,
+    http_writes: bool = False,
 ) -> AsyncIterator[Runtime]:
     """Open a runtime on data directory ``path`` (None: everything in memory; or an
     ``Engine``). A ``scheme://`` address no engine serves raises ``EngineError``.
@@ -332,6 +360,10 @@ async def open_runtime(
                 if memory_limit is not None:
                     nursery.start_soon(rt._memory_watchdog)
                 try:
+                    if http is not None:
+                        from ._web import start_http
+
+                        await start_http(rt, nursery, http, writes=http_writes)
                     yield rt
                 except BaseException as exc:
                     body_error = exc

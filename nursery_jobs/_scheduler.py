@@ -8,6 +8,7 @@ k·seconds``; cron expressions are evaluated in UTC with ``cronsim``.
 
 from __future__ import annotations
 
+import builtins
 import datetime
 import hashlib
 import logging
@@ -23,6 +24,7 @@ from ._capability import CallbackCapability
 from ._codec import encode_payload
 from ._errors import JobError, UnknownCallbackError, safe_repr
 from ._jobs import (
+    DeadLetter,
     Job,
     JobContext,
     JobOutcome,
@@ -245,6 +247,23 @@ class Scheduler(CallbackCapability):
     def list(self) -> list[Schedule]:
         """Return every schedule, by next due time."""
         return [schedule_of(job) for job in self.lifecycle.jobs.list()]
+
+    # -- dead letters ---------------------------------------------------------------
+    def dead_letters(self) -> builtins.list[DeadLetter]:  # (list: the method above)
+        """Schedules whose retries ran out, oldest first."""
+        return self.lifecycle.dead_letters()
+
+    async def requeue(self, id: str) -> Job | None:
+        """Run dead letter ``id`` again, due now, with fresh attempts."""
+        return await self.lifecycle.requeue(id)
+
+    async def discard(self, id: str) -> bool:
+        """Delete dead letter ``id``; return whether it existed. Checkpoints."""
+        return await self.lifecycle.discard(id)
+
+    async def discard_dead_letters(self, *, before: Any = None) -> int:
+        """Delete the dead letters buried before ``before`` (None: all)."""
+        return await self.lifecycle.discard_dead_letters(before=before)
 
     async def cancel(self, id: str) -> bool:
         """Delete schedule ``id``; return whether it existed. Checkpoints."""

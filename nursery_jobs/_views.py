@@ -21,6 +21,7 @@ from ._jobs import (
     DeadLetter,
     Job,
     RetryOptions,
+    check_before,
     check_fn,
     check_hung_timeout,
     check_job_id,
@@ -175,6 +176,16 @@ class CapabilityLifecycle:
     async def requeue(self, id: str) -> Job | None:
         """Put this capability's dead letter ``id`` back in the queue, due now."""
         return await self._lifecycle.requeue(id, owner=self.capability_id)
+
+    async def discard(self, id: str) -> bool:
+        """Delete this capability's dead letter ``id``; return whether it existed."""
+        return await self._lifecycle.discard(id, owner=self.capability_id)
+
+    async def discard_dead_letters(self, *, before: Any = None) -> int:
+        """Delete this capability's dead letters buried before ``before`` (None: all)."""
+        cutoff = check_before(before)
+        await trio.lowlevel.checkpoint()
+        return self._lifecycle.store.discard_dead_letters(self.capability_id, cutoff)
 
     async def rearm_alarm(self) -> None:
         await self._lifecycle.rearm_alarm()

@@ -1,114 +1,139 @@
-"""The ``nursery-jobs`` console script: inspect a data directory, re-queue dead
-letters, run the dispatch benchmark."""
+"""The ``nursery-jobs`` console script: inspect a stopped data directory, re-queue its
+dead letters, serve its dashboard, run the dispatch benchmark.
+
+None of these starts a runtime: no alarm of any object runs inside the CLI. Against a
+data directory a runtime holds, ``inspect`` and ``requeue`` say so and point to the
+live dashboard (``open_runtime(..., http=...)``).
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
-import sqlite3
+import os
 import sys
+import time
 from pathlib import Path
-from typing import Any
+
+from ._errors import JobOwnershipError, RuntimeLockedError
+from ._inspect import (
+    DataDirectoryError,
+    ObjectInUseError,
+    OfflineSource,
+    UnknownObjectError,
+    printable,
+    refuse_if_running,
+    report_json,
+    requeue_offline,
+)
+
+# Exit codes: 1 nothing to do (no such dead letter), 2 bad input, 3 in use.
+_IN_USE = 3
 
 
-def _connect(path: Path) -> sqlite3.Connection:
-    if not path.exists():
-        raise SystemExit(f"nursery-jobs: {path} does not exist")
-    return sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+def _fail(message: str, code: int) -> int:
+    print(f"nursery-jobs: {printable(message)}", file=sys.stderr)
+    return code
 
 
-def _catalog(data: Path) -> sqlite3.Connection:
-    return _connect(data / "catalog.sqlite3")
+def _when(t: float | None, now: float) -> str:
+    if t is None:
+        return "none"
+    delta = t - now
+    if abs(delta) > 10 * 365 * 86400:
+        return f"{t:.3f}"  # no calendar date means anything this far out
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t))
+    return f"{stamp}Z ({'in ' if delta > 0 else ''}{abs(delta):.1f} s{'' if delta > 0 else ' ago'})"
 
 
 def inspect(data: Path, as_json: bool) -> int:
-    """Objects, their alarms, queued jobs and dead letters."""
-    catalog = _catalog(data)
-    objects = catalog.execute(
-        "SELECT o.namespace, o.object_id, o.file, a.time, a.retry FROM nj_objects o"
-        " LEFT JOIN nj_alarms a USING (namespace, object_id) ORDER BY o.namespace, o.object_id"
-    ).fetchall()
-    report: list[dict[str, Any]] = []
-    for namespace, object_id, file, alarm, retry in objects:
-        entry: dict[str, Any] = {"namespace": namespace, "id": object_id, "alarm": alarm,
-                                 "alarm_retry": retry, "jobs": 0, "dead_letters": []}
-        db_path = data / "objects" / file
-        if db_path.exists():
-            db = _connect(db_path)
-            try:
-                tables = {r[0] for r in db.execute(
-                    "SELECT name FROM sqlite_master WHERE type='table'")}
-            except sqlite3.OperationalError:
-                # A running runtime holds its active objects' databases exclusively.
-                entry["jobs"] = "in use by a running runtime"
-                tables = set()
-            if "nj_jobs" in tables:
-                entry["jobs"] = db.execute("SELECT COUNT(*) FROM nj_jobs").fetchone()[0]
-                entry["dead_letters"] = [
-                    {"owner": owner, "id": job_id, "error": error, "attempts": attempts,
-                     "reason": reason, "time": when}
-                    for owner, job_id, error, attempts, reason, when in db.execute(
-                        "SELECT owner, id, error, attempts, reason, time FROM nj_dead_letters"
-                        " ORDER BY time")
-                ]
-            db.close()
-        report.append(entry)
+    """Objects, their alarms, queued jobs and dead letters. Reads only."""
+    try:
+        refuse_if_running(data)
+        source = OfflineSource(data)
+    except RuntimeLockedError as exc:
+        return _fail(str(exc), _IN_USE)
+    except DataDirectoryError as exc:
+        return _fail(str(exc), 2)
+    now = time.time()
+    report = report_json(source, now, limit=-1)
     if as_json:
-        print(json.dumps(report, indent=2, ensure_ascii=False))
+        # ASCII only: an id's control or bidi characters come out as \u escapes.
+        print(json.dumps(report, indent=2, ensure_ascii=True))
         return 0
-    print(f"{len(report)} object(s) in {data}")
-    for entry in report:
-        alarm = "no alarm" if entry["alarm"] is None else f"alarm at {entry['alarm']:.3f}"
-        print(f"  {entry['namespace']}/{entry['id']}: {alarm}, {entry['jobs']} job(s),"
-              f" {len(entry['dead_letters'])} dead letter(s)")
+    p = printable
+    print(f"{report['total']} object(s) in {p(str(data))}")
+    for entry in report["objects"]:
+        counts = entry["counts"]
+        state = entry["state"] if entry["problem"] is None else (
+            f"{entry['state']}: {entry['problem']}")
+        print(f"  {p(entry['namespace'])}/{p(entry['id'])} [{p(state)}]:"
+              f" alarm {_when(entry['alarm'], now)}, {counts['jobs']} job(s),"
+              f" {counts['due']} due, {counts['dead_letters']} dead letter(s)"
+              + (f", {entry['breaker_strikes']} breaker strike(s)"
+                 if entry["breaker_strikes"] else ""))
+        for job in entry["jobs"]:
+            flags = "".join(f", {name}" for name in ("running", "exclusive", "singleflight")
+                            if job[name])
+            priority = "" if job["priority"] is None else f", priority {job['priority']}"
+            print(f"    job {p(job['owner'])}/{p(job['id'])} {p(job['fn'])}:"
+                  f" due {_when(job['time'], now)}, attempt {job['attempts']}"
+                  f" of {job['max_attempts']}{priority}{flags}")
         for letter in entry["dead_letters"]:
-            print(f"    dead: {letter['owner']}/{letter['id']} after {letter['attempts']}"
-                  f" attempt(s) ({letter['reason']}): {letter['error']}")
+            print(f"    dead {p(letter['owner'])}/{p(letter['id'])} {p(letter['fn'])}"
+                  f" after {letter['attempts']} attempt(s) ({p(letter['reason'])}):"
+                  f" {p(letter['error'])}")
     return 0
 
 
 def requeue(data: Path, namespace: str, object_id: str, job_id: str, owner: str) -> int:
-    """Move a dead letter back into its object's queue (due now) with a runtime."""
+    """Move a dead letter back into its object's queue, due now; the next runtime on
+    ``data`` runs it. Edits the files directly: no runtime, no alarm, no user code."""
+    label = f"{namespace}/{object_id}"
+    try:
+        done = requeue_offline(data, namespace, object_id, job_id, owner=owner, now=time.time())
+    except RuntimeLockedError as exc:
+        return _fail(str(exc), _IN_USE)
+    except ObjectInUseError as exc:
+        return _fail(str(exc), _IN_USE)
+    except (DataDirectoryError, UnknownObjectError, JobOwnershipError) as exc:
+        return _fail(str(exc), 2)
+    if done is None:
+        return _fail(f"no dead letter {owner}/{job_id} in {label}", 1)
+    print(f"re-queued {printable(owner)}/{printable(job_id)} of {printable(label)}: due now;"
+          " it runs when a runtime next opens this data directory")
+    return 0
+
+
+def serve(data: Path, host: str, port: int) -> int:
+    """Serve the dashboard of a stopped data directory, read-only, until Ctrl-C."""
+    try:
+        refuse_if_running(data)
+        source = OfflineSource(data)
+    except RuntimeLockedError as exc:
+        return _fail(str(exc), _IN_USE)
+    except DataDirectoryError as exc:
+        return _fail(str(exc), 2)
     import trio
 
-    from ._lifecycle import Lifecycle
-    from ._object import resolve_namespace
-    from ._runtime import open_runtime
+    from ._web import serve_offline
 
-    catalog = _catalog(data)
-    row = catalog.execute(
-        "SELECT class_path FROM nj_objects WHERE namespace = ? AND object_id = ?",
-        (namespace, object_id),
-    ).fetchone()
-    catalog.close()
-    if row is None:
-        print(f"nursery-jobs: no object {namespace}/{object_id} in {data}", file=sys.stderr)
-        return 2
-    cls = resolve_namespace(namespace, row[0])
-    if cls is None:
-        print(f"nursery-jobs: cannot import the class of {namespace} ({row[0]}); run from the"
-              " application's directory or set PYTHONPATH", file=sys.stderr)
-        return 2
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            url = await nursery.start(serve_offline, source, (host, port))
+            print(f"serving {printable(str(data))} (read-only) at {url}  (Ctrl-C to stop)",
+                  flush=True)
 
-    async def main() -> Any:
-        async with open_runtime(data) as rt:
-            host = await rt._activate(cls, namespace, object_id)
-            lifecycle = getattr(host.instance, "lifecycle", None)
-            if not isinstance(lifecycle, Lifecycle):
-                raise SystemExit(f"nursery-jobs: {namespace}/{object_id} has no Lifecycle")
-            return await lifecycle.requeue(job_id, owner=owner)
-
-    job = trio.run(main)
-    if job is None:
-        print(f"nursery-jobs: no dead letter {owner}/{job_id} in {namespace}/{object_id}",
-              file=sys.stderr)
-        return 1
-    print(f"re-queued {owner}/{job_id} of {namespace}/{object_id}: due now")
+    try:
+        trio.run(main)
+    except KeyboardInterrupt:
+        return 0
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="nursery-jobs", description=__doc__)
+    parser = argparse.ArgumentParser(prog="nursery-jobs", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     p_inspect = sub.add_parser("inspect", help="list objects, alarms, jobs and dead letters")
     p_inspect.add_argument("data", type=Path)
@@ -119,6 +144,10 @@ def main(argv: list[str] | None = None) -> int:
     p_requeue.add_argument("object_id")
     p_requeue.add_argument("job_id")
     p_requeue.add_argument("--owner", default="host", help="the job's owner (default: host)")
+    p_serve = sub.add_parser("serve", help="serve the dashboard of a stopped data directory")
+    p_serve.add_argument("data", type=Path)
+    p_serve.add_argument("--host", default="127.0.0.1")
+    p_serve.add_argument("--port", type=int, default=8321)
     sub.add_parser("bench", help="run the dispatch benchmark (see: nursery-jobs bench -h)",
                    add_help=False)
     args, rest = parser.parse_known_args(argv)
@@ -129,10 +158,16 @@ def main(argv: list[str] | None = None) -> int:
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command == "inspect":
-        return inspect(args.data, args.json)
+        try:
+            return inspect(args.data, args.json)
+        except BrokenPipeError:
+            # `nursery-jobs inspect DATA | head`: the reader has gone; stop quietly.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
+    if args.command == "serve":
+        return serve(args.data, args.host, args.port)
     return requeue(args.data, args.namespace, args.object_id, args.job_id, args.owner)
 
 
 if __name__ == "__main__":
     sys.exit(main())
-

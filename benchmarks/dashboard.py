@@ -1,0 +1,191 @@
+"""How fast the dashboard answers with 10,000 objects (issue: first page < 200 ms).
+
+Builds (once) a data directory of N objects, each with a Lifecycle, a job due in an
+hour and every 50th with a dead letter, then times over HTTP on loopback:
+  - ``nursery-jobs serve`` style (a stopped directory, read-only),
+  - a live runtime with ``http=`` (objects evicted: their rows are read from files),
+  - a live runtime with the first page's objects active,
+for ``/`` (first page), ``/?page=100``, ``/api/objects``, ``/metrics``.
+
+Run: PYTHONPATH=. python benchmarks/dashboard.py [--objects 10000] [--data DIR]
+     PYTHONPATH=. python benchmarks/dashboard.py --screenshot docs/dashboard.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import trio
+
+import nursery_jobs as nj
+from nursery_jobs import _web
+from nursery_jobs._inspect import OfflineSource
+
+PATHS = ["/", "/?page=100", "/api/objects", "/metrics"]
+
+
+class Account(nj.DurableObject):
+    namespace = "bench.Account"
+
+    def __init__(self, ctx: nj.ObjectContext) -> None:
+        super().__init__(ctx)
+        self.lifecycle = nj.Lifecycle.install(self)
+
+    async def setup(self, i: int) -> None:
+        await self.lifecycle.jobs.push("renew", id="renew", delay=3600 + i, payload={"n": i})
+        if i % 50 == 0:
+            await self.lifecycle.jobs.push("charge", id=f"charge-{i}", payload=i,
+                                           retry=nj.RetryOptions(max_attempts=1))
+
+    async def ready(self) -> None:
+        """Activate the object (its due jobs then run from its alarm)."""
+
+    async def push_now(self, k: int) -> None:
+        await self.lifecycle.jobs.push("deliver", payload=k)
+
+    async def push_charge(self, k: int) -> None:
+        await self.lifecycle.jobs.push("charge", id=f"charge-{k}", payload=k,
+                                       retry=nj.RetryOptions(max_attempts=3, base_delay=0.4))
+
+    async def on_job(self, ctx: nj.JobContext) -> nj.JobOutcome:
+        await trio.sleep(random.random() * 0.004)
+        if ctx.job.fn == "charge":
+            raise ConnectionError(f"card declined: gateway timeout after 30 s (account"
+                                  f" {ctx.job.payload})")
+        return None
+
+
+class Mailer(Account):
+    namespace = "bench.Mailer"
+
+
+async def build(data: Path, n: int) -> None:
+    if (data / "catalog.sqlite3").exists():
+        return
+    started = time.perf_counter()
+    async with nj.open_runtime(data, max_active=512) as rt:
+        for i in range(n):
+            cls = Account if i % 4 else Mailer
+            await rt.get(cls, f"{cls.__name__.lower()}-{i:05d}").setup(i)
+            if i % 1000 == 999:
+                print(f"  built {i + 1:,} objects ({time.perf_counter() - started:.0f} s)",
+                      file=sys.stderr)
+        await trio.sleep(0.5)
+
+
+async def fetch(url: str, path: str) -> tuple[int, bytes]:
+    parts = urlsplit(url)
+    assert parts.hostname is not None and parts.port is not None
+    stream = await trio.open_tcp_stream(parts.hostname, parts.port)
+    async with stream:
+        await stream.send_all(f"GET {path} HTTP/1.0\r\nHost: {parts.netloc}\r\n\r\n".encode())
+        data = b""
+        while chunk := await stream.receive_some(1 << 16):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split()[1]), body
+
+
+async def measure(url: str, rounds: int) -> dict[str, tuple[float, float, int]]:
+    out = {}
+    for path in PATHS:
+        times = []
+        size = 0
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            status, body = await fetch(url, path)
+            times.append(time.perf_counter() - t0)
+            assert status == 200, (path, status, body[:200])
+            size = len(body)
+        out[path] = (statistics.median(times) * 1000, max(times) * 1000, size)
+    return out
+
+
+def report(label: str, results: dict[str, tuple[float, float, int]]) -> None:
+    print(f"\n{label}")
+    print(f"  {'path':<16}{'median ms':>10}{'max ms':>9}{'bytes':>9}")
+    for path, (median, worst, size) in results.items():
+        print(f"  {path:<16}{median:>10.1f}{worst:>9.1f}{size:>9,}")
+
+
+async def bench(data: Path, n: int, rounds: int) -> None:
+    await build(data, n)
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(_web.serve_offline, OfflineSource(data), ("127.0.0.1", 0))
+        report(f"stopped directory (nursery-jobs serve), {n:,} objects",
+               await measure(url, rounds))
+        nursery.cancel_scope.cancel()
+    async with nj.open_runtime(data, http=("127.0.0.1", 0)) as rt:
+        assert rt.http_url is not None
+        report(f"live runtime, {n:,} objects, none active", await measure(rt.http_url, rounds))
+        for i in range(0, 200):
+            cls = Account if i % 4 else Mailer
+            await rt.get(cls, f"{cls.__name__.lower()}-{i:05d}").ready()
+        report(f"live runtime, {n:,} objects, the first 200 active",
+               await measure(rt.http_url, rounds))
+
+
+async def screenshot(out: Path) -> None:
+    """A dashboard with some history, rendered by headless Chromium."""
+    _web.SAMPLE_INTERVAL = 0.25  # a 30 s chart window fills in seconds
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp) / "shop-data"
+        await build(data, 120)
+        async with nj.open_runtime(data, http=("127.0.0.1", 0)) as rt:
+            assert rt.http_url is not None
+            ids = [f"{('mailer' if i % 4 == 0 else 'account')}-{i:05d}" for i in range(120)]
+
+            async def load(seconds: float) -> None:
+                end = trio.current_time() + seconds
+                k = 0
+                while trio.current_time() < end:
+                    i = random.randrange(120)
+                    stub = rt.get(Mailer if i % 4 == 0 else Account, ids[i])
+                    await stub.push_now(k)
+                    if k % 450 == 225:  # a few failing charges on the first page's objects
+                        first = random.choice([1, 2, 3, 5, 6, 7, 9, 10])
+                        await rt.get(Account, ids[first]).push_charge(k)
+                    k += 1
+                    rate = 60 + 140 * (0.5 + 0.5 * ((trio.current_time() % 12) / 12))
+                    await trio.sleep(random.expovariate(rate))
+
+            await load(28)
+            await trio.sleep(2.5)  # the last retries end
+            await trio.run_process(
+                ["chromium", "--headless", "--no-sandbox", "--disable-gpu",
+                 "--disable-background-networking", "--no-first-run", "--hide-scrollbars",
+                 f"--user-data-dir={tmp}/profile", "--window-size=1360,1560",
+                 f"--screenshot={out}", rt.http_url + "?limit=10"],
+                capture_stdout=True, capture_stderr=True)
+    print(f"wrote {out}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--objects", type=int, default=10_000)
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--data", type=Path, default=None,
+                        help="reuse (or build) the data directory here")
+    parser.add_argument("--screenshot", type=Path, default=None)
+    args = parser.parse_args(argv)
+    if args.screenshot is not None:
+        trio.run(screenshot, args.screenshot.resolve())
+        return
+    if args.data is not None:
+        trio.run(bench, args.data, args.objects, args.rounds)
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        trio.run(bench, Path(tmp) / "data", args.objects, args.rounds)
+
+
+if __name__ == "__main__":
+    main()
+

@@ -1,0 +1,249 @@
+"""The console script works on a stopped data directory without running anything:
+``inspect`` reads without leaving files or waiting on locks, ``requeue`` edits the
+files under the runtime's own lock, and both refuse a running runtime."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from conftest import EPOCH
+
+import nursery_jobs as nj
+from nursery_jobs import cli
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Mailer(nj.DurableObject):
+    namespace = "tests.test_cli.Mailer"
+
+    def __init__(self, ctx: nj.ObjectContext) -> None:
+        super().__init__(ctx)
+        self.lifecycle = nj.Lifecycle.install(self)
+
+    async def push(self, fn: str, **kwargs: Any) -> str:
+        return (await self.lifecycle.jobs.push(fn, **kwargs)).id
+
+    async def on_job(self, ctx: nj.JobContext) -> nj.JobOutcome:
+        self.ctx.storage.put(f"ran:{ctx.job.id}", ctx.attempt)
+        if ctx.job.fn == "fail" and (self.ctx.env or {}).get("fail", True):
+            raise ConnectionError("smtp down\nFORGED LINE")
+        return None
+
+    async def ran(self) -> dict[str, Any]:
+        return self.ctx.storage.list("ran:")
+
+
+ONCE = nj.RetryOptions(max_attempts=1)
+
+
+async def build(data: Path, ids: tuple[str, ...] = ("news",)) -> None:
+    """Objects with a dead letter ("bounce") and a job due in an hour ("later")."""
+    async with nj.open_runtime(data) as rt:
+        for object_id in ids:
+            mailer = rt.get(Mailer, object_id)
+            await mailer.push("fail", id="bounce", retry=ONCE, payload={"to": "ada"})
+            await mailer.push("send", id="later", delay=3600)
+        await trio.sleep(1)
+
+
+def files(data: Path) -> dict[str, tuple[int, int]]:
+    return {
+        str(p.relative_to(data)): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in sorted(data.rglob("*")) if p.is_file()
+    }
+
+
+def run_cli(*args: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = cli.main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+async def test_inspect_json_lists_jobs_and_dead_letters(
+    tmp_path: Path, autojump_clock: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = tmp_path / "data"
+    await build(data)
+    before = files(data)
+    code, out, _ = run_cli("inspect", str(data), "--json", capsys=capsys)
+    assert code == 0
+    report = json.loads(out)
+    assert report["total"] == 1 and not report["live"]
+    (entry,) = report["objects"]
+    assert (entry["namespace"], entry["id"], entry["state"]) == (Mailer.namespace, "news",
+                                                                  "evicted")
+    assert entry["alarm"] == EPOCH + 3600
+    assert [(j["id"], j["fn"], j["time"], j["attempts"]) for j in entry["jobs"]] == [
+        ("later", "send", EPOCH + 3600, 0)
+    ]
+    (letter,) = entry["dead_letters"]
+    assert letter["id"] == "bounce" and letter["attempts"] == 1
+    assert letter["error"] == "ConnectionError: smtp down\nFORGED LINE"
+    assert letter["payload"] == "{'to': 'ada'}"
+    assert files(data) == before  # nothing created, nothing touched
+
+
+async def test_inspect_escapes_control_characters(
+    tmp_path: Path, autojump_clock: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = tmp_path / "data"
+    evil = "x\nFORGED 0 object(s)\x1b[31m\u202e"
+    await build(data, ids=(evil,))
+    code, out, _ = run_cli("inspect", str(data), capsys=capsys)
+    assert code == 0
+    assert "FORGED" in out
+    for line in out.splitlines():
+        assert not line.startswith("FORGED"), out
+    assert "\x1b" not in out and "\u202e" not in out
+    assert "x\\nFORGED 0 object(s)\\x1b[31m\\u202e" in out
+    assert "smtp down\\nFORGED LINE" in out  # error texts too
+    code, out, _ = run_cli("inspect", str(data), "--json", capsys=capsys)
+    assert out.isascii() and "\x1b" not in out
+    assert json.loads(out)["objects"][0]["id"] == evil
+
+
+async def test_inspect_and_requeue_refuse_a_running_runtime(
+    tmp_path: Path, autojump_clock: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = tmp_path / "data"
+    await build(data)
+    async with nj.open_runtime(data) as rt:
+        await rt.get(Mailer, "news").ran()  # its database is now held exclusively
+        before = files(data)
+        for args in (["inspect", str(data)], ["requeue", str(data), Mailer.namespace,
+                                               "news", "bounce"]):
+            code, out, err = run_cli(*args, capsys=capsys)
+            assert code == 3
+            assert out == ""
+            assert "in use by a running runtime" in err
+            assert "http://127.0.0.1:8321/" in err  # points to the live dashboard
+        assert files(data) == before
+
+
+def test_inspect_fails_fast_on_an_object_another_process_holds(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    trio.run(build, data, ("held",), clock=trio.testing.MockClock(autojump_threshold=0))
+    (db,) = (data / "objects").glob("*.sqlite3")
+    with subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(f"""
+            import sqlite3, sys
+            c = sqlite3.connect({str(db)!r}, isolation_level=None)
+            c.execute("PRAGMA locking_mode=EXCLUSIVE")
+            c.execute("BEGIN EXCLUSIVE"); c.execute("INSERT INTO nj_kv VALUES ('k', '1')")
+            print("held", flush=True); sys.stdin.read()
+        """)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    ) as holder:
+        try:
+            assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+            # SQLite's busy timeout would wait 5 s: the bound makes a wait fail the test.
+            done = subprocess.run(
+                [sys.executable, "-m", "nursery_jobs.cli", "inspect", str(data), "--json"],
+                capture_output=True, text=True, timeout=4, cwd=tmp_path,
+                env={**os.environ, "PYTHONPATH": str(ROOT)},
+            )
+        finally:
+            holder.kill()
+    assert done.returncode == 0, done.stderr
+    (entry,) = json.loads(done.stdout)["objects"]
+    assert entry["state"] == "in use"
+    assert "in use by another process" in entry["problem"]
+
+
+CRASHER = """
+import os, signal, sys, trio
+import nursery_jobs as nj
+sys.path.insert(0, {tests!r})
+from test_cli import Mailer, ONCE
+
+async def main():
+    async with nj.open_runtime({data!r}) as rt:
+        m = rt.get(Mailer, "crashed")
+        await m.push("fail", id="bounce", retry=ONCE)
+        await m.push("send", id="later", delay=3600)
+        await trio.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+trio.run(main)
+"""
+
+
+@pytest.mark.crash
+def test_inspect_reads_a_crashed_directory_without_leaving_files(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    done = subprocess.run(
+        [sys.executable, "-c", CRASHER.format(tests=str(ROOT / "tests"), data=str(data))],
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+    )
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    assert list((data / "objects").glob("*-wal")), "the object's WAL is left by the kill"
+    before = files(data)
+    code = subprocess.run(
+        [sys.executable, "-m", "nursery_jobs.cli", "inspect", str(data), "--json"],
+        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert code.returncode == 0, code.stderr
+    (entry,) = json.loads(code.stdout)["objects"]
+    assert [j["id"] for j in entry["jobs"]] == ["later"]
+    assert [d["id"] for d in entry["dead_letters"]] == ["bounce"]
+    assert files(data) == before
+
+
+async def test_requeue_edits_the_files_and_the_next_runtime_runs_it(
+    tmp_path: Path, autojump_clock: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = tmp_path / "data"
+    await build(data, ids=("news", "other"))
+    # "other" holds a job due now: the CLI must not run it (no alarm runs in the CLI).
+    async with nj.open_runtime(data) as rt:
+        await rt.get(Mailer, "other").push("send", id="due-soon", delay=5)
+    await trio.sleep(10)
+
+    code, out, err = run_cli("requeue", str(data), Mailer.namespace, "news", "bounce",
+                             capsys=capsys)
+    assert code == 0, err
+    assert "re-queued host/bounce" in out
+    assert not any(p.name.endswith(("-wal", "-shm")) for p in data.rglob("*"))
+    catalog = sqlite3.connect(data / "catalog.sqlite3")
+    alarms = dict(catalog.execute("SELECT object_id, time FROM nj_alarms").fetchall())
+    catalog.close()
+    assert alarms["news"] < EPOCH + 10  # lowered to the requeue's (real) now
+    code, out, _ = run_cli("inspect", str(data), "--json", capsys=capsys)
+    objects = {o["id"]: o for o in json.loads(out)["objects"]}
+    assert objects["news"]["dead_letters"] == []
+    assert {j["id"]: j["attempts"] for j in objects["news"]["jobs"]} == {"bounce": 0,
+                                                                         "later": 0}
+    assert "due-soon" in {j["id"] for j in objects["other"]["jobs"]}  # did not run
+
+    code, _, err = run_cli("requeue", str(data), Mailer.namespace, "news", "bounce",
+                           capsys=capsys)
+    assert (code, err.strip()) == (1, "nursery-jobs: no dead letter host/bounce in"
+                                      f" {Mailer.namespace}/news")
+    code, _, err = run_cli("requeue", str(data), Mailer.namespace, "nobody", "bounce",
+                           capsys=capsys)
+    assert code == 2 and "no object" in err
+
+    async with nj.open_runtime(data, env={"fail": False}) as rt:
+        await trio.sleep(1)
+        ran = await rt.get(Mailer, "news").ran()
+        assert ran["ran:bounce"] == 1  # attempt 1 again: fresh attempts
+        assert "ran:due-soon" in await rt.get(Mailer, "other").ran()
+
+
+def test_inspect_of_a_path_that_is_not_a_data_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = run_cli("inspect", str(tmp_path / "nothing"), capsys=capsys)
+    assert code == 2 and "not a nursery_jobs data directory" in err
+    assert not (tmp_path / "nothing").exists()

@@ -1,0 +1,109 @@
+"""Dead letters everywhere they are kept can be listed, requeued and discarded, and are
+bounded per object (DESIGN §4: ``dead_letter_limit``, ``job:dead_letter_dropped``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+from conftest import EPOCH, engine
+
+import nursery_jobs as nj
+
+
+@pytest.fixture(autouse=True)
+def _on_every_engine(on_every_engine: str) -> str:
+    return on_every_engine
+
+
+NO_RETRY = nj.RetryOptions(max_attempts=1)
+
+
+class Box(nj.DurableObject):
+    namespace = "tests.test_dead_letters.Box"
+
+    def __init__(self, ctx: nj.ObjectContext) -> None:
+        super().__init__(ctx)
+        self.queue = nj.Queue({"fail": self.fail}, retry=NO_RETRY)
+        self.lifecycle = nj.Lifecycle.install(self, dead_letter_limit=ctx.env).use(self.queue)
+
+    async def fail(self, payload: Any, item: nj.QueueItem) -> None:
+        raise RuntimeError(f"{item.id} failed")
+
+    async def on_job(self, ctx: nj.JobContext) -> None:
+        raise RuntimeError(f"host {ctx.job.id} failed")
+
+    async def push_host(self, job_id: str) -> None:
+        await self.lifecycle.jobs.push("f", id=job_id, retry=NO_RETRY)
+
+    async def push_item(self, item_id: str) -> None:
+        await self.queue.push("fail", None, id=item_id)
+
+    async def letters(self) -> list[tuple[str, str]]:
+        return [(d.job.owner, d.job.id) for d in self.lifecycle.dead_letters()]
+
+    async def queue_letters(self) -> list[str]:
+        return [d.item.id for d in self.queue.dead_letters()]
+
+    async def discard(self, job_id: str) -> bool:
+        return await self.lifecycle.discard(job_id)
+
+    async def queue_discard(self, item_id: str) -> bool:
+        return await self.queue.discard(item_id)
+
+    async def discard_all(self, before: Any = None) -> int:
+        return await self.lifecycle.discard_dead_letters(before=before)
+
+    async def queue_discard_all(self) -> int:
+        return await self.queue.discard_dead_letters()
+
+
+async def test_discard_one_and_discard_before_a_time(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with nj.open_runtime(engine.location, env=100) as rt:
+        box = rt.get(Box, "b")
+        await box.push_host("h1")
+        await box.push_item("q1")
+        await trio.sleep(10)
+        await box.push_host("h2")
+        await box.push_item("q2")
+        await trio.sleep(10)
+        assert await box.letters() == [("host", "h1"), ("queue", "q1"), ("host", "h2"),
+                                       ("queue", "q2")]
+        # Scoped: the host cannot discard the Queue's letter by id, the Queue can.
+        assert await box.discard("q1") is False
+        assert await box.queue_discard("q1") is True
+        assert await box.queue_discard("q1") is False
+        # Everything buried before t=5 (h1), across owners.
+        assert await box.discard_all(before=EPOCH + 5) == 1
+        assert await box.letters() == [("host", "h2"), ("queue", "q2")]
+        assert await box.queue_discard_all() == 1
+        assert await box.letters() == [("host", "h2")]
+        with pytest.raises(nj.JobError):
+            await box.discard_all(before="yesterday")
+        assert await box.discard_all() == 1
+        assert await box.letters() == []
+
+
+async def test_dead_letters_are_bounded_and_the_oldest_dropped_with_an_event(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    dropped: list[nj.Event] = []
+    async with nj.open_runtime(engine.location, env=3) as rt:
+        rt.events.add_listener(
+            lambda e: dropped.append(e) if e.type == "job:dead_letter_dropped" else None)
+        box = rt.get(Box, "b")
+        for i in range(5):
+            await box.push_host(f"h{i}")
+            await trio.sleep(1)
+        assert await box.letters() == [("host", "h2"), ("host", "h3"), ("host", "h4")]
+        assert [(e.data["id"], e.data["limit"]) for e in dropped] == [("h0", 3), ("h1", 3)]
+
+
+async def test_a_bad_dead_letter_limit_is_refused(autojump_clock: trio.testing.MockClock) -> None:
+    async with nj.open_runtime(engine.location, env=0) as rt:
+        with pytest.raises(ValueError, match="dead_letter_limit"):
+            await rt.get(Box, "b").letters()
