@@ -89,15 +89,18 @@ class JobStore:
         the run supersedes the outcome (the job's writes stay)."""
         self.tx.end_job(keep=True)
         table = self.table
+        if not self.conn.in_transaction:  # (the group was committed during the job)
+            self.conn.execute("BEGIN")
+            self.tx.group = True
         if self.superseded:
-            table.apply_completions([], [], [(job.id,)])
+            table.clean(job.id)
         elif outcome is None:
             # By push sequence (the rowid), not id: no index search. Safe because the
             # row cannot have been replaced (that would have superseded the run).
-            table.apply_completions([(self.running_seq,)], [], [])
+            table.finished(self.running_seq)
         else:
             time = outcome.time if isinstance(outcome, Reschedule) else job.time  # YIELD
-            table.apply_completions([], [(time, keep_marker, self.running_seq)], [])
+            table.later(self.running_seq, time, keep_marker)
         self._done += 1
         if self._done >= self.completion_group:
             self.flush()

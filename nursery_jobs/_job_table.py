@@ -186,31 +186,26 @@ class JobTable:
         )
         return cursor.rowcount > 0
 
-    # Outcomes of clean runs are staged in memory and applied in groups (see
-    # ``Lifecycle._stage``): a death re-runs at most one group of completed jobs.
-    def apply_completions(
-        self, finished: list[tuple[int]], later: list[tuple[float, bool, int]],
-        clean: list[tuple[str]],
-    ) -> None:
-        """Apply staged outcomes (by push sequence, except ``clean``, by id): delete
-        finished jobs; re-time kept ones with attempts
-        and strikes cleared (keeping the running marker where tracked work goes on);
-        clear the attempts of jobs whose clean run was superseded."""
-        conn = self.conn
-        if finished:
-            conn.executemany("DELETE FROM nj_jobs WHERE seq = ?", finished)
-        if later:
-            conn.executemany(
-                "UPDATE nj_jobs SET time = ?, attempts = 0, crash_strikes = 0,"
-                " running_since = CASE WHEN ? THEN running_since END WHERE seq = ?",
-                later,
-            )
-        if clean:
-            conn.executemany(
-                "UPDATE nj_jobs SET attempts = 0, crash_strikes = 0 WHERE id = ?"
-                " AND (attempts != 0 OR crash_strikes != 0)",
-                clean,
-            )
+    # The outcome of one clean run (applied in the group transaction, see JobStore).
+    def finished(self, seq: int) -> None:
+        self.conn.execute("DELETE FROM nj_jobs WHERE seq = ?", (seq,))
+
+    def later(self, seq: int, time: float, keep_marker: bool) -> None:
+        """Re-time a kept job, attempts and strikes cleared (the running marker kept
+        where tracked work goes on)."""
+        self.conn.execute(
+            "UPDATE nj_jobs SET time = ?, attempts = 0, crash_strikes = 0,"
+            " running_since = CASE WHEN ? THEN running_since END WHERE seq = ?",
+            (time, keep_marker, seq),
+        )
+
+    def clean(self, job_id: str) -> None:
+        """A clean run superseded by a change of its job: clear the attempts only."""
+        self.conn.execute(
+            "UPDATE nj_jobs SET attempts = 0, crash_strikes = 0 WHERE id = ?"
+            " AND (attempts != 0 OR crash_strikes != 0)",
+            (job_id,),
+        )
 
     def retry_later(self, job_id: str, time: float, attempts: int) -> None:
         """A failed attempt with attempts left: re-time it and record the attempt."""

@@ -92,8 +92,14 @@ class ObjectTransactions:
 
     # -- the group and the job ------------------------------------------------------------
     def begin_job(self) -> None:
-        """Open the group (if needed) and the job's savepoint, for the current task."""
-        self._open_job_savepoint()
+        """Open the group (if needed) for a job of the current task. Its savepoint opens
+        at its first write through storage or the job API (``check_write``): a job that
+        writes nothing costs no savepoint. (Writes through ``storage.db`` do not pass
+        ``check_write``: they commit with the group, but a failing job does not undo
+        them unless it has written through ``storage`` first.)"""
+        if not self.conn.in_transaction:
+            self.conn.execute("BEGIN")
+            self.group = True
         self.job_dirty = False
         self.job_task = trio.lowlevel.current_task()
         self._job_done = None
