@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from nursery_jobs._bench import main
+from nursery_jobs.bench import main
 
 if __name__ == "__main__":
     sys.exit(main())

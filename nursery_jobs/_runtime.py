@@ -66,13 +66,20 @@ class RuntimeStatistics:
     events_dropped: int
 
 
+_STUB_TOKEN: Final = object()  # what only Runtime.get passes
+
+
 class Stub:
     """A handle on an object by id; calls activate it. ``await stub.m(...)`` is
     ``await stub.call("m", ...)``."""
 
     __slots__ = ("_cls", "_id", "_ns", "_rt")
 
-    def __init__(self, rt: Runtime, cls: type[DurableObject], object_id: str) -> None:
+    def __init__(
+        self, rt: Runtime, cls: type[DurableObject], object_id: str, *, _token: object = None
+    ) -> None:
+        if _token is not _STUB_TOKEN:
+            raise TypeError("stubs are made by the runtime: use rt.get(cls, object_id)")
         self._rt = rt
         self._cls = cls
         self._ns = cls.namespace
@@ -146,7 +153,7 @@ class Runtime:
         checkpoint."""
         if not (isinstance(cls, type) and issubclass(cls, DurableObject)):
             raise TypeError(f"get() needs a DurableObject subclass, got {cls!r}")
-        return Stub(self, cls, check_object_id(object_id))
+        return Stub(self, cls, check_object_id(object_id), _token=_STUB_TOKEN)
 
     def host_closed(self, host: ObjectHost) -> None:
         if self._hosts.get(host.key) is host:

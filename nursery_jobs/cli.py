@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
                    add_help=False)
     args, rest = parser.parse_known_args(argv)
     if args.command == "bench":
-        from ._bench import main as bench_main
+        from .bench import main as bench_main
 
         return bench_main(rest)
     if rest:

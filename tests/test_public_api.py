@@ -121,3 +121,17 @@ def test_the_testing_helper_pins_the_epoch() -> None:
         )
     finally:
         nursery_jobs.testing.pin_epoch(None)
+
+
+def test_runtime_views_cannot_be_built_by_accident() -> None:
+    """Stubs come from rt.get, job views from the Lifecycle: built by hand, they refuse."""
+    import pytest
+
+    class Thing(nj.DurableObject):
+        pass
+
+    for make in (lambda: nj.Stub(None, Thing, "x"),  # type: ignore[arg-type]
+                 lambda: nj.Jobs(None, "host"),  # type: ignore[arg-type]
+                 lambda: nj.CapabilityLifecycle(None, "cap")):  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="made by|use "):
+            make()

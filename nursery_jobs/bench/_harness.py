@@ -221,7 +221,7 @@ def peer(name: str, directory: Path, n: int, durability: str) -> dict[str, Any]:
     workdir.mkdir(parents=True, exist_ok=True)
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "nursery_jobs._bench_peers", name, "--n", str(n),
+            [sys.executable, "-m", "nursery_jobs.bench._peers", name, "--n", str(n),
              "--dir", str(workdir), "--durability", durability],
             capture_output=True, text=True, timeout=600, check=False,
         )

@@ -1,6 +1,6 @@
 """One peer of the dispatch benchmark, measured in its own interpreter.
 
-Run: ``python -m nursery_jobs._bench_peers PEER --n N --dir DIR --durability normal|full``
+Run: ``python -m nursery_jobs.bench._peers PEER --n N --dir DIR --durability normal|full``
 with PEER one of huey, persistqueue, dbos, apscheduler. Prints one JSON object on stdout
 (everything else, including the peer's own logging, goes to stderr):
 
@@ -561,7 +561,7 @@ def measure(peer: str, n: int, directory: Path, durability: str) -> dict[str, An
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m nursery_jobs._bench_peers",
+        prog="python -m nursery_jobs.bench._peers",
         description="Measure one peer job library: durable enqueue, drain, 100 ms timer.")
     parser.add_argument("peer", choices=PEERS)
     parser.add_argument("--n", type=int, default=2000, help="no-op jobs to enqueue and drain")
