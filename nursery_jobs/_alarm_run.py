@@ -226,7 +226,12 @@ class AlarmRunner:
         self._watch(job, clock)
         try:
             outcome = coerce_outcome(await on_job(ctx))
-        except trio.Cancelled:
+        except trio.Cancelled as exc:
+            if trio.current_effective_deadline() != -math.inf:
+                # A Cancelled the job made itself, not a cancellation of its scope: the
+                # job's own failure.
+                await self._job_failed(run, owner, ctx, exc, clock)
+                return store.superseded
             # Shutdown or reset: a platform failure uses up no attempt. The job's
             # writes go (it runs again); the jobs that completed stay completed.
             store.fail()
@@ -238,12 +243,15 @@ class AlarmRunner:
             store.fail()
             store.flush()
             await self._lc.memory_error(job, exc)
-        except Exception as exc:
-            self._watch_job = None
-            self._claim.metrics.job_ran(self._lc.ctx.namespace, job.owner,
-                                        trio.current_time() - clock, False)
+        except (KeyboardInterrupt, SystemExit) as exc:
+            # The job asked the process to stop: it may, once — with a crash strike for
+            # the job first, so a job that does it every time is sealed, never a loop.
             store.fail()
-            await self._failed(owner, ctx, exc, keep_marker=self._lc.keeps_marker(run, job))
+            store.flush()
+            self._lc.strike_job(job.id, started, why=f"it raised {type(exc).__name__}")
+            raise
+        except BaseException as exc:
+            await self._job_failed(run, owner, ctx, exc, clock)
         else:
             self._watch_job = None
             self._claim.metrics.job_ran(self._lc.ctx.namespace, job.owner,
@@ -257,8 +265,18 @@ class AlarmRunner:
             store.end_run()
         return store.superseded
 
+    async def _job_failed(
+        self, run: AlarmRun, owner: Any, ctx: JobContext, error: BaseException, clock: float
+    ) -> None:
+        """What the job raised is its own failure: an attempt, a retry, a dead letter."""
+        self._watch_job = None
+        self._claim.metrics.job_ran(self._lc.ctx.namespace, ctx.job.owner,
+                                    trio.current_time() - clock, False)
+        self._store.fail()
+        await self._failed(owner, ctx, error, keep_marker=self._lc.keeps_marker(run, ctx.job))
+
     async def _failed(
-        self, owner: Any, ctx: JobContext, error: Exception, *, keep_marker: bool
+        self, owner: Any, ctx: JobContext, error: BaseException, *, keep_marker: bool
     ) -> None:
         store, job, label = self._store, ctx.job, self._lc.label
         if store.superseded:

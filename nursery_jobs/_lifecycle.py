@@ -21,7 +21,7 @@ from ._errors import CapabilityError, safe_repr
 from ._job_store import DEFAULT_COMPLETION_GROUP, DEFAULT_DEAD_LETTER_LIMIT, JobStore
 from ._jobs import HOST, DeadLetter, Job, check_before, check_job_id
 from ._object import DurableObject
-from ._strikes import MemoryBreaker, MemoryLimitContext, recover_crashes
+from ._strikes import MemoryBreaker, MemoryLimitContext, recover_crashes, strike_now
 from ._views import capability_view, jobs_view
 
 logger = logging.getLogger("nursery_jobs")
@@ -250,6 +250,11 @@ class Lifecycle:
                     del self.tracked[key]
                     if self.store.clear_marker(job.id, started):
                         self.store.rearm()
+
+    def strike_job(self, job_id: str, started: float, *, why: str) -> None:
+        """Give a job a crash strike now (it is about to take the process down)."""
+        strike_now(self.store, job_id, started, self.max_alarm_memory_limit_strikes,
+                   self.label, self.emit, why=why)
 
     # -- memory limits ------------------------------------------------------------------
     async def memory_error(self, job: Job | None, error: MemoryError) -> None:

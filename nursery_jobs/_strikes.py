@@ -126,26 +126,37 @@ def recover_crashes(
         assert marked.running_since is not None
         crashed.setdefault(marked.job.id, marked.running_since)
     sealed = []
-    now = _clock.now()
     for job_id, started in crashed.items():
-        row = store.row(job_id)
-        if row is None:
-            continue
-        strikes = row.crash_strikes + 1
-        job = row.job
-        event: dict[str, Any] = {"id": job.id, "owner": job.owner, "fn": job.fn,
-                                 "strikes": strikes}
-        if strikes >= limit:
-            error = f"it was running at {strikes} process deaths"
-            store.bury(job_id, error, "crash")
-            logger.error("job %r of %s sealed: %s", job.id, label, error)
-            emit("job:crash_strike", **event, sealed=True)
+        job = strike_now(store, job_id, started, limit, label, emit,
+                         why="it was running when its process died")
+        if job is not None:
             sealed.append(job)
-            continue
-        delay = strike_delay(strikes)
-        if store.strike(job_id, started, now + delay):
-            logger.warning("job %r of %s was running when its process died (crash strike %d);"
-                           " it runs again in %.0f s", job.id, label, strikes, delay)
-            emit("job:crash_strike", **event, sealed=False, delay=delay)
     claim.clear_crash_tokens()
     return sealed
+
+
+def strike_now(
+    store: JobStore, job_id: str, started: float, limit: int, label: str, emit: Emit, *,
+    why: str,
+) -> Job | None:
+    """Count a crash strike of a job (durable; idempotent per ``started``): delay it, or
+    seal it into the dead letters at ``limit``. Returns the job if it was sealed."""
+    row = store.row(job_id)
+    if row is None:
+        return None
+    strikes = row.crash_strikes + 1
+    job = row.job
+    event: dict[str, Any] = {"id": job.id, "owner": job.owner, "fn": job.fn,
+                             "strikes": strikes}
+    if strikes >= limit:
+        error = f"it was running at {strikes} process deaths"
+        store.bury(job_id, error, "crash")
+        logger.error("job %r of %s sealed: %s", job.id, label, error)
+        emit("job:crash_strike", **event, sealed=True)
+        return job
+    delay = strike_delay(strikes)
+    if store.strike(job_id, started, _clock.now() + delay):
+        logger.warning("job %r of %s: %s (crash strike %d); it runs again in %.0f s",
+                       job.id, label, why, strikes, delay)
+        emit("job:crash_strike", **event, sealed=False, delay=delay)
+    return None
