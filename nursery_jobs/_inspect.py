@@ -4,7 +4,7 @@
 ``OfflineSource`` reads a stopped data directory without creating a file or taking a
 lock a runtime would wait on; ``RuntimeSource`` reads a running runtime, and is the only
 code outside the core that touches the runtime's internals (keep it that way: after a
-restructure of the core, this class is what changes). ``requeue_offline`` is the one
+restructure of the core, this class is what changes). ``_offline.requeue_offline`` is the one
 write: it edits a stopped data directory under the runtime's own lock.
 """
 
@@ -25,7 +25,6 @@ import attrs
 
 from ._codec import decode_payload
 from ._errors import NurseryJobsError, RuntimeLockedError
-from ._jobs import ownership_error
 
 if TYPE_CHECKING:
     from ._runtime import Runtime
@@ -667,155 +666,6 @@ class RuntimeSource(_ObjectReader):
         if lifecycle is None:
             raise UnknownObjectError(f"{namespace}/{object_id} has no Lifecycle")
         return lifecycle
-
-
-# -- the one offline write ----------------------------------------------------------------
-@attrs.frozen(kw_only=True)
-class Requeued:
-    namespace: str
-    object_id: str
-    owner: str
-    id: str
-    time: float
-
-
-@contextlib.contextmanager
-def _runtime_lock(data: Path) -> Iterator[None]:
-    """Hold ``runtime.lock`` as a runtime would: no runtime can open ``data`` meanwhile."""
-    fd = os.open(data / "runtime.lock", os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            refuse_if_running(data)  # says so with the dashboard hint
-            raise RuntimeLockedError(f"{data} is in use by a running runtime") from None
-        yield
-    finally:
-        os.close(fd)
-
-
-def _writable(path: Path) -> sqlite3.Connection:
-    conn = sqlite3.connect(str(path), timeout=0, isolation_level=None)
-    # As the runtime holds object databases: no -shm file, and the -wal is
-    # checkpointed and removed when the connection closes.
-    conn.execute("PRAGMA locking_mode=EXCLUSIVE")
-    conn.execute("PRAGMA synchronous=FULL")
-    return conn
-
-
-def requeue_offline(
-    data: str | os.PathLike[str], namespace: str, object_id: str, job_id: str, *,
-    owner: str, now: float,
-) -> Requeued | None:
-    """Move dead letter ``owner``/``job_id`` of an object in a stopped data directory
-    back into its queue, due at ``now`` with fresh attempts, and lower the object's
-    alarm to ``now`` so the next runtime wakes it. Returns None if there is no such
-    dead letter. Runs no alarm and no user code; blocks (plain file I/O).
-
-    Raises:
-        RuntimeLockedError: a runtime holds the data directory.
-        DataDirectoryError, UnknownObjectError: no such directory or object.
-        JobOwnershipError: another owner's queued job holds the id.
-    """
-    data = Path(data)
-    if not (data / "catalog.sqlite3").is_file():
-        raise DataDirectoryError(f"{data} is not a nursery_jobs data directory"
-                                 " (no catalog.sqlite3)")
-    with _runtime_lock(data):
-        catalog = _writable(data / "catalog.sqlite3")
-        try:
-            row = catalog.execute(
-                "SELECT file FROM nj_objects WHERE namespace = ? AND object_id = ?",
-                (namespace, object_id),
-            ).fetchone()
-            if row is None:
-                raise UnknownObjectError(f"no object {namespace}/{object_id} in {data}")
-            path = data / "objects" / str(row[0])
-            if not path.exists():
-                raise UnknownObjectError(
-                    f"the database of {namespace}/{object_id} ({path.name}) is missing"
-                )
-            db = _writable(path)
-            try:
-                return _requeue_in(db, catalog, namespace, object_id, job_id, owner, now)
-            except sqlite3.OperationalError as exc:
-                if "locked" in str(exc):
-                    raise ObjectInUseError(
-                        f"the database of {namespace}/{object_id} is in use by another process"
-                    ) from None
-                raise
-            finally:
-                db.close()
-        finally:
-            catalog.close()
-
-
-# Columns a requeued row starts afresh with (their defaults), and the ones set here.
-_FRESH: Final = frozenset({"seq", "attempts", "running_since", "crash_strikes", "last_crash"})
-
-
-def _requeue_in(
-    db: sqlite3.Connection, catalog: sqlite3.Connection, namespace: str, object_id: str,
-    job_id: str, owner: str, now: float,
-) -> Requeued | None:
-    if "nj_dead_letters" not in _tables(db):
-        return None
-    found = db.execute(
-        "SELECT job FROM nj_dead_letters WHERE owner = ? AND id = ?", (owner, job_id)
-    ).fetchone()
-    if found is None:
-        return None
-    record = decode_payload(found[0])
-    if not isinstance(record, dict):
-        raise NurseryJobsError(f"dead letter {owner}/{job_id} of {namespace}/{object_id}"
-                               " holds no job record")
-    holder = db.execute("SELECT owner FROM nj_jobs WHERE id = ?", (job_id,)).fetchone()
-    if holder is not None:
-        raise ownership_error(owner, str(holder[0]), job_id)
-    retry = record.get("retry") or {}
-    values: dict[str, Any] = {}
-    info = db.execute("PRAGMA table_info(nj_jobs)").fetchall()
-    for _cid, column, _type, notnull, default, _pk in info:
-        if column in _FRESH:
-            continue
-        if column == "time":
-            values[column] = now
-        elif column == "payload":
-            values[column] = record.get("payload")  # still encoded: stored as is
-        elif column in record:
-            values[column] = record[column]
-        elif column in retry:
-            values[column] = retry[column]
-        elif notnull and default is None:
-            raise NurseryJobsError(
-                f"dead letter {owner}/{job_id} of {namespace}/{object_id}: its record has no"
-                f" value for column {column!r}"
-            )
-    exclusive = bool(values.get("exclusive", False))
-    # Lower the alarm before the row commits (an early wake is harmless; a lost one is
-    # not), unless an exclusive job alone decides when the object wakes.
-    other_exclusive = db.execute(
-        "SELECT 1 FROM nj_jobs WHERE exclusive = 1 LIMIT 1"
-    ).fetchone() is not None
-    if exclusive or not other_exclusive:
-        catalog.execute(
-            "INSERT INTO nj_alarms (namespace, object_id, time, retry) VALUES (?, ?, ?, 0)"
-            " ON CONFLICT DO UPDATE SET time = excluded.time, retry = 0"
-            " WHERE excluded.time < time",
-            (namespace, object_id, now),
-        )
-    columns = ", ".join(values)
-    marks = ", ".join("?" for _ in values)
-    db.execute("BEGIN IMMEDIATE")
-    try:
-        db.execute(f"INSERT INTO nj_jobs ({columns}) VALUES ({marks})",
-                   [int(v) if isinstance(v, bool) else v for v in values.values()])
-        db.execute("DELETE FROM nj_dead_letters WHERE owner = ? AND id = ?", (owner, job_id))
-    except BaseException:
-        db.execute("ROLLBACK")
-        raise
-    db.execute("COMMIT")
-    return Requeued(namespace=namespace, object_id=object_id, owner=owner, id=job_id, time=now)
 
 
 # -- the JSON shape (``inspect --json`` and ``/api``) ----------------------------------------

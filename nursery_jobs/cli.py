@@ -24,8 +24,8 @@ from ._inspect import (
     printable,
     refuse_if_running,
     report_json,
-    requeue_offline,
 )
+from ._offline import requeue_offline
 
 # Exit codes: 1 nothing to do (no such dead letter), 2 bad input, 3 in use.
 _IN_USE = 3

@@ -133,5 +133,5 @@ def test_runtime_views_cannot_be_built_by_accident() -> None:
     for make in (lambda: nj.Stub(None, Thing, "x"),  # type: ignore[arg-type]
                  lambda: nj.Jobs(None, "host"),  # type: ignore[arg-type]
                  lambda: nj.CapabilityLifecycle(None, "cap")):  # type: ignore[arg-type]
-        with pytest.raises(TypeError, match="made by|use "):
+        with pytest.raises(TypeError, match=r"made by|use "):
             make()
