@@ -189,16 +189,18 @@ class ObjectAlarm:
         policy = ACTIVATION_RETRY if isinstance(failure, StorageError) else self.policy
         delay = policy.delay(retry)
         if delay is None:
-            logger.error("alarm of %s failed after %d retries; dropping it", label, retry,
-                         exc_info=failure)
-            self._events.emit("alarm:failed", self.namespace, self.object_id, retries=retry,
-                              error=safe_repr(failure))
+            self._events.emit(
+                "alarm:failed", self.namespace, self.object_id, retries=retry,
+                error=safe_repr(failure),
+                _log=(logging.ERROR, "alarm of %s failed after %d retries; dropping it: %s",
+                      (label, retry, safe_repr(failure))))
             self.write(None, 0)
             return
-        logger.warning("alarm of %s raised %s; retry %d in %.1f s", label, safe_repr(failure),
-                       retry + 1, delay)
-        self._events.emit("alarm:retry", self.namespace, self.object_id, retry=retry + 1,
-                          delay=delay, error=safe_repr(failure))
+        self._events.emit(
+            "alarm:retry", self.namespace, self.object_id, retry=retry + 1, delay=delay,
+            error=safe_repr(failure),
+            _log=(logging.WARNING, "alarm of %s raised %s; retry %d in %.1f s",
+                  (label, safe_repr(failure), retry + 1, delay)))
         self.write(_clock.now() + delay, retry + 1)
 
 
@@ -213,9 +215,9 @@ def retry_unreachable(
     retry = alarm[1]
     delay = ACTIVATION_RETRY.delay(retry)
     assert delay is not None
-    logger.error("alarm of %s/%s is due but %s; retrying in %.0f s", namespace, object_id,
-                 why, delay)
-    events.emit(event, namespace, object_id, retry=retry + 1, delay=delay, error=why)
+    events.emit(event, namespace, object_id, retry=retry + 1, delay=delay, error=why,
+                _log=(logging.ERROR, "alarm of %s/%s is due but %s; retrying in %.0f s",
+                      (namespace, object_id, why, delay)))
     engine.set_alarm(namespace, object_id, _clock.now() + delay, retry + 1)
 
 

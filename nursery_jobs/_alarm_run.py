@@ -120,8 +120,9 @@ class AlarmRunner:
         store = self._store
         for owner, count in store.due_counts(now):
             if count >= BACKLOG_WARNING:
-                logger.warning("%s: %d due jobs of %r in one alarm", self._lc.label, count, owner)
-                self._lc.emit("job:backlog_warning", owner=owner, count=count)
+                self._lc.emit("job:backlog_warning", owner=owner, count=count,
+                              _log=(logging.WARNING, "%s: %d due jobs of %r in one alarm",
+                                    (self._lc.label, count, owner)))
         cursor = _START
         ran: set[str] = set()
         readmitted: set[str] = set()
@@ -154,9 +155,10 @@ class AlarmRunner:
                 if age < job.hung_timeout:
                     logger.debug("skipping job %r: a run of it is in progress", job.id)
                     continue
-                logger.warning("forcing reset of hung job %r of %s (running for %.1f s)",
-                               job.id, self._lc.label, age)
-                self._lc.emit("job:hung_reset", id=job.id, owner=job.owner, fn=job.fn, age=age)
+                self._lc.emit("job:hung_reset", id=job.id, owner=job.owner, fn=job.fn, age=age,
+                              _log=(logging.WARNING,
+                                    "forcing reset of hung job %r of %s (running for %.1f s)",
+                                    (job.id, self._lc.label, age)))
             if await self._dispatch(run, row) and job.id not in readmitted:
                 # Replaced during its own run: the replacement keeps the job's place in
                 # line, so it runs next in this pass (once; after that, next alarm).
@@ -180,12 +182,12 @@ class AlarmRunner:
         job = row.job
         owner, on_job = self._handler(job.owner)
         if on_job is None:
-            logger.error(
-                "no installed capability or host handler for job %r (owner %r, fn %r) of %s;"
-                " dropping it", job.id, job.owner, job.fn, self._lc.label,
-            )
             self._store.drop(job)
-            self._lc.emit("job:dropped", id=job.id, owner=job.owner, fn=job.fn)
+            self._lc.emit(
+                "job:dropped", id=job.id, owner=job.owner, fn=job.fn,
+                _log=(logging.ERROR, "no installed capability or host handler for job %r"
+                      " (owner %r, fn %r) of %s; dropping it",
+                      (job.id, job.owner, job.fn, self._lc.label)))
             return False
         if row.crash_strikes:
             # Jobs with crash strikes run one at a time per runtime ("probation"). A
@@ -284,13 +286,14 @@ class AlarmRunner:
         if ctx.attempt < job.retry.max_attempts:
             bound = job.retry.backoff_bound(ctx.attempt)
             delay = self._rng.uniform(0.0, bound) if job.retry.jitter else bound
-            logger.warning("job %r of %s failed (attempt %d of %d): %s; retrying in %.3f s",
-                           job.id, label, ctx.attempt, job.retry.max_attempts,
-                           safe_repr(error), delay)
             store.retry_later(job.id, _clock.now() + delay, ctx.attempt)
             self._lc.emit("job:retry", id=job.id, owner=job.owner, fn=job.fn,
                           attempt=ctx.attempt, max_attempts=job.retry.max_attempts, delay=delay,
-                          error=safe_repr(error))
+                          error=safe_repr(error),
+                          _log=(logging.WARNING,
+                                "job %r of %s failed (attempt %d of %d): %s; retrying in %.3f s",
+                                (job.id, label, ctx.attempt, job.retry.max_attempts,
+                                 safe_repr(error), delay)))
             return
         outcome: JobOutcome = None
         on_job_error = None if job.owner == HOST else getattr(owner, "on_job_error", None)
@@ -304,11 +307,11 @@ class AlarmRunner:
         if outcome is not None:
             store.finish(job, outcome, keep_marker=keep_marker)
             return
-        logger.error("job %r of %s failed after %d attempts: %s", job.id, label, ctx.attempt,
-                     safe_repr(error))
         if store.bury(job.id, error_text(error), "failed", attempts=ctx.attempt) is not None:
             self._lc.emit("job:dead_letter", id=job.id, owner=job.owner, fn=job.fn,
-                          attempts=ctx.attempt, error=error_text(error))
+                          attempts=ctx.attempt, error=error_text(error),
+                          _log=(logging.ERROR, "job %r of %s failed after %d attempts: %s",
+                                (job.id, label, ctx.attempt, safe_repr(error))))
 
     # -- slow dispatch --------------------------------------------------------------
     # The watchdog's deadline is moved only when it must come earlier; a stale, later
@@ -335,12 +338,12 @@ class AlarmRunner:
             deadline = math.inf
             if job is not None:
                 if trio.current_time() >= self._watch_deadline:
-                    logger.warning(
-                        "job %r (fn %r) of %s has run longer than its hung_timeout of %.1f s",
-                        job.id, job.fn, self._lc.label, job.hung_timeout,
-                    )
-                    self._lc.emit("job:slow_dispatch", id=job.id, owner=job.owner, fn=job.fn,
-                                  threshold=job.hung_timeout)
+                    self._lc.emit(
+                        "job:slow_dispatch", id=job.id, owner=job.owner, fn=job.fn,
+                        threshold=job.hung_timeout,
+                        _log=(logging.WARNING,
+                              "job %r (fn %r) of %s has run longer than its hung_timeout"
+                              " of %.1f s", (job.id, job.fn, self._lc.label, job.hung_timeout)))
                     self._watch_job = None
                 else:
                     deadline = self._watch_deadline  # another job runs now: watch it

@@ -101,12 +101,25 @@ class EventBus:
                 return
         raise ValueError(f"{safe_repr(fn)} is not a listener")
 
-    def emit(self, type: str, namespace: str, object_id: str, **data: Any) -> None:
-        """Publish an event. Does not checkpoint and never blocks."""
-        level = logging.WARNING if type in _WARNING_TYPES else logging.DEBUG
-        if logger.isEnabledFor(level):
-            # safe_repr: a capability's event data may hold anything (issue 10 #2).
-            logger.log(level, "%s %s/%s %s", type, namespace, object_id, safe_repr(data))
+    def emit(
+        self, type: str, namespace: str, object_id: str, *,
+        _log: tuple[int, str, tuple[Any, ...]] | None = None, **data: Any,
+    ) -> None:
+        """Publish an event. Does not checkpoint and never blocks.
+
+        The event is also the incident's one log record: ``_log=(level, format, args)``
+        words it (the library's own call sites), else it is logged as its type and data.
+        """
+        if _log is not None:
+            level, message, args = _log
+            if logger.isEnabledFor(level):
+                logger.log(level, message, *args, extra={"nj_event": type})
+        else:
+            level = logging.WARNING if type in _WARNING_TYPES else logging.DEBUG
+            if logger.isEnabledFor(level):
+                # safe_repr: a capability's event data may hold anything (issue 10 #2).
+                logger.log(level, "%s %s/%s %s", type, namespace, object_id, safe_repr(data),
+                           extra={"nj_event": type})
         if not self._subscribers and not self._listeners:
             return
         event = Event(type=type, namespace=namespace, object_id=object_id, data=data, time=now())

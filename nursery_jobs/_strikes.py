@@ -37,6 +37,10 @@ class MemoryLimitContext:
     purged_recovery_loop_jobs: list[Job]
 
 
+def limit_text(limit: int, sealed: bool) -> str:
+    return f"{limit}; sealed" if sealed else str(limit)
+
+
 def strike_delay(strikes: int) -> float:
     """The delay after the ``strikes``-th strike: 30 s each, capped at 5 minutes."""
     delay = STRIKE_DELAY.delay(strikes - 1)
@@ -94,10 +98,10 @@ class MemoryBreaker:
                 store.set_meta(STRIKES_KEY, strikes)
         self._strikes = 0 if sealed else strikes
         self._reset = (strikes, sealed, next_time, purged)
-        logger.error("%s was reset for memory (strike %d of %d%s)", self._label, strikes,
-                     self._limit, "; sealed" if sealed else "")
         self._emit("alarm:memory_limit_reset", strikes=strikes, limit=self._limit,
-                   sealed=sealed, error=error)
+                   sealed=sealed, error=error,
+                   _log=(logging.ERROR, "%s was reset for memory (strike %d of %s)",
+                         (self._label, strikes, limit_text(self._limit, sealed))))
         return self._reset
 
     def observe(self, executing: Job | None, error: str) -> MemoryLimitContext:
@@ -151,12 +155,12 @@ def strike_now(
     if strikes >= limit:
         error = f"it was running at {strikes} process deaths"
         store.bury(job_id, error, "crash")
-        logger.error("job %r of %s sealed: %s", job.id, label, error)
-        emit("job:crash_strike", **event, sealed=True)
+        emit("job:crash_strike", **event, sealed=True,
+             _log=(logging.ERROR, "job %r of %s sealed: %s", (job.id, label, error)))
         return job
     delay = strike_delay(strikes)
     if store.strike(job_id, started, _clock.now() + delay):
-        logger.warning("job %r of %s: %s (crash strike %d); it runs again in %.0f s",
-                       job.id, label, why, strikes, delay)
-        emit("job:crash_strike", **event, sealed=False, delay=delay)
+        emit("job:crash_strike", **event, sealed=False, delay=delay,
+             _log=(logging.WARNING, "job %r of %s: %s (crash strike %d); it runs again in"
+                   " %.0f s", (job.id, label, why, strikes, delay)))
     return None
