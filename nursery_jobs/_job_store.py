@@ -20,6 +20,7 @@ from . import _clock
 from ._codec import encode_payload
 from ._job_table import Cursor, JobRow, JobTable
 from ._jobs import DeadLetter, Job, JobOutcome, Reschedule, ownership_error
+from ._transactions import atomic
 
 if TYPE_CHECKING:
     from ._alarm import AlarmClaim
@@ -126,18 +127,11 @@ class JobStore:
         """One transaction for the writes in the block — or, inside the group or a user
         block, part of that transaction."""
         self.tx.check_write()
-        conn = self.conn
-        if conn.in_transaction:
+        if self.conn.in_transaction:
             yield
             return
-        conn.execute("BEGIN")
-        try:
+        with atomic(self.conn):
             yield
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
-        conn.execute("COMMIT")
 
     def flush(self) -> None:
         """Commit the group transaction now (unless a user block is open). Does not

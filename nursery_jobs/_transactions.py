@@ -28,6 +28,20 @@ from ._errors import StorageError
 _JOB = "nj_job"
 
 
+@contextmanager
+def atomic(conn: sqlite3.Connection) -> Iterator[None]:
+    """``BEGIN`` ... ``COMMIT``, or ``ROLLBACK`` if the block raises (on a connection
+    with no transaction open)."""
+    conn.execute("BEGIN")
+    try:
+        yield
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
 class ObjectTransactions:
     """The transaction state of one object's database."""
 
@@ -197,14 +211,8 @@ class ObjectTransactions:
         conn = self.conn
         try:
             if not conn.in_transaction:
-                conn.execute("BEGIN")
-                try:
+                with atomic(conn):
                     yield
-                except BaseException:
-                    if conn.in_transaction:
-                        conn.execute("ROLLBACK")
-                    raise
-                conn.execute("COMMIT")
                 return
             self._user_savepoints += 1
             name = f"nj_user_{self._user_savepoints}"
