@@ -25,11 +25,12 @@ import attrs
 
 from ._codec import decode_payload
 from ._errors import NurseryJobsError, RuntimeLockedError
+from ._rebuild import QUARANTINE
 
 if TYPE_CHECKING:
     from ._runtime import Runtime
 
-State = Literal["active", "evicted", "in use", "missing", "damaged"]
+State = Literal["active", "evicted", "in use", "missing", "damaged", "quarantined"]
 
 STRIKES_KEY: Final = "memory_limit_strikes"  # the breaker's row in nj_meta
 PREVIEW_CHARS: Final = 200
@@ -484,7 +485,12 @@ def _file_db(
     path: Path, *, probe: bool
 ) -> Iterator[tuple[sqlite3.Connection | None, State, str | None]]:
     if not path.exists():
-        yield None, "missing", f"no database file {path.name}"
+        held = path.parent / QUARANTINE / path.name
+        if held.exists():
+            yield None, "quarantined", (f"damaged; moved to {held} — move it back to restore"
+                                        " the object (its alarm is kept)")
+        else:
+            yield None, "missing", f"no database file {path.name}"
         return
     with contextlib.ExitStack() as stack:
         found: tuple[sqlite3.Connection | None, State, str | None]

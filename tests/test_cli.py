@@ -247,3 +247,18 @@ def test_inspect_of_a_path_that_is_not_a_data_directory(
     code, _, err = run_cli("inspect", str(tmp_path / "nothing"), capsys=capsys)
     assert code == 2 and "not a nursery_jobs data directory" in err
     assert not (tmp_path / "nothing").exists()
+
+
+async def test_inspect_lists_a_quarantined_object_as_quarantined(
+    tmp_path: Path, autojump_clock: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = tmp_path / "data"
+    await build(data)
+    [file] = [p for p in (data / "objects").glob("*.sqlite3")]
+    (data / "objects" / "quarantine").mkdir()
+    file.rename(data / "objects" / "quarantine" / file.name)  # as the runtime does
+    code, out, _ = run_cli("inspect", str(data), "--json", capsys=capsys)
+    assert code == 0
+    (entry,) = json.loads(out)["objects"]
+    assert entry["state"] == "quarantined"
+    assert entry["alarm"] == EPOCH + 3600  # kept for when the file is restored
