@@ -213,8 +213,13 @@ class AlarmRunner:
         store, job = self._store, row.job
         if store.tx.user_task is not None:
             # A call's storage.transaction() is open (it awaited inside): the job must
-            # not write into a block that may still roll back.
+            # not write into a block that may still roll back — and the row read before
+            # may be one the block is about to roll back: read it again after.
             await store.wait_for_user_block()
+            fresh = store.row(job.id)
+            if fresh is None or fresh.job.time > _clock.now():
+                return False
+            row, job = fresh, fresh.job
         clock = trio.current_time()  # one clock read per job: both clocks derive from it
         started = run.epoch + clock
         # Record what runs before it runs, where a SIGKILL cannot erase it (a memory
@@ -258,6 +263,9 @@ class AlarmRunner:
             self._watch_job = None
             self._claim.metrics.job_ran(self._lc.ctx.namespace, job.owner,
                                         trio.current_time() - clock, True)
+            if store.tx.user_task is not None:
+                # The outcome must not land in another task's block that may roll back.
+                await store.wait_for_user_block()
             store.finish(job, outcome, keep_marker=self._lc.keeps_marker(run, job))
         finally:
             store.tx.end_job(keep=False)  # (a no-op unless something above was cut off)
@@ -271,6 +279,8 @@ class AlarmRunner:
         self, run: AlarmRun, owner: Any, ctx: JobContext, error: BaseException, clock: float
     ) -> None:
         """What the job raised is its own failure: an attempt, a retry, a dead letter."""
+        if self._store.tx.user_task is not None:
+            await self._store.wait_for_user_block()  # (as for a clean outcome)
         self._watch_job = None
         self._claim.metrics.job_ran(self._lc.ctx.namespace, ctx.job.owner,
                                     trio.current_time() - clock, False)

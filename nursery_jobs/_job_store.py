@@ -59,7 +59,7 @@ class JobStore:
         self._done = 0
         # Queue mutations the running job made (pushes, cancels, re-times): commands that
         # win even if the job then fails, so they are made again after its rollback.
-        self._replay: list[Callable[[], object]] = []
+        self._replay: list[tuple[int, Callable[[], object]]] = []
         # The job running now: a mutation of its id supersedes its outcome.
         self.running_id: str | None = None
         self.running_seq = -1
@@ -109,10 +109,12 @@ class JobStore:
     def fail(self) -> None:
         """The running job raised or was cancelled: undo its storage writes — but not
         the queue mutations it made through the API (``lifecycle.jobs``), which win."""
-        rolled_back = self.tx.job_savepoint
+        # Only what was made under the savepoint being rolled back is undone, so only
+        # that is made again (a mutation before an early release already stands).
+        generation = self.tx.job_generation if self.tx.job_savepoint else None
         self.tx.end_job(keep=False)
-        if rolled_back:
-            for again in self._replay:
+        for made_in, again in self._replay:
+            if made_in == generation:
                 again()
         self._replay.clear()
 
@@ -120,7 +122,7 @@ class JobStore:
         """Remember a queue mutation of the running job, to make again if it fails."""
         tx = self.tx
         if tx.job_savepoint and tx.job_task is trio.lowlevel.current_task():
-            self._replay.append(again)
+            self._replay.append((tx.job_generation, again))
 
     @contextmanager
     def writing(self) -> Iterator[None]:
@@ -345,7 +347,9 @@ class JobStore:
         """Set the alarm for the next due job as the queue stands (after committing the
         group: the alarm may only rise above what is committed). Does not checkpoint."""
         self.flush()
-        if self.disabled:
+        if self.disabled or self.tx.group:
+            # Not committed (a user block is open): never raise the alarm above what
+            # may roll back; the run's end re-arms it.
             return
         time = self.table.next_alarm_time(_clock.now())
         if write_through:

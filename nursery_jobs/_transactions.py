@@ -46,8 +46,17 @@ class ObjectTransactions:
     """The transaction state of one object's database."""
 
     __slots__ = (
-        "_job_done", "_user_done", "_user_savepoints", "conn", "group",
-        "job_dirty", "job_savepoint", "job_task", "label", "user_task",
+        "_job_done",
+        "_user_done",
+        "_user_savepoints",
+        "conn",
+        "group",
+        "job_dirty",
+        "job_generation",
+        "job_savepoint",
+        "job_task",
+        "label",
+        "user_task",
     )
 
     def __init__(self, conn: sqlite3.Connection, label: str) -> None:
@@ -56,6 +65,9 @@ class ObjectTransactions:
         self.group = False  # the alarm run's group transaction is open
         self.job_task: trio.lowlevel.Task | None = None
         self.job_savepoint = False
+        # Bumped whenever a job savepoint opens: what a rollback undoes is what was
+        # written under the savepoint of the generation it rolls back.
+        self.job_generation = 0
         # The running job has written (through storage or the job API) since it began.
         self.job_dirty = False
         self._job_done: trio.Event | None = None
@@ -92,6 +104,7 @@ class ObjectTransactions:
             self.group = True
         self.conn.execute(f"SAVEPOINT {_JOB}")
         self.job_savepoint = True
+        self.job_generation += 1
 
     def foreign_user_block(self) -> bool:
         """Whether a user block of another task is open now."""

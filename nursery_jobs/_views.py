@@ -140,8 +140,13 @@ class Jobs:
         self._store.rearm(write_through=True)
 
     async def _checkpoint(self) -> None:
-        # Inside storage.transaction() a mutation must not yield: another task of the
-        # object could write into the open transaction.
+        # Another task's storage.transaction() is open: wait for it to end (this write
+        # must not be committed or rolled back with it).
+        if self._store.tx.foreign_user_block():
+            await self._store.wait_for_user_block()
+            return
+        # Inside our own storage.transaction() a mutation must not yield: another task
+        # of the object could write into the open transaction.
         if not self._store.conn.in_transaction:
             await trio.lowlevel.checkpoint()
 
