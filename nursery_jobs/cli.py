@@ -46,15 +46,22 @@ def _when(t: float | None, now: float) -> str:
     return f"{stamp}Z ({'in ' if delta > 0 else ''}{abs(delta):.1f} s{'' if delta > 0 else ' ago'})"
 
 
-def inspect(data: Path, as_json: bool) -> int:
-    """Objects, their alarms, queued jobs and dead letters. Reads only."""
+def _open_stopped(data: Path) -> OfflineSource | int:
+    """The data directory of a stopped runtime, or the exit code that says why not."""
     try:
         refuse_if_running(data)
-        source = OfflineSource(data)
+        return OfflineSource(data)
     except RuntimeLockedError as exc:
         return _fail(str(exc), _IN_USE)
     except DataDirectoryError as exc:
         return _fail(str(exc), 2)
+
+
+def inspect(data: Path, as_json: bool) -> int:
+    """Objects, their alarms, queued jobs and dead letters. Reads only."""
+    source = _open_stopped(data)
+    if isinstance(source, int):
+        return source
     now = time.time()
     report = report_json(source, now, limit=-1)
     if as_json:
@@ -107,13 +114,9 @@ def requeue(data: Path, namespace: str, object_id: str, job_id: str, owner: str)
 
 def serve(data: Path, host: str, port: int) -> int:
     """Serve the dashboard of a stopped data directory, read-only, until Ctrl-C."""
-    try:
-        refuse_if_running(data)
-        source = OfflineSource(data)
-    except RuntimeLockedError as exc:
-        return _fail(str(exc), _IN_USE)
-    except DataDirectoryError as exc:
-        return _fail(str(exc), 2)
+    source = _open_stopped(data)
+    if isinstance(source, int):
+        return source
     import trio
 
     from ._web import serve_offline
