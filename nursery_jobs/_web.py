@@ -39,11 +39,8 @@ from ._inspect import (
     ObjectSummary,
     RuntimeSource,
     UnknownObjectError,
-    detail_json,
-    preview,
-    printable,
-    report_json,
 )
+from ._inspect_json import detail_json, preview, printable, report_json
 from ._metrics import (
     LATENESS_BUCKETS,
     Exposition,

@@ -21,10 +21,9 @@ from ._inspect import (
     ObjectInUseError,
     OfflineSource,
     UnknownObjectError,
-    printable,
     refuse_if_running,
-    report_json,
 )
+from ._inspect_json import printable, report_json
 from ._offline import requeue_offline
 
 # Exit codes: 1 nothing to do (no such dead letter), 2 bad input, 3 in use.
