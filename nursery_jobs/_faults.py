@@ -133,6 +133,11 @@ class GuardedConnection(sqlite3.Connection):
     file: str = "?"
     broken: StorageFaultError | None = None
     quarantines = False  # an object's database: refused once found damaged
+    # Failed statements that left no transaction open: SQLite rolls a transaction back
+    # on some faults (I/O, full disk), and a COMMIT that fails is rolled back here.
+    # Whoever holds work back for an open transaction (``JobTable``'s staged deletes)
+    # compares this count to know that transaction is gone.
+    rollbacks: int = 0
 
     def name(self, label: str, file: str, *, quarantines: bool = False) -> None:
         self.label = label
@@ -141,6 +146,13 @@ class GuardedConnection(sqlite3.Connection):
 
     def fault(self, exc: sqlite3.Error, sql: str = "") -> StorageFaultError | None:
         """Type ``exc`` raised by ``sql``; None if it is the SQL's own error."""
+        try:
+            return self._fault(exc, sql)
+        finally:
+            if not self.in_transaction:
+                self.rollbacks += 1
+
+    def _fault(self, exc: sqlite3.Error, sql: str) -> StorageFaultError | None:
         if fault_cause(exc) is None:
             return None
         error = fault_error(exc, label=self.label, file=self.file)

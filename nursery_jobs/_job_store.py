@@ -51,6 +51,7 @@ class JobStore:
         self.conn = conn
         self.table = JobTable(conn)
         self.tx = transactions
+        transactions.staged = self.table  # finished jobs' deletes wait for the group
         self._alarm = alarm
         self.completion_group = completion_group
         self.dead_letter_limit = dead_letter_limit
@@ -87,21 +88,31 @@ class JobStore:
     def finish(self, job: Job, outcome: JobOutcome, *, keep_marker: bool) -> None:
         """The running job ran clean: keep its writes and apply its outcome in the group;
         commit the group when it is full. A same-id push, reschedule or cancel during
-        the run supersedes the outcome (the job's writes stay)."""
-        self.tx.end_job(keep=True)
+        the run supersedes the outcome (the job's writes stay).
+
+        Raises:
+            StorageError: the outcome could not be recorded; the group was rolled back
+                (the job's writes with it), so its jobs run again.
+        """
         table = self.table
-        if not self.conn.in_transaction:  # (the group was committed during the job)
-            self.conn.execute("BEGIN")
-            self.tx.group = True
-        if self.superseded:
-            table.clean(job.id)
-        elif outcome is None:
-            # By push sequence (the rowid), not id: no index search. Safe because the
-            # row cannot have been replaced (that would have superseded the run).
-            table.finished(self.running_seq)
-        else:
-            time = outcome.time if isinstance(outcome, Reschedule) else job.time  # YIELD
-            table.later(self.running_seq, time, keep_marker)
+        try:
+            self.tx.end_job(keep=True)
+            if not self.conn.in_transaction:  # (the group was committed during the job)
+                self.tx.open_group()
+            if self.superseded:
+                table.clean(job.id)
+            elif outcome is None:
+                # By push sequence (the rowid), not id: no index search. Safe because the
+                # row cannot have been replaced (that would have superseded the run).
+                table.finished(self.running_seq)
+            else:
+                time = outcome.time if isinstance(outcome, Reschedule) else job.time  # YIELD
+                table.later(self.running_seq, time, keep_marker)
+        except BaseException:
+            # Kept without its outcome, the job's writes would be made again by its
+            # re-run (found by the fault sweep: a failed RELEASE or DELETE here).
+            self._abort()
+            raise
         self._done += 1
         if self._done >= self.completion_group:
             self.flush()
@@ -112,11 +123,21 @@ class JobStore:
         # Only what was made under the savepoint being rolled back is undone, so only
         # that is made again (a mutation before an early release already stands).
         generation = self.tx.job_generation if self.tx.job_savepoint else None
-        self.tx.end_job(keep=False)
+        try:
+            self.tx.end_job(keep=False)
+        except BaseException:
+            self._abort()  # (as in finish: the writes must not outlive the run)
+            raise
         for made_in, again in self._replay:
             if made_in == generation:
                 again()
         self._replay.clear()
+
+    def _abort(self) -> None:
+        """Roll the group back after a failure to record a run (see ``finish``)."""
+        self._done = 0
+        self._replay.clear()
+        self.tx.abort_group()
 
     def _mutation(self, again: Callable[[], object]) -> None:
         """Remember a queue mutation of the running job, to make again if it fails."""

@@ -5,6 +5,7 @@ Only ``JobStore`` (``_job_store``) calls these writes; everything else asks the 
 
 from __future__ import annotations
 
+import functools
 import math
 import sqlite3
 from typing import Any
@@ -22,6 +23,18 @@ _COLUMNS = (
 # Run order among due jobs: higher priority first, then due time, then push sequence.
 _ORDER = "priority DESC, time, seq"
 Cursor = tuple[int, float, int]  # (-priority, time, seq) of the last row an alarm run read
+_MAX_STAGED = 512  # staged deletes run at once past this many (SQLite's variable limit)
+
+
+@functools.lru_cache(maxsize=64)
+def _marks(n: int) -> str:
+    return ",".join("?" * n)
+
+
+def _rollbacks(conn: sqlite3.Connection) -> int:
+    """How many transactions of ``conn`` a fault rolled back (``GuardedConnection``; a
+    working copy in memory has none)."""
+    return getattr(conn, "rollbacks", 0)
 
 
 @attrs.define(slots=True)
@@ -55,12 +68,47 @@ class JobRow:
 
 
 class JobTable:
-    """SQL on ``nj_jobs`` and ``nj_dead_letters``; every method is synchronous."""
+    """SQL on ``nj_jobs`` and ``nj_dead_letters``; every method is synchronous.
 
-    __slots__ = ("conn",)
+    The deletes of finished jobs are staged and run as one statement (``settle``) before
+    any other statement of the table, and before the group transaction they belong to
+    reaches a savepoint or a commit (``ObjectTransactions``). A ``DELETE`` per job was a
+    quarter of the dispatch time (issue 14); one ``DELETE ... IN`` per group costs about
+    a third less per row, and staging costs a list append.
+    """
+
+    __slots__ = ("_conn", "_finished", "_staged_at")
 
     def __init__(self, conn: sqlite3.Connection) -> None:
-        self.conn = conn  # the schema is the engine's (``_schema.prepare``)
+        self._conn = conn  # the schema is the engine's (``_schema.prepare``)
+        self._finished: list[int] = []  # push sequences of finished jobs, not yet deleted
+        self._staged_at = 0  # the connection's ``rollbacks`` when the first was staged
+
+    @property
+    def conn(self) -> sqlite3.Connection:
+        """The connection, with the staged deletes run: every read sees them."""
+        if self._finished:
+            self.settle()
+        return self._conn
+
+    # -- staged deletes (the ``StagedWrites`` of ``_transactions``) ----------------------
+    def settle(self) -> None:
+        """Run the staged deletes now, in the group transaction they belong to. With no
+        transaction open that group is gone (it commits only after a settle, so it was
+        rolled back), and its deletes with it: the jobs run again."""
+        seqs, self._finished = self._finished, []
+        if not seqs or not self._conn.in_transaction or _rollbacks(self._conn) != self._staged_at:
+            return  # (the transaction open now, if any, is another one)
+        try:
+            self._conn.execute(f"DELETE FROM nj_jobs WHERE seq IN ({_marks(len(seqs))})", seqs)
+        except BaseException:
+            if self._conn.in_transaction:
+                self._finished = seqs + self._finished  # the group stands: try again later
+            raise
+
+    def drop_staged(self) -> None:
+        """The group transaction is gone (rolled back): so are its staged deletes."""
+        self._finished = []
 
     # -- reads ----------------------------------------------------------------------
     def owner_of(self, job_id: str) -> str | None:
@@ -188,7 +236,13 @@ class JobTable:
 
     # The outcome of one clean run (applied in the group transaction, see JobStore).
     def finished(self, seq: int) -> None:
-        self.conn.execute("DELETE FROM nj_jobs WHERE seq = ?", (seq,))
+        """Delete the job of push sequence ``seq`` (staged until the next statement)."""
+        finished = self._finished
+        if not finished:
+            self._staged_at = _rollbacks(self._conn)
+        finished.append(seq)
+        if len(finished) >= _MAX_STAGED:
+            self.settle()
 
     def later(self, seq: int, time: float, keep_marker: bool) -> None:
         """Re-time a kept job, attempts and strikes cleared (the running marker kept

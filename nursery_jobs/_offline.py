@@ -168,7 +168,8 @@ def _requeue_in(
                    [int(v) if isinstance(v, bool) else v for v in values.values()])
         db.execute("DELETE FROM nj_dead_letters WHERE owner = ? AND id = ?", (owner, job_id))
     except BaseException:
-        db.execute("ROLLBACK")
+        if db.in_transaction:  # (a fault may have rolled it back already)
+            db.execute("ROLLBACK")
         raise
     db.execute("COMMIT")
     return Requeued(namespace=namespace, object_id=object_id, owner=owner, id=job_id, time=now)

@@ -107,7 +107,8 @@ def prepare(conn: sqlite3.Connection, *, label: str) -> None:
                 conn.execute(statement)
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
     except BaseException:
-        conn.execute("ROLLBACK")
+        if conn.in_transaction:  # (a fault may have rolled it back already)
+            conn.execute("ROLLBACK")
         raise
     conn.execute("COMMIT")
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Protocol
 
 import trio
 
@@ -42,6 +43,18 @@ def atomic(conn: sqlite3.Connection) -> Iterator[None]:
     conn.execute("COMMIT")
 
 
+class StagedWrites(Protocol):
+    """Writes of the group held back until its next savepoint or commit (the deletes of
+    finished jobs, ``JobTable``): they belong to the group, never to a savepoint that may
+    roll back."""
+
+    def settle(self) -> None:
+        """Run the staged writes now (in the group)."""
+
+    def drop_staged(self) -> None:
+        """Forget them: the group was rolled back."""
+
+
 class ObjectTransactions:
     """The transaction state of one object's database."""
 
@@ -56,6 +69,7 @@ class ObjectTransactions:
         "job_savepoint",
         "job_task",
         "label",
+        "staged",
         "user_task",
     )
 
@@ -74,6 +88,7 @@ class ObjectTransactions:
         self.user_task: trio.lowlevel.Task | None = None
         self._user_done: trio.Event | None = None
         self._user_savepoints = 0
+        self.staged: StagedWrites | None = None
 
     # -- writes -------------------------------------------------------------------------
     def check_write(self) -> None:
@@ -98,10 +113,23 @@ class ObjectTransactions:
             self.conn.execute(f"RELEASE {_JOB}")
             self.job_savepoint = False
 
+    def open_group(self) -> None:
+        """``BEGIN`` the group. What is still staged belongs to a group that was rolled
+        back (a group settles before it commits): it goes."""
+        if self.staged is not None:
+            self.staged.drop_staged()
+        self.conn.execute("BEGIN")
+        self.group = True
+
+    def _settle(self) -> None:
+        if self.staged is not None:
+            self.staged.settle()
+
     def _open_job_savepoint(self) -> None:
         if not self.conn.in_transaction:
-            self.conn.execute("BEGIN")
-            self.group = True
+            self.open_group()
+        else:
+            self._settle()
         self.conn.execute(f"SAVEPOINT {_JOB}")
         self.job_savepoint = True
         self.job_generation += 1
@@ -125,8 +153,7 @@ class ObjectTransactions:
         ``check_write``: they commit with the group, but a failing job does not undo
         them unless it has written through ``storage`` first.)"""
         if not self.conn.in_transaction:
-            self.conn.execute("BEGIN")
-            self.group = True
+            self.open_group()
         self.job_dirty = False
         self.job_task = trio.lowlevel.current_task()
         self._job_done = None
@@ -160,8 +187,20 @@ class ObjectTransactions:
         connection rolled back): forget it, and the job's savepoint with it."""
         if self.group and not self.conn.in_transaction:
             self.group = self.job_savepoint = False
+            if self.staged is not None:
+                self.staged.drop_staged()
             return True
         return False
+
+    def abort_group(self) -> None:
+        """Roll the group back: what it holds (completed jobs' writes and outcomes, the
+        running job's writes) could not all be recorded, so none of it is, and those
+        jobs run again on storage as it was — still exactly once."""
+        self.group = self.job_savepoint = False
+        if self.staged is not None:
+            self.staged.drop_staged()
+        if self.conn.in_transaction:
+            self.conn.execute("ROLLBACK")
 
     def commit_group(self) -> None:
         """Commit the group now, unless a user block is open (its writes must not commit
@@ -172,10 +211,13 @@ class ObjectTransactions:
         try:
             if self.job_savepoint:
                 self.conn.execute(f"RELEASE {_JOB}")
+            self._settle()
             self.conn.execute("COMMIT")
         except BaseException:
             # The group is lost (the disk refused it): its jobs run again, and their
             # writes went with it — still exactly once.
+            if self.staged is not None:
+                self.staged.drop_staged()
             if self.conn.in_transaction:
                 self.conn.execute("ROLLBACK")
             raise
@@ -227,6 +269,7 @@ class ObjectTransactions:
                 with atomic(conn):
                     yield
                 return
+            self._settle()
             self._user_savepoints += 1
             name = f"nj_user_{self._user_savepoints}"
             conn.execute(f"SAVEPOINT {name}")

@@ -29,6 +29,9 @@ class FaultPlan:
     n: int = 0
     hits: list[tuple[str, str, int]] = attrs.Factory(list)
     enabled: bool = True
+    # As SQLite does on some I/O errors: the failing statement rolls the whole
+    # transaction back before it raises.
+    rolls_back: bool = False
 
     def check(self, conn: GuardedConnection, sql: str) -> None:
         if not self.enabled or not self.counts(conn.label):
@@ -40,6 +43,8 @@ class FaultPlan:
         exc = (sqlite3.DatabaseError if "malformed" in self.message
                else sqlite3.OperationalError)(self.message)
         exc.sqlite_errorcode = CODES[self.message]  # type: ignore[attr-defined]
+        if self.rolls_back and conn.in_transaction:
+            sqlite3.Connection.execute(conn, "ROLLBACK")
         error = conn.fault(exc, sql)
         assert error is not None
         raise error from exc

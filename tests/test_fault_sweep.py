@@ -27,7 +27,7 @@ import nursery_jobs as nj
 JOBS = ("ok", "flaky", "bad")
 AFTER_REOPEN = ("after",)
 # What each job ends as once every fault has cleared.
-FINAL = {"done": ["after", "flaky", "ok"], "pending": [], "dead": ["bad"]}
+FINAL = {"done": ["after", "flaky", "ok"], "pending": [], "dead": ["bad"], "runs": [1]}
 
 
 class Worker(nj.DurableObject):
@@ -47,6 +47,7 @@ class Worker(nj.DurableObject):
             "done": sorted(k.removeprefix("done:") for k in self.ctx.storage.list("done:")),
             "pending": sorted(job.id for job in self.lifecycle.jobs.list()),
             "dead": sorted(letter.job.id for letter in self.lifecycle.dead_letters()),
+            "runs": sorted(set(self.ctx.storage.list("runs:").values())),
         }
 
     async def on_job(self, ctx: nj.JobContext) -> None:
@@ -54,6 +55,8 @@ class Worker(nj.DurableObject):
         if job_id == "bad" or (job_id == "flaky" and ctx.attempt == 1):
             raise RuntimeError(f"{job_id} fails (attempt {ctx.attempt})")
         self.ctx.storage.put(f"done:{job_id}", ctx.attempt)
+        # Exactly-once local effects: each job's count ends at 1, whatever failed.
+        self.ctx.storage.put(f"runs:{job_id}", self.ctx.storage.get(f"runs:{job_id}", 0) + 1)
 
 
 @attrs.define
@@ -181,8 +184,9 @@ def sweep(
                 plan = FaultPlan(
                     message=message,
                     counts=lambda label: label.endswith("/a"),
-                    when=(lambda label, sql, i, n=n: i == n) if mode == "transient"
-                    else (lambda label, sql, i, n=n: i >= n),
+                    when=(lambda label, sql, i, n=n: i >= n) if mode == "persistent"
+                    else (lambda label, sql, i, n=n: i == n),
+                    rolls_back=mode == "rollback",
                 )
                 handler.found.clear()
 
@@ -203,8 +207,8 @@ def sweep(
 def test_fault_sweep_every_statement(tmp_path: Path) -> None:
     total = count_statements(tmp_path / "count")
     assert total > 50  # the workload reaches every step
-    runs = sweep(tmp_path, list(range(1, total + 1)), ("transient", "persistent"))
-    assert runs == 2 * total
+    runs = sweep(tmp_path, list(range(1, total + 1)), ("transient", "persistent", "rollback"))
+    assert runs == 3 * total
 
 
 @pytest.mark.soak

@@ -1,0 +1,120 @@
+"""The deletes of finished jobs wait, staged, for their group's next savepoint or
+commit (issue 14). They belong to the group: a group that is lost takes them with it,
+so its jobs run again on storage as it was — and a counter still ends exact."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+from fault_seam import FaultPlan, faulty_engine
+
+import nursery_jobs as nj
+
+JOBS = 5
+
+
+class Counter(nj.DurableObject):
+    namespace = "tests.staged.Counter"
+
+    def __init__(self, ctx: nj.ObjectContext) -> None:
+        super().__init__(ctx)
+        self.runs: list[str] = ctx.env
+        self.lifecycle = nj.Lifecycle.install(self, completion_group=64)
+
+    async def fill(self) -> None:
+        with self.ctx.storage.transaction():
+            for i in range(JOBS):
+                await self.lifecycle.jobs.push("count", id=f"j{i}", delay=1)
+
+    async def state(self) -> tuple[int, list[str]]:
+        return self.ctx.storage.get("n", 0), [job.id for job in self.lifecycle.jobs.list()]
+
+    async def peek(self) -> list[str]:
+        """A read inside the running job: it sees the finished jobs gone."""
+        return [job.id for job in self.lifecycle.jobs.list()]
+
+    async def on_job(self, ctx: nj.JobContext) -> None:
+        self.runs.append(ctx.job.id)
+        self.ctx.storage.put("n", self.ctx.storage.get("n", 0) + 1)
+        if ctx.job.id == "j3":
+            # Reads see the staged deletes of j0..j2 (settled before the read).
+            self.ctx.storage.put("seen", [job.id for job in self.lifecycle.jobs.list()])
+
+
+def _fails_once(match: str) -> FaultPlan:
+    """The first ``match`` statement of the alarm run fails (the plan is enabled once
+    the jobs are pushed)."""
+    fired: list[bool] = []
+
+    def when(label: str, sql: str, n: int) -> bool:
+        if not fired and sql.lstrip().startswith(match):
+            fired.append(True)
+            return True
+        return False
+
+    return FaultPlan(message="disk I/O error", when=when, enabled=False,
+                     counts=lambda label: "Counter" in label)
+
+
+@pytest.mark.parametrize("statement", ["COMMIT", "DELETE FROM nj_jobs WHERE seq IN"])
+def test_a_lost_group_takes_its_staged_deletes_with_it(tmp_path: Path, statement: str) -> None:
+    plan = _fails_once(statement)
+    runs: list[str] = []
+
+    async def main() -> tuple[int, list[str], Any]:
+        async with nj.open_runtime(faulty_engine(tmp_path / "data", plan), env=runs) as rt:
+            obj = rt.get(Counter, "c")
+            await obj.fill()
+            plan.enabled = True
+            await trio.sleep(30)  # the run, its failure, the retried run
+            n, pending = await obj.state()
+            seen = rt.active_instance(Counter.namespace, "c")
+            assert seen is not None
+            return n, pending, seen.ctx.storage.get("seen")
+
+    n, pending, seen = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert plan.hits, "the fault never fired"
+    assert pending == []
+    assert n == JOBS  # exactly once: the lost group's jobs ran again on the old storage
+    assert sorted(set(runs)) == [f"j{i}" for i in range(JOBS)]
+    assert len(runs) > JOBS  # some ran twice (their first outcome was lost with the group)
+    # A read in the run sees the staged deletes: j0 and j2 had finished when j3 read the
+    # queue (j1 too, unless its first run failed on the fault and waits for its retry).
+    assert not {"j0", "j2"} & set(seen)
+    assert {"j3", "j4"} <= set(seen)
+
+
+def test_a_group_rolled_back_by_a_read_keeps_its_jobs(tmp_path: Path) -> None:
+    """j0..j2 finish (deletes staged); j3's first read fails and rolls the group back:
+    j0..j2 ran on storage that is gone, so they must run again — not be deleted by the
+    next transaction (the failed job's retry) that settles what was staged."""
+    reads: list[int] = []
+
+    def when(label: str, sql: str, n: int) -> bool:
+        if sql.startswith("SELECT value FROM nj_kv"):
+            reads.append(n)
+            return len(reads) == 4  # j3's read of "n"
+        return False
+
+    plan = FaultPlan(message="disk I/O error", when=when, enabled=False, rolls_back=True,
+                     counts=lambda label: "Counter" in label)
+    runs: list[str] = []
+
+    async def main() -> tuple[int, list[str]]:
+        async with nj.open_runtime(faulty_engine(tmp_path / "data", plan), env=runs) as rt:
+            obj = rt.get(Counter, "c")
+            await obj.fill()
+            plan.enabled = True
+            await trio.sleep(30)
+            return await obj.state()
+
+    n, pending = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert plan.hits, "the fault never fired"
+    assert pending == []
+    assert n == JOBS
+    assert runs[:4] == ["j0", "j1", "j2", "j3"]
+    assert sorted(runs[4:]) == ["j0", "j1", "j2", "j3", "j4"]  # the lost group's jobs again
