@@ -358,11 +358,12 @@ class JobStore:
         it to an exclusive job's time is ``rearm``'s, after the commit."""
         if self.disabled:
             return
+        current = self._alarm.get()
+        if current is not None and time >= current:
+            return  # (most pushes of a batch: no query for exclusive jobs)
         if not exclusive and self.table.first_exclusive_time(excluding=job_id) is not None:
             return  # an exclusive job alone decides when the object wakes
-        current = self._alarm.get()
-        if current is None or time < current:
-            self._alarm.set(time)
+        self._alarm.set(time)
 
     def rearm(self, *, write_through: bool = False) -> None:
         """Set the alarm for the next due job as the queue stands (after committing the

@@ -53,7 +53,7 @@ class RetryOptions:
 DEFAULT_RETRY: Final = RetryOptions()
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, slots=False)  # (a __dict__: rows become Jobs fast, _job_table)
 class Job:
     """A job as stored: who owns it, what to run, when, and how."""
 
@@ -72,7 +72,7 @@ class Job:
     """Among due jobs, a higher priority runs first (the Queue's ``priority``)."""
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, slots=False)  # (attrs builds a __dict__ class's faster: one per run)
 class JobContext:
     """Passed to ``on_job``: the job and which attempt this is (1-based, durable)."""
 
