@@ -1,0 +1,320 @@
+"""Many hosts on one PostgreSQL database, as real processes (DESIGN.md section 9).
+
+Host processes (``tests/pg_cluster_worker.py``) share a database; this module SIGKILLs
+and restarts them at random, pauses one (SIGSTOP) for longer than its lease and resumes
+it, and reads the story from their append-only log and from the database:
+
+- every job runs, and its write to its own object's storage lands exactly once: each
+  object's counter ends at exactly the number of jobs pushed to it (DESIGN §3,
+  "Exactly-once local effects"), with no job and no dead letter left;
+- more than one host did the work;
+- the paused host, once resumed, finds its writes refused (``object:fenced``) and starts
+  no job of an object it lost — no job start under a lease epoch older than the one the
+  object had when the host resumed;
+- a stub call reaches the object on the host that holds it; once that host is killed,
+  a call is served elsewhere when the lease expires.
+
+Real time throughout (PostgreSQL I/O runs in threads). A job running when its host dies
+gets a crash strike and waits 30 s (DESIGN §3), so the short variant lasts ~45 s; its
+kills all land before any struck job is due again, so no job is struck twice.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import subprocess
+import sys
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+import trio
+
+psycopg = pytest.importorskip("psycopg")  # the postgres extra; CI installs it (dev)
+
+import nursery_jobs as nj
+from nursery_jobs._engine_pg import PostgresEngine
+from pg_cluster_worker import Worker
+from pg_support import fresh_database
+
+WORKER = Path(__file__).with_name("pg_cluster_worker.py")
+SLOTS = ("h0", "h1", "h2")
+PAUSED = "h2"  # the host that is SIGSTOPped (never killed: its resume is what we watch)
+LEASE_TTL = 2.0
+
+pytestmark = pytest.mark.crash
+
+
+@attrs.frozen
+class Line:
+    kind: str
+    slot: str
+    pid: int
+    fields: tuple[str, ...]  # what follows the pid, less the time
+    offset: int  # where the line starts in the log
+
+
+def sql(dsn: str, query: str, params: Any = ()) -> list[tuple[Any, ...]]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        cur = conn.execute(query, params)
+        return cur.fetchall() if cur.description else []
+
+
+async def asql(dsn: str, query: str, params: Any = ()) -> list[tuple[Any, ...]]:
+    return await trio.to_thread.run_sync(sql, dsn, query, params)
+
+
+@attrs.define
+class Cluster:
+    """The host processes of one test, their config and their common log."""
+
+    dir: Path
+    config: dict[str, Any]
+    procs: dict[str, trio.Process] = attrs.Factory(dict)
+    # (slot, pid, return code) of every process that ended.
+    ended: list[tuple[str, int, int]] = attrs.Factory(list)
+    runs: int = 0
+
+    @classmethod
+    def create(cls, tmp_path: Path, dsn: str, **config: Any) -> Cluster:
+        config = {"dsn": dsn, "log": str(tmp_path / "hosts.log"), "lease_ttl": LEASE_TTL,
+                  "sleep": [0.005, 0.03], "workload": {}, "shares": {}, "t0": 0.0,
+                  "spread": 0.0, **config}
+        (tmp_path / "config.json").write_text(json.dumps(config))
+        Path(config["log"]).touch()
+        return cls(tmp_path, config)
+
+    @property
+    def log(self) -> Path:
+        return Path(self.config["log"])
+
+    async def start(self, slot: str) -> trio.Process:
+        self.runs += 1
+        with open(self.dir / f"{slot}-{self.runs}.err", "wb") as stderr:
+            proc = await trio.lowlevel.open_process(
+                [sys.executable, str(WORKER), str(self.dir / "config.json"), slot],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
+            )
+        self.procs[slot] = proc
+        return proc
+
+    def lines(self) -> list[Line]:
+        out, offset = [], 0
+        for raw in self.log.read_bytes().splitlines(keepends=True):
+            parts = raw.decode().split()
+            if raw.endswith(b"\n") and len(parts) >= 4:
+                out.append(Line(parts[0], parts[1], int(parts[2]), tuple(parts[3:-1]),
+                                offset))
+            offset += len(raw)
+        return out
+
+    async def wait_up(self, slot: str, seconds: float = 60.0) -> str:
+        """Wait for the host in ``slot`` to log ``up``; return its engine host id."""
+        proc = self.procs[slot]
+        with trio.fail_after(seconds):
+            while True:
+                for line in self.lines():
+                    if line.kind == "up" and line.pid == proc.pid:
+                        return line.fields[0]
+                if proc.poll() is not None:
+                    raise AssertionError(f"host {slot} exited ({proc.returncode})"
+                                         f" before it was up{self.stderr()}")
+                await trio.sleep(0.02)
+
+    async def kill(self, slot: str) -> None:
+        proc = self.procs.pop(slot)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+        self.ended.append((slot, proc.pid, await proc.wait()))
+
+    async def stop_all(self) -> None:
+        """SIGTERM every host (a graceful shutdown) and wait for them to exit."""
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
+                proc.send_signal(signal.SIGTERM)
+        with trio.move_on_after(30):
+            for slot, proc in list(self.procs.items()):
+                self.ended.append((slot, proc.pid, await proc.wait()))
+                del self.procs[slot]
+        for slot in list(self.procs):
+            await self.kill(slot)
+
+    def stderr(self) -> str:
+        texts = [f"\n--- {p.name}\n{p.read_text()[-3000:]}"
+                 for p in sorted(self.dir.glob("*.err")) if p.read_text().strip()]
+        return "".join(texts)
+
+
+async def objects(dsn: str) -> dict[str, tuple[str | None, int]]:
+    return {oid: (owner, int(epoch)) for oid, owner, epoch in await asql(
+        dsn, "SELECT object_id, owner, epoch FROM nj_objects")}
+
+
+async def remaining(dsn: str) -> tuple[int, int]:
+    """(job rows left, objects whose workload is pushed), as shipped to PostgreSQL."""
+    ((jobs, pushed),) = await asql(
+        dsn, "SELECT count(*) FILTER (WHERE tbl = 'nj_jobs'),"
+        " count(*) FILTER (WHERE tbl = 'nj_kv' AND key = 'pushed') FROM nj_rows")
+    return int(jobs), int(pushed)
+
+
+@attrs.frozen
+class Plan:
+    objects: int
+    jobs: int  # jobs of the first object; object i gets jobs + i % 10
+    spread: float  # seconds over which each object's jobs fall due
+    kills: int
+    pause_at: float  # seconds after t0
+    bound: float  # the whole test, seconds
+
+
+SHORT = Plan(objects=30, jobs=30, spread=8.0, kills=4, pause_at=2.5, bound=120.0)
+LONG = Plan(objects=60, jobs=60, spread=20.0, kills=14, pause_at=8.0, bound=300.0)
+
+
+async def run_cluster(tmp_path: Path, plan: Plan) -> None:
+    seed = random.randrange(2**32)
+    print(f"cluster seed {seed}")  # shown on failure
+    rng = random.Random(seed)
+    workload = {f"o{i:02d}": plan.jobs + i % 10 for i in range(plan.objects)}
+    shares = {slot: [o for i, o in enumerate(workload) if i % len(SLOTS) == n]
+              for n, slot in enumerate(SLOTS)}
+    t_begin = trio.current_time()
+    with fresh_database() as dsn, trio.fail_after(plan.bound):
+        cluster = Cluster.create(
+            tmp_path, dsn, workload=workload, shares=shares, spread=plan.spread,
+            t0=nj.now() + 3.0, idle_timeout=30.0,
+        )
+        try:
+            for slot in SLOTS:
+                await cluster.start(slot)
+            host_ids = {slot: await cluster.wait_up(slot) for slot in SLOTS}
+            paused = cluster.procs[PAUSED]
+            pause: dict[str, Any] = {}
+
+            async def kills() -> None:
+                for _ in range(plan.kills):
+                    await trio.sleep(rng.uniform(0.8, 2.0))
+                    slot = rng.choice([s for s in SLOTS if s != PAUSED])
+                    await cluster.kill(slot)
+                    await trio.sleep(rng.uniform(0.1, 0.8))
+                    await cluster.start(slot)
+
+            async def pause_one() -> None:
+                await trio.sleep(max(0.0, cluster.config["t0"] + plan.pause_at - nj.now()))
+                paused.send_signal(signal.SIGSTOP)
+                pause["at_stop"] = await objects(dsn)
+                await trio.sleep(2.5 * LEASE_TTL)
+                pause["at_cont"] = await objects(dsn)
+                # Nothing of the paused host's is in the log past here but what it
+                # writes after it resumes (a stopped process writes nothing).
+                pause["offset"] = cluster.log.stat().st_size
+                paused.send_signal(signal.SIGCONT)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(kills)
+                nursery.start_soon(pause_one)
+            for slot in SLOTS:
+                await cluster.wait_up(slot)
+            while await remaining(dsn) != (0, plan.objects):
+                await trio.sleep(0.25)
+            await cluster.stop_all()
+            lines = cluster.lines()
+            # Read every object back through the API, on a host of our own.
+            async with nj.open_runtime(PostgresEngine(dsn, lease_ttl=LEASE_TTL)) as rt:
+                reports = {oid: await rt.get(Worker, oid).report() for oid in workload}
+        finally:
+            await cluster.stop_all()
+    print(f"cluster: {sum(workload.values())} jobs, {plan.kills} kills,"
+          f" {trio.current_time() - t_begin:.1f} s")
+    check(cluster, workload, reports, lines, host_ids[PAUSED], paused.pid, pause)
+
+
+def check(
+    cluster: Cluster, workload: dict[str, int], reports: dict[str, dict[str, Any]],
+    lines: list[Line], paused_host: str, paused_pid: int, pause: dict[str, Any],
+) -> None:
+    where = cluster.stderr()
+    # Every job ran; each object's counter counts each of its jobs exactly once.
+    for oid, n in workload.items():
+        report = reports[oid]
+        assert report == {"pushed": n, "count": n, "jobs": [], "dead": []}, (oid, where)
+    done = {line.fields[1] for line in lines if line.kind == "done"}
+    assert done == {f"{oid}-{k:04d}" for oid, n in workload.items() for k in range(n)}
+    # Graceful exits (SIGTERM) of the hosts left at the end; SIGKILL for the others.
+    assert {code for _, _, code in cluster.ended} <= {0, -signal.SIGKILL}, cluster.ended
+    assert sum(code == -signal.SIGKILL for _, _, code in cluster.ended) >= 1
+    # More than one host did the work.
+    per_slot = Counter(line.slot for line in lines if line.kind == "done")
+    print(f"jobs done per host slot: {dict(per_slot)}")
+    assert len(per_slot) >= 2, per_slot
+    # The paused host lost objects while it was stopped ...
+    at_stop, at_cont = pause["at_stop"], pause["at_cont"]
+    lost = {oid for oid, (owner, epoch) in at_stop.items()
+            if owner == paused_host and at_cont[oid] != (owner, epoch)}
+    print(f"the paused host held {sum(o == paused_host for o, _ in at_stop.values())}"
+          f" objects and lost {len(lost)}")
+    assert lost, (at_stop, at_cont)
+    # ... and, resumed, had its writes refused ...
+    after = [line for line in lines if line.pid == paused_pid
+             and line.offset >= pause["offset"]]
+    fenced = {line.fields[1] for line in after
+              if line.kind == "event" and line.fields[0] == "object:fenced"}
+    assert fenced, after
+    # ... and started no job under a lease it had lost.
+    stale = [line for line in after if line.kind == "start"
+             and int(line.fields[2]) < at_cont[line.fields[0]][1]]
+    assert stale == [], stale
+    # Every start names the lease it ran under; no two hosts ran an object under one.
+    runners: dict[tuple[str, str], set[int]] = defaultdict(set)
+    for line in lines:
+        if line.kind == "start":
+            runners[(line.fields[0], line.fields[2])].add(line.pid)
+    assert all(len(pids) == 1 for pids in runners.values()), runners
+
+
+async def test_hosts_share_jobs_through_kills_and_a_pause(tmp_path: Path) -> None:
+    await run_cluster(tmp_path, SHORT)
+
+
+@pytest.mark.soak
+async def test_hosts_share_jobs_through_kills_and_a_pause_long(tmp_path: Path) -> None:
+    await run_cluster(tmp_path, LONG)
+
+
+async def test_calls_reach_the_holding_host_and_move_when_it_dies(tmp_path: Path) -> None:
+    with fresh_database() as dsn, trio.fail_after(90):
+        cluster = Cluster.create(tmp_path, dsn, hold={"h0": ["x"], "h1": ["y"]})
+        try:
+            await cluster.start("h0")
+            await cluster.start("h1")
+            h0 = await cluster.wait_up("h0")
+            h1 = await cluster.wait_up("h1")
+            assert await objects(dsn) == {"x": (h0, 1), "y": (h1, 1)}
+            async with nj.open_runtime(PostgresEngine(dsn, lease_ttl=LEASE_TTL)) as rt:
+                x, y = rt.get(Worker, "x"), rt.get(Worker, "y")
+                # From this process to the hosts that hold the objects, and back.
+                assert await x.whoami() == "h0"
+                assert await x.add_count(5) == 5
+                assert await y.whoami() == "h1"
+                with pytest.raises(KeyError, match="from h0"):
+                    await x.fail("from h0")
+                # From one host process to another: y (on h1) calls x (on h0).
+                assert await y.relay("x") == ("h1", "h0", 5)
+                assert await x.add_count(2) == 7
+                # h0 dies holding x: h1's call waits out the lease, then h1 takes x
+                # over and serves it, with the state h0 shipped.
+                await cluster.kill("h0")
+                assert (await objects(dsn))["x"] == (h0, 1)
+                assert await y.relay("x") == ("h1", "h1", 7)
+                assert await objects(dsn) == {"x": (h1, 2), "y": (h1, 1)}
+                assert await x.add_count(1) == 8
+                assert await x.whoami() == "h1"
+        finally:
+            await cluster.stop_all()
+    assert [code for _, _, code in cluster.ended] == [-signal.SIGKILL, 0], cluster.stderr()
