@@ -26,9 +26,11 @@ import random
 import signal
 import subprocess
 import sys
+import threading
+import time
 from collections import Counter, defaultdict
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, ClassVar
 
 import attrs
 import pytest
@@ -36,10 +38,11 @@ import trio
 
 psycopg = pytest.importorskip("psycopg")  # the postgres extra; CI installs it (dev)
 
-import nursery_jobs as nj
-from nursery_jobs._engine_pg import PostgresEngine
 from pg_cluster_worker import Worker
 from pg_support import fresh_database
+
+import nursery_jobs as nj
+from nursery_jobs._engine_pg import PostgresEngine
 
 WORKER = Path(__file__).with_name("pg_cluster_worker.py")
 SLOTS = ("h0", "h1", "h2")
@@ -94,13 +97,16 @@ class Cluster:
 
     async def start(self, slot: str) -> trio.Process:
         self.runs += 1
-        with open(self.dir / f"{slot}-{self.runs}.err", "wb") as stderr:
+        with self.stderr_file(f"{slot}-{self.runs}.err") as stderr:
             proc = await trio.lowlevel.open_process(
                 [sys.executable, str(WORKER), str(self.dir / "config.json"), slot],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
             )
         self.procs[slot] = proc
         return proc
+
+    def stderr_file(self, name: str) -> BinaryIO:
+        return (self.dir / name).open("wb")
 
     def lines(self) -> list[Line]:
         out, offset = [], 0
@@ -221,7 +227,9 @@ async def run_cluster(tmp_path: Path, plan: Plan) -> None:
                 nursery.start_soon(pause_one)
             for slot in SLOTS:
                 await cluster.wait_up(slot)
-            while await remaining(dsn) != (0, plan.objects):
+            while True:  # (polled, not too often: each poll is a new connection)
+                if await remaining(dsn) == (0, plan.objects):
+                    break
                 await trio.sleep(0.25)
             await cluster.stop_all()
             lines = cluster.lines()
@@ -318,3 +326,64 @@ async def test_calls_reach_the_holding_host_and_move_when_it_dies(tmp_path: Path
         finally:
             await cluster.stop_all()
     assert [code for _, _, code in cluster.ended] == [-signal.SIGKILL, 0], cluster.stderr()
+
+
+class Stalling(nj.DurableObject):
+    """Records the jobs it starts; ``stall`` blocks the Trio thread (a paused host)."""
+
+    namespace = "tests.pg_cluster.Stalling"
+    started: ClassVar[list[str]] = []
+
+    def __init__(self, ctx: nj.ObjectContext) -> None:
+        super().__init__(ctx)
+        self.lifecycle = nj.Lifecycle.install(self)
+
+    async def push(self, delay: float) -> None:
+        await self.lifecycle.jobs.push("work", id="j", delay=delay)
+
+    async def stall(self, seconds: float) -> None:
+        time.sleep(seconds)  # noqa: ASYNC251 — the point: nothing of this host runs
+
+    async def on_job(self, ctx: nj.JobContext) -> None:
+        Stalling.started.append(ctx.job.id)
+
+
+async def test_a_host_stalled_past_its_lease_starts_no_job_of_the_object(
+    tmp_path: Path,
+) -> None:
+    """The zombie, in one process: while the host's Trio thread is blocked for longer
+    than ``lease_ttl``, another host takes the object over; when the thread runs again
+    the object's job is due, and the host must not start it (its lease is not known to
+    be held), but drop the object (``object:fenced``)."""
+    ttl = 1.0
+    Stalling.started = []
+    with fresh_database() as dsn, trio.fail_after(30):
+        engine = PostgresEngine(dsn, lease_ttl=ttl)
+        async with nj.open_runtime(engine) as rt:
+            events: list[str] = []
+            fenced = trio.Event()
+
+            def listen(event: nj.Event) -> None:
+                events.append(event.type)
+                if event.type == "object:fenced":
+                    fenced.set()
+
+            rt.events.add_listener(listen)
+            stub = rt.get(Stalling, "s")
+            await stub.push(delay=ttl)
+
+            def take_over() -> None:
+                time.sleep(ttl / 2)
+                sql(dsn, "UPDATE nj_objects SET owner = 'other-host', epoch = epoch + 1,"
+                    " lease_until = now() + interval '1 minute'")
+
+            thief = threading.Thread(target=take_over)
+            thief.start()
+            await stub.stall(2 * ttl)  # the job falls due while the thread is blocked
+            thief.join()
+            with trio.move_on_after(3 * ttl):
+                await fenced.wait()
+            await trio.sleep(0.2)
+        assert Stalling.started == []
+        assert "object:fenced" in events
+        assert sql(dsn, "SELECT owner, epoch FROM nj_objects") == [("other-host", 2)]
