@@ -35,11 +35,12 @@ from typing import Any, BinaryIO, ClassVar
 import attrs
 import pytest
 import trio
+import trio.testing
 
 psycopg = pytest.importorskip("psycopg")  # the postgres extra; CI installs it (dev)
 
 from pg_cluster_worker import Worker
-from pg_support import fresh_database
+from pg_support import eventually, fresh_database
 
 import nursery_jobs as nj
 from nursery_jobs._engine_pg import PostgresEngine
@@ -387,3 +388,26 @@ async def test_a_host_stalled_past_its_lease_starts_no_job_of_the_object(
         assert Stalling.started == []
         assert "object:fenced" in events
         assert sql(dsn, "SELECT owner, epoch FROM nj_objects") == [("other-host", 2)]
+
+
+async def test_under_a_mock_clock_leases_are_renewed_on_real_time(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A lease ends on the server's clock, so the trust in it is real time: the engine
+    must renew it in real time even where Trio's clock is virtual and stands still (a
+    busy test, here: a task that never blocks), or a job falling due afterwards would
+    be refused as if the host had been paused."""
+    ttl = 1.0
+    Stalling.started = []
+    with fresh_database() as dsn:
+        async with nj.open_runtime(PostgresEngine(dsn, lease_ttl=ttl)) as rt:
+            events: list[str] = []
+            rt.events.add_listener(lambda event: events.append(event.type))
+            stub = rt.get(Stalling, "s")
+            await stub.push(delay=0.1)  # due before the renewal's virtual deadline
+            begun = time.monotonic()
+            while time.monotonic() - begun < 2 * ttl:  # virtual time stands still
+                await trio.lowlevel.checkpoint()
+            await trio.sleep(1.0)  # the job falls due
+            await eventually(lambda: Stalling.started or "object:fenced" in events)
+        assert (Stalling.started, events.count("object:fenced")) == (["j"], 0)
