@@ -14,7 +14,9 @@ pid and a new engine host id. The config holds:
   work, not one burst, so that the kills and the pause land while jobs run);
 - ``sleep``: ``[lo, hi]`` — each job sleeps uniform(lo, hi) s after its write;
 - ``hold``: object ids this host activates (a call) once it is up, so that it holds
-  their leases (the cross-host call test).
+  their leases (the cross-host call test);
+- ``calls``: if true, once up the host calls ``bump`` on a random object of the
+  workload every few tens of ms, wherever that object lives.
 
 Every log line is one ``os.write`` on an ``O_APPEND`` descriptor (atomic; it survives a
 SIGKILL of the process):
@@ -23,6 +25,8 @@ SIGKILL of the process):
     start <slot> <pid> <object> <job> <epoch> <attempt> <t>   on_job began, under that lease
     done <slot> <pid> <object> <job> <epoch> <attempt> <t>    on_job returns (job complete)
     event <slot> <pid> <type> <object> <t>             object:fenced, job:crash_strike
+    call <slot> <pid> <object> <value> <served by> <t> a bump call returned
+    callerr <slot> <pid> <object> <error type> <t>     a bump call raised
     term <slot> <pid> <t>                              SIGTERM: leaving gracefully
 
 ``<epoch>`` is the lease epoch of the activation that runs the job: a start under an
@@ -94,11 +98,20 @@ class Worker(nj.DurableObject):
         note("done", SLOT, pid, oid, ctx.job.id, epoch, ctx.attempt)
         return None
 
+    async def bump(self) -> tuple[int, str]:
+        """Count a call (in its own key, apart from the jobs' counter) and return the
+        new count and the host that ran it. A value returned is durable (the output
+        gate), so no two calls can ever return the same value."""
+        value = int(self.ctx.storage.get("calls", 0)) + 1
+        self.ctx.storage.put("calls", value)
+        return value, SLOT
+
     async def report(self) -> dict[str, Any]:
         """What the test checks at the end, read through the API."""
         return {
             "pushed": self.ctx.storage.get("pushed"),
             "count": self.ctx.storage.get("count", 0),
+            "calls": self.ctx.storage.get("calls", 0),
             "jobs": [job.id for job in self.lifecycle.jobs.list()],
             "dead": [letter.job.id for letter in self.lifecycle.dead_letters()],
         }
@@ -134,6 +147,20 @@ async def push_share(rt: nj.Runtime, cfg: dict[str, Any]) -> None:
         await rt.get(Worker, object_id).add(jobs)
 
 
+async def call_around(rt: nj.Runtime, cfg: dict[str, Any]) -> None:
+    objects = sorted(cfg["workload"])
+    pid = os.getpid()
+    while True:
+        object_id = random.choice(objects)
+        try:
+            value, served = await rt.get(Worker, object_id).bump()
+        except Exception as exc:
+            note("callerr", SLOT, pid, object_id, type(exc).__name__)
+        else:
+            note("call", SLOT, pid, object_id, value, served)
+        await trio.sleep(random.uniform(0.02, 0.06))
+
+
 async def run(cfg: dict[str, Any]) -> None:
     global RUNTIME
     engine = PostgresEngine(cfg["dsn"], lease_ttl=cfg["lease_ttl"])
@@ -155,6 +182,8 @@ async def run(cfg: dict[str, Any]) -> None:
                 for object_id in cfg.get("hold", {}).get(SLOT, []):
                     await rt.get(Worker, object_id).whoami()
                 note("up", SLOT, os.getpid(), engine.host_id)
+                if cfg.get("calls"):
+                    nursery.start_soon(call_around, rt, cfg)
                 await trio.sleep_forever()
 
 

@@ -195,7 +195,7 @@ async def run_cluster(tmp_path: Path, plan: Plan) -> None:
     with fresh_database() as dsn, trio.fail_after(plan.bound):
         cluster = Cluster.create(
             tmp_path, dsn, workload=workload, shares=shares, spread=plan.spread,
-            t0=nj.now() + 3.0, idle_timeout=30.0,
+            t0=nj.now() + 3.0, idle_timeout=30.0, calls=True,
         )
         try:
             for slot in SLOTS:
@@ -251,7 +251,8 @@ def check(
     where = cluster.stderr()
     # Every job ran; each object's counter counts each of its jobs exactly once.
     for oid, n in workload.items():
-        report = reports[oid]
+        report = dict(reports[oid])
+        report.pop("calls")
         assert report == {"pushed": n, "count": n, "jobs": [], "dead": []}, (oid, where)
     done = {line.fields[1] for line in lines if line.kind == "done"}
     assert done == {f"{oid}-{k:04d}" for oid, n in workload.items() for k in range(n)}
@@ -279,6 +280,23 @@ def check(
     stale = [line for line in after if line.kind == "start"
              and int(line.fields[2]) < at_cont[line.fields[0]][1]]
     assert stale == [], stale
+    # Calls from every host to objects wherever they live: what a call returned is
+    # durable (the output gate, also on a host being fenced), so no two calls to an
+    # object returned the same count, and the final count is at least each of them.
+    returned: dict[str, list[int]] = defaultdict(list)
+    crossed = 0
+    for line in lines:
+        if line.kind == "call":
+            oid, value, served = line.fields
+            returned[oid].append(int(value))
+            crossed += served != line.slot
+    errors = Counter(line.fields[1] for line in lines if line.kind == "callerr")
+    print(f"calls: {sum(map(len, returned.values()))} returned ({crossed} served by another"
+          f" host), errors {dict(errors)}")
+    assert crossed > 0
+    for oid, values in returned.items():
+        assert len(values) == len(set(values)), (oid, sorted(values))
+        assert max(values) <= reports[oid]["calls"], (oid, max(values), reports[oid])
     # Every start names the lease it ran under; no two hosts ran an object under one.
     runners: dict[tuple[str, str], set[int]] = defaultdict(set)
     for line in lines:
