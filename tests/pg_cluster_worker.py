@@ -10,8 +10,9 @@ pid and a new engine host id. The config holds:
 - ``workload``: ``{object id: number of jobs}`` — on start, a host pushes the workload of
   the objects in ``shares[SLOT]`` (once per object: ``Worker.add`` is atomic and marks
   the object as pushed, so a restarted host pushes nothing twice);
-- ``t0``, ``spread``: job ``k`` of ``n`` is due at ``t0 + spread * k / n`` (a stream of
-  work, not one burst, so that the kills and the pause land while jobs run);
+- ``lead``, ``spread``: job ``k`` of ``n`` is due at ``t0 + spread * k / n`` where ``t0`` is
+  ``lead`` s after the host pushes it (a stream of work, not one burst, so that the kills
+  and the pause land while jobs run);
 - ``sleep``: ``[lo, hi]`` — each job sleeps uniform(lo, hi) s after its write;
 - ``hold``: object ids this host activates (a call) once it is up, so that it holds
   their leases (the cross-host call test);
@@ -140,11 +141,18 @@ def on_event(event: nj.Event) -> None:
 
 
 async def push_share(rt: nj.Runtime, cfg: dict[str, Any]) -> None:
-    t0, spread = float(cfg["t0"]), float(cfg["spread"])
+    t0, spread = nj.now() + float(cfg["lead"]), float(cfg["spread"])
     for object_id in cfg["shares"].get(SLOT, []):
         n = int(cfg["workload"][object_id])
         jobs = [(f"{object_id}-{k:04d}", t0 + spread * k / n) for k in range(n)]
-        await rt.get(Worker, object_id).add(jobs)
+        while True:
+            try:
+                await rt.get(Worker, object_id).add(jobs)
+                break
+            except nj.RpcError:
+                # The host that took the call died (a restarted host pushing again, a
+                # kill): the call may or may not have run. It is idempotent: again.
+                await trio.sleep(0.1)
 
 
 async def call_around(rt: nj.Runtime, cfg: dict[str, Any]) -> None:

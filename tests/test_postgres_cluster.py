@@ -86,7 +86,7 @@ class Cluster:
     @classmethod
     def create(cls, tmp_path: Path, dsn: str, **config: Any) -> Cluster:
         config = {"dsn": dsn, "log": str(tmp_path / "hosts.log"), "lease_ttl": LEASE_TTL,
-                  "sleep": [0.005, 0.03], "workload": {}, "shares": {}, "t0": 0.0,
+                  "sleep": [0.005, 0.03], "workload": {}, "shares": {}, "lead": 0.5,
                   "spread": 0.0, **config}
         (tmp_path / "config.json").write_text(json.dumps(config))
         Path(config["log"]).touch()
@@ -176,7 +176,7 @@ class Plan:
     jobs: int  # jobs of the first object; object i gets jobs + i % 10
     spread: float  # seconds over which each object's jobs fall due
     kills: int
-    pause_at: float  # seconds after t0
+    pause_at: float  # seconds after every host is up
     bound: float  # the whole test, seconds
 
 
@@ -195,12 +195,13 @@ async def run_cluster(tmp_path: Path, plan: Plan) -> None:
     with fresh_database() as dsn, trio.fail_after(plan.bound):
         cluster = Cluster.create(
             tmp_path, dsn, workload=workload, shares=shares, spread=plan.spread,
-            t0=nj.now() + 3.0, idle_timeout=30.0, calls=True,
+            idle_timeout=30.0, calls=True,
         )
         try:
             for slot in SLOTS:
                 await cluster.start(slot)
             host_ids = {slot: await cluster.wait_up(slot) for slot in SLOTS}
+            up = trio.current_time()
             paused = cluster.procs[PAUSED]
             pause: dict[str, Any] = {}
 
@@ -213,7 +214,7 @@ async def run_cluster(tmp_path: Path, plan: Plan) -> None:
                     await cluster.start(slot)
 
             async def pause_one() -> None:
-                await trio.sleep(max(0.0, cluster.config["t0"] + plan.pause_at - nj.now()))
+                await trio.sleep_until(up + plan.pause_at)
                 paused.send_signal(signal.SIGSTOP)
                 pause["at_stop"] = await objects(dsn)
                 await trio.sleep(2.5 * LEASE_TTL)
