@@ -404,7 +404,8 @@ class PostgresEngine:
             before = dict(self._held)
             sent = lease_clock()
             try:
-                held = await self._db(ops.renew, self.host_id, self.lease_ttl)
+                held = await self._db(ops.renew, self.host_id, self.lease_ttl,
+                                      list(before.items()))
                 await self._calls.poll()
             except psycopg.Error as exc:
                 logger.warning("cannot renew the leases of host %s: %s", self.host_id, exc)

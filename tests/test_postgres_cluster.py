@@ -430,3 +430,32 @@ async def test_under_a_mock_clock_leases_are_renewed_on_real_time(
             await trio.sleep(1.0)  # the job falls due
             await eventually(lambda: Stalling.started or "object:fenced" in events)
         assert (Stalling.started, events.count("object:fenced")) == (["j"], 0)
+
+
+async def test_a_lease_whose_release_failed_expires_and_its_alarm_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An evicted object's release may fail (the server was unreachable for a moment):
+    the lease must then expire by itself — not be renewed for ever with the host's
+    others, which would keep every host, this one included, from running its alarm."""
+    from nursery_jobs import _pg_ops
+
+    ttl = 1.0
+    Stalling.started = []
+    release = _pg_ops.release
+    failed: list[object] = []
+
+    def release_fails_once(conn: Any, me: str, leases: Any) -> None:
+        if not failed:
+            failed.append(leases)
+            raise psycopg.OperationalError("the server went away (test)")
+        release(conn, me, leases)
+
+    monkeypatch.setattr(_pg_ops, "release", release_fails_once)
+    with fresh_database() as dsn, trio.fail_after(30):
+        async with nj.open_runtime(PostgresEngine(dsn, lease_ttl=ttl), idle_timeout=0.2) as rt:
+            await rt.get(Stalling, "s").push(delay=1.0)
+            # Evicted when idle; its release fails; the job falls due a little later.
+            await eventually(lambda: failed and not rt.active_objects(), 10)
+            await eventually(lambda: Stalling.started, 15)
+        assert Stalling.started == ["j"]
