@@ -155,9 +155,16 @@ class PostgresEngine:
     def open(self, now: float) -> None:
         """Connect, create or check the schema, and register this host. Blocks."""
         commit = self._commit
+        # A host stopped (SIGSTOP, a partition) between the statements of a transaction
+        # would keep its row locks — after a renewal's UPDATE, on every object it holds
+        # — for as long as its connection lives, and hosts taking those objects over
+        # would wait for it. The server ends a transaction idle for the lease's length
+        # (a live host never idles inside one: its statements run back to back).
+        idle_ms = max(1, math.ceil(self.lease_ttl * 1000))
 
         def configure(conn: psycopg.Connection[Any]) -> None:
             conn.execute(f"SET synchronous_commit = {commit}")
+            conn.execute(f"SET idle_in_transaction_session_timeout = {idle_ms}")
 
         try:
             # One connection first: a server that cannot be reached fails at once

@@ -21,6 +21,7 @@ kills all land before any struck job is due again, so no job is struck twice.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import signal
@@ -459,3 +460,34 @@ async def test_a_lease_whose_release_failed_expires_and_its_alarm_runs(
             await eventually(lambda: failed and not rt.active_objects(), 10)
             await eventually(lambda: Stalling.started, 15)
         assert Stalling.started == ["j"]
+
+
+async def test_a_host_paused_inside_a_transaction_holds_no_row_past_its_lease() -> None:
+    """A host stopped (SIGSTOP, a partition) between a transaction's statements keeps
+    its row locks while its connection lives — after a renewal's UPDATE, the rows of
+    every object it holds — and another host taking one of them over would wait for it,
+    however long. The server ends such a transaction once it has been idle for
+    ``lease_ttl``."""
+    ttl = 0.5
+    with fresh_database() as dsn, trio.fail_after(30):
+        a = PostgresEngine(dsn, lease_ttl=ttl)  # a host that never renews: it stopped
+        a.open(nj.now())
+        try:
+            await a.open_object(Worker.namespace, "x", "pg_cluster_worker:Worker")
+            pool: Any = a._pool
+
+            def stopped_inside_a_transaction() -> None:
+                with pool.connection() as conn, contextlib.suppress(psycopg.Error):
+                    conn.execute("BEGIN")
+                    conn.execute("SELECT 1 FROM nj_objects FOR UPDATE")
+                    time.sleep(6 * ttl)  # (idle in the transaction, the rows locked)
+                    conn.execute("COMMIT")
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(trio.to_thread.run_sync, stopped_inside_a_transaction)
+                await trio.sleep(0.2)
+                async with nj.open_runtime(PostgresEngine(dsn, lease_ttl=ttl), env="B") as b:
+                    with trio.fail_after(4 * ttl):
+                        assert await b.get(Worker, "x").add_count(1) == 1
+        finally:
+            a.close()
