@@ -491,3 +491,49 @@ async def test_a_host_paused_inside_a_transaction_holds_no_row_past_its_lease() 
                         assert await b.get(Worker, "x").add_count(1) == 1
         finally:
             a.close()
+
+
+class Waiting(nj.DurableObject):
+    """A job that runs until the test lets it finish."""
+
+    namespace = "tests.pg_cluster.Waiting"
+    running: ClassVar[trio.Event]
+    finish: ClassVar[trio.Event]
+
+    def __init__(self, ctx: nj.ObjectContext) -> None:
+        super().__init__(ctx)
+        self.lifecycle = nj.Lifecycle.install(self)
+
+    async def push(self) -> None:
+        await self.lifecycle.jobs.push("work", id="j", delay=0.2)
+
+    async def on_job(self, ctx: nj.JobContext) -> None:
+        self.ctx.storage.put("ran", True)
+        Waiting.running.set()
+        await Waiting.finish.wait()
+
+
+async def test_an_alarm_run_whose_writes_are_refused_is_fenced_not_crashed() -> None:
+    """Another host takes the object over while its job runs here: the run's writes
+    are refused when it ends, and that is one incident — ``object:fenced`` — not also a
+    crash of the object (``object:error``, an ERROR with a traceback)."""
+    Waiting.running, Waiting.finish = trio.Event(), trio.Event()
+    with fresh_database() as dsn, trio.fail_after(30):
+        async with nj.open_runtime(PostgresEngine(dsn, lease_ttl=30.0)) as rt:
+            events: list[str] = []
+            fenced = trio.Event()
+
+            def listen(event: nj.Event) -> None:
+                events.append(event.type)
+                if event.type == "object:fenced":
+                    fenced.set()
+
+            rt.events.add_listener(listen)
+            await rt.get(Waiting, "w").push()
+            await Waiting.running.wait()
+            await asql(dsn, "UPDATE nj_objects SET owner = 'other-host', epoch = epoch + 1")
+            Waiting.finish.set()
+            await fenced.wait()
+            await eventually(lambda: not rt.active_objects())
+        assert [e for e in events if e.startswith("object:")] == ["object:fenced"]
+        assert await asql(dsn, "SELECT count(*) FROM nj_rows WHERE tbl = 'nj_kv'") == [(0,)]
