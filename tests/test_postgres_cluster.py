@@ -11,12 +11,19 @@ it, and reads the story from their append-only log and from the database:
 - the paused host, once resumed, finds its writes refused (``object:fenced``) and starts
   no job of an object it lost — no job start under a lease epoch older than the one the
   object had when the host resumed;
+- calls between the hosts throughout: no two calls to an object return the same count
+  (what a call returned is durable, the output gate, on a host being fenced too);
 - a stub call reaches the object on the host that holds it; once that host is killed,
   a call is served elsewhere when the lease expires.
 
 Real time throughout (PostgreSQL I/O runs in threads). A job running when its host dies
 gets a crash strike and waits 30 s (DESIGN §3), so the short variant lasts ~45 s; its
 kills all land before any struck job is due again, so no job is struck twice.
+
+The in-process tests at the end pin, one at a time and deterministically, the lease
+bugs the cluster found or suggested: a stalled host starting jobs of an object it lost,
+leases renewed on virtual time, an orphaned lease renewed for ever, row locks held by a
+host stopped inside a transaction, a fence at the end of an alarm run taken for a crash.
 """
 
 from __future__ import annotations
