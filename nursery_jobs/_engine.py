@@ -53,7 +53,14 @@ class FlightSlot(Protocol):
     attributed to that work (crash strikes). Writing must survive SIGKILL and cost
     microseconds."""
 
-    def record(self, token: str, started: float) -> None: ...
+    def record(self, token: str, started: float) -> None:
+        """Note the work about to start.
+
+        Raises:
+            ObjectFencedError: (engines with leases) the object's lease is not known to
+                hold any more: the work must not start; the object is fenced.
+        """
+
     def clear(self) -> None: ...
 
 

@@ -20,6 +20,7 @@ import math
 import os
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any, Final, TypeVar
@@ -56,18 +57,35 @@ FLIGHT_INTERVAL: Final = 0.02
 # completion group's bound, in time: a long alarm run syncs only at its end).
 SHIP_INTERVAL: Final = 0.05
 _COMMIT: Final = {"NORMAL": "off", "FULL": "on"}
+# A lease is trusted for this share of lease_ttl after the statement that took or
+# renewed it was sent (the rest absorbs clock-rate differences with the server).
+LEASE_TRUST: Final = 0.9
+_BOOTTIME: Final = getattr(time, "CLOCK_BOOTTIME", None)
+
+
+def lease_clock() -> float:
+    """Seconds on a clock that keeps running while this process is stopped or the
+    machine sleeps (CLOCK_BOOTTIME where there is one): the server's clock, which ends
+    leases, runs on meanwhile. Not Trio's clock: a MockClock's virtual time is not the
+    server's."""
+    return time.clock_gettime(_BOOTTIME) if _BOOTTIME is not None else time.monotonic()
 
 
 class _Flight:
     """A flight slot: the job an alarm run is running, shipped with the host's list."""
 
-    __slots__ = ("_changed", "entry")
+    __slots__ = ("_admit", "_changed", "entry")
 
-    def __init__(self, entry: list[Any], changed: Callable[[], None]) -> None:
+    def __init__(self, entry: list[Any], changed: Callable[[], None],
+                 admit: Callable[[], None]) -> None:
         self.entry = entry
         self._changed = changed
+        self._admit = admit
 
     def record(self, token: str, started: float) -> None:
+        """Note the job about to start; refuse it (ObjectFencedError) where this host's
+        lease on the object is not known to hold."""
+        self._admit()
         self.entry[2] = token
         self.entry[3] = started
         self._changed()
@@ -111,6 +129,9 @@ class PostgresEngine:
         self._pool: ConnectionPool[Any] | None = None
         self._limiter = trio.CapacityLimiter(pool_size)
         self._held: dict[Key, int] = {}  # leases this host holds: key -> epoch
+        # Until when (lease_clock) each held lease is known to hold: the send time of the
+        # last statement that took, renewed or shipped under it, plus LEASE_TRUST * ttl.
+        self._trusted: dict[Key, float] = {}
         self._active: dict[Key, PgObject] = {}
         self._alarms: dict[Key, tuple[float, int]] = {}  # the alarms of held objects
         self._classes: dict[str, str] = {}
@@ -134,9 +155,16 @@ class PostgresEngine:
     def open(self, now: float) -> None:
         """Connect, create or check the schema, and register this host. Blocks."""
         commit = self._commit
+        # A host stopped (SIGSTOP, a partition) between the statements of a transaction
+        # would keep its row locks — after a renewal's UPDATE, on every object it holds
+        # — for as long as its connection lives, and hosts taking those objects over
+        # would wait for it. The server ends a transaction idle for the lease's length
+        # (a live host never idles inside one: its statements run back to back).
+        idle_ms = max(1, math.ceil(self.lease_ttl * 1000))
 
         def configure(conn: psycopg.Connection[Any]) -> None:
             conn.execute(f"SET synchronous_commit = {commit}")
+            conn.execute(f"SET idle_in_transaction_session_timeout = {idle_ms}")
 
         try:
             # One connection first: a server that cannot be reached fails at once
@@ -180,6 +208,7 @@ class PostgresEngine:
         finally:
             pool.close()
         self._held.clear()
+        self._trusted.clear()
         self._alarms.clear()
 
     async def _db(self, fn: Callable[..., T], *args: Any) -> T:
@@ -214,6 +243,7 @@ class PostgresEngine:
         key = (namespace, object_id)
         label = f"{namespace}/{object_id}"
         self._classes[namespace] = class_path
+        sent = lease_clock()
         try:
             taken = await self._db(ops.take, self.host_id, self.lease_ttl, namespace,
                                    object_id, class_path, _clock.now())
@@ -232,6 +262,7 @@ class PostgresEngine:
         state = PgObject(key, taken.epoch, conn, taken.alarm, taken.tokens, ship=self._ship,
                          on_close=self._state_closed, on_alarm=self._local_alarm)
         self._held[key] = taken.epoch
+        self._trust(key, sent)
         self._active[key] = state
         if taken.alarm is None:
             self._alarms.pop(key, None)
@@ -243,10 +274,37 @@ class PostgresEngine:
 
     def _drop(self, key: Key) -> None:
         self._held.pop(key, None)
+        self._trusted.pop(key, None)
         self._alarms.pop(key, None)
+
+    def _trust(self, key: Key, sent: float) -> None:
+        """A statement sent at ``sent`` took or extended the lease on ``key``: the
+        server's ``lease_until`` is at least ``ttl`` past that."""
+        until = sent + self.lease_ttl * LEASE_TRUST
+        if until > self._trusted.get(key, -math.inf):
+            self._trusted[key] = until
+
+    def _admit(self, key: Key) -> None:
+        """Before a job of ``key`` starts: is the lease known to hold? A host that was
+        paused (SIGSTOP, a stalled loop, a partition) past its lease may find, when it
+        runs again, jobs due on objects another host has taken since; the fence refuses
+        their writes, but the jobs must not even start (their external effects would
+        run twice). So the object is dropped here as fenced, before its renewal could
+        tell; if the lease did hold, the object is simply activated again."""
+        if lease_clock() < self._trusted.get(key, -math.inf):
+            return
+        epoch = self._held.get(key)
+        if self._site is not None and key in self._active:
+            self._site.fenced(*key)
+        raise ObjectFencedError(
+            f"{key[0]}/{key[1]}: this host's lease on the object (epoch {epoch}) was not"
+            f" renewed within lease_ttl ({self.lease_ttl} s); another host may hold it"
+            " now, so no job of it starts here"
+        )
 
     async def _ship(self, change: Change) -> bool:
         key = (change.namespace, change.object_id)
+        sent = lease_clock()
         try:
             shipped = await self._db(ops.ship, self.host_id, self.lease_ttl, change)
         except psycopg.Error as exc:
@@ -254,8 +312,11 @@ class PostgresEngine:
                 f"cannot ship the writes of {key[0]}/{key[1]} to PostgreSQL"
                 f" {self._label}: {exc}"
             ) from exc
-        if not shipped and self._held.get(key) == change.epoch:
-            self._drop(key)
+        if self._held.get(key) == change.epoch:
+            if shipped:
+                self._trust(key, sent)  # the ship extended the lease
+            else:
+                self._drop(key)
         return shipped
 
     def _local_alarm(self, state: PgObject, time: float | None, retry: int) -> None:
@@ -313,7 +374,8 @@ class PostgresEngine:
 
     # -- the flight list -------------------------------------------------------------
     def acquire_flight(self, namespace: str, object_id: str) -> _Flight:
-        slot = _Flight([namespace, object_id, "", 0.0], self._flight_changed)
+        slot = _Flight([namespace, object_id, "", 0.0], self._flight_changed,
+                       functools.partial(self._admit, (namespace, object_id)))
         self._flights[id(slot)] = slot.entry
         return slot
 
@@ -345,10 +407,12 @@ class PostgresEngine:
 
     async def _renew_loop(self, site: EngineSite) -> None:
         while True:
-            await trio.sleep(self.lease_ttl / 3)
+            await self._lease_sleep(self.lease_ttl / 3)
             before = dict(self._held)
+            sent = lease_clock()
             try:
-                held = await self._db(ops.renew, self.host_id, self.lease_ttl)
+                held = await self._db(ops.renew, self.host_id, self.lease_ttl,
+                                      list(before.items()))
                 await self._calls.poll()
             except psycopg.Error as exc:
                 logger.warning("cannot renew the leases of host %s: %s", self.host_id, exc)
@@ -358,10 +422,23 @@ class PostgresEngine:
                     self._drop(key)
                     if key in self._active:
                         site.fenced(*key)
+            for key, epoch in held.items():
+                if self._held.get(key) == epoch:
+                    self._trust(key, sent)
+
+    async def _lease_sleep(self, seconds: float) -> None:
+        """Sleep ``seconds`` of real time: leases end on the server's clock. (Under a
+        MockClock, Trio's virtual time may stand still while real time runs — a busy
+        test — and a lease renewed on it would lapse; a thread waits instead.)"""
+        if not isinstance(trio.lowlevel.current_clock(), trio.testing.MockClock):
+            await trio.sleep(seconds)
+            return
+        await trio.to_thread.run_sync(self._stopping.wait, seconds, abandon_on_cancel=True)
 
     async def _claim_loop(self, site: EngineSite) -> None:
         while True:
             room = max(0, min(CLAIM_BATCH, MAX_UNACTIVATED - (len(self._held) - len(self._active))))
+            sent = lease_clock()
             try:
                 claimed, next_time = await self._db(
                     ops.claim, self.host_id, self.lease_ttl, _clock.now(), room
@@ -372,6 +449,7 @@ class PostgresEngine:
             for c in claimed:
                 key = (c.namespace, c.object_id)
                 self._held[key] = c.epoch
+                self._trust(key, sent)
                 self._alarms[key] = c.alarm
                 self._classes.setdefault(c.namespace, c.class_path)
             if claimed:

@@ -367,7 +367,12 @@ class ObjectHost:
                         await handler(AlarmInfo(retry_count=retry, is_retry=retry > 0))
                     except Exception as exc:
                         failure = exc
-                    await self.sync()
+                    try:
+                        await self.sync()
+                    except ObjectFencedError:
+                        # Another host holds the object now; self.sync() fenced it (one
+                        # incident, object:fenced): nothing of this run is to be recorded.
+                        return
             finally:
                 if self.flight is not None:
                     self.site.engine.release_flight(self.flight)

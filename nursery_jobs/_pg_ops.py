@@ -182,18 +182,36 @@ def claim(
     return claimed, None if next_time is None else float(next_time)
 
 
-def renew(conn: Conn, me: str, ttl: float) -> dict[Key, int]:
-    """Extend every lease this host holds (one statement) and its heartbeat; return the
-    leases it still holds."""
+def renew(
+    conn: Conn, me: str, ttl: float, leases: list[tuple[Key, int]]
+) -> dict[Key, int]:
+    """Extend the leases this host holds (``leases``: key and epoch; one statement) and
+    its heartbeat; return those it still holds.
+
+    Rows that name this host as owner but that it does not hold (a release that failed,
+    a take whose answer was lost) are not renewed: once expired they are released here,
+    so that any host — this one too, whose claims skip its own rows — claims their
+    alarms.
+    """
     with conn.transaction():
         conn.execute(
             "INSERT INTO nj_hosts (host_id) VALUES (%s)"
             " ON CONFLICT (host_id) DO UPDATE SET heartbeat = now()", (me,)
         )
         rows = conn.execute(
-            "UPDATE nj_objects SET lease_until = now() + make_interval(secs => %s)"
-            " WHERE owner = %s RETURNING namespace, object_id, epoch", (ttl, me),
+            "UPDATE nj_objects o SET lease_until = now() + make_interval(secs => %s)"
+            " FROM unnest(%s::text[], %s::text[], %s::bigint[]) AS h(ns, oid, epoch)"
+            " WHERE o.namespace = h.ns AND o.object_id = h.oid AND o.epoch = h.epoch"
+            " AND o.owner = %s RETURNING o.namespace, o.object_id, o.epoch",
+            (ttl, [k[0] for k, _ in leases], [k[1] for k, _ in leases],
+             [epoch for _, epoch in leases], me),
         ).fetchall()
+        orphans = conn.execute(
+            "UPDATE nj_objects SET owner = NULL, lease_until = NULL"
+            " WHERE owner = %s AND lease_until < now() RETURNING alarm_time", (me,),
+        ).fetchall()
+        if any(time is not None for (time,) in orphans):
+            conn.execute("NOTIFY nj_alarm")
     return {(ns, oid): int(epoch) for ns, oid, epoch in rows}
 
 
