@@ -175,13 +175,22 @@ class EngineSite(Protocol):
 
 
 def engine_for(
-    location: str | os.PathLike[str] | Engine | None, *, synchronous: str
+    location: str | os.PathLike[str] | Engine | None, *, synchronous: str, **cluster: Any
 ) -> Engine:
     """The engine a runtime opens for ``location``: None → memory, a path → files, an
     ``Engine`` as given. A ``scheme://`` address no engine serves raises ``EngineError``
-    (a path must never become a directory named ``postgresql:``)."""
+    (a path must never become a directory named ``postgresql:``). ``cluster`` options
+    (``lease_ttl``, ``pool_size``) are for a ``postgresql://`` address only."""
     from ._engine_files import FilesEngine, MemoryEngine
 
+    if cluster and not (
+        isinstance(location, str) and location.partition("://")[0].lower()
+        in ("postgresql", "postgres")
+    ):
+        raise ValueError(
+            f"{', '.join(sorted(cluster))} apply to a postgresql:// address only, not to"
+            f" {location!r}"
+        )
     if location is None:
         return MemoryEngine(synchronous=synchronous)
     if isinstance(location, (str, os.PathLike)):
@@ -197,7 +206,7 @@ def engine_for(
                     f"a {scheme}:// address needs the PostgreSQL engine's driver ({exc}):"
                     " pip install 'nursery_jobs[postgres]'"
                 ) from exc
-            return PostgresEngine(text, synchronous=synchronous)
+            return PostgresEngine(text, synchronous=synchronous, **cluster)
         if sep and scheme and "/" not in scheme:
             raise EngineError(
                 f"no engine for {scheme + '://'!r} addresses ({text[:80]!r}): give a data"

@@ -321,9 +321,15 @@ async def open_runtime(
     memory_probe: Callable[[], float] | None = None,
     http: tuple[str, int] | None = None,
     http_writes: bool = False,
+    lease_ttl: float | None = None,
+    pool_size: int | None = None,
 ) -> AsyncIterator[Runtime]:
     """Open a runtime on data directory ``path`` (None: everything in memory; or an
     ``Engine``). A ``scheme://`` address no engine serves raises ``EngineError``.
+
+    With a ``postgresql://`` address this process is a host of that database's cluster
+    (DESIGN section 9): ``lease_ttl`` (seconds, default 10) and ``pool_size`` (default 8)
+    go to its ``PostgresEngine``; they are refused for any other location.
 
     Leaving the block stops the timer, cancels in-flight work and closes every
     database. Raises ``RuntimeLockedError`` if another runtime holds ``path``.
@@ -351,7 +357,9 @@ async def open_runtime(
         raise ValueError(f"max_active must be None or an int >= 1, got {max_active!r}")
     if durability not in _SYNCHRONOUS:
         raise ValueError(f"durability must be 'normal' or 'full', got {durability!r}")
-    engine = engine_for(path, synchronous=_SYNCHRONOUS[durability])
+    cluster = {name: value for name, value in (("lease_ttl", lease_ttl),
+                                               ("pool_size", pool_size)) if value is not None}
+    engine = engine_for(path, synchronous=_SYNCHRONOUS[durability], **cluster)
     rt = Runtime(engine, env=env, idle_timeout=float(idle_timeout), max_active=max_active,
                  durability=durability, memory_limit=memory_limit, memory_probe=memory_probe)
     engine.open(_clock.now())

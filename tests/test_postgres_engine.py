@@ -93,6 +93,24 @@ def test_bad_arguments_are_refused() -> None:
         PostgresEngine("postgresql://x/y", pool_size=1)
 
 
+def test_open_runtime_passes_cluster_options_to_the_engine_only() -> None:
+    engine = engine_for("postgresql://x/y", synchronous="NORMAL", lease_ttl=2.5, pool_size=3)
+    assert isinstance(engine, PostgresEngine)
+    assert (engine.lease_ttl, engine.pool_size) == (2.5, 3)
+    with pytest.raises(ValueError, match="lease_ttl"):
+        engine_for("postgresql://x/y", synchronous="NORMAL", lease_ttl=-1)
+    for location in (None, "./data", "notpostgresql://x"):
+        with pytest.raises(ValueError, match="apply to a postgresql:// address only"):
+            engine_for(location, synchronous="NORMAL", lease_ttl=2.0)
+
+
+async def test_open_runtime_refuses_cluster_options_without_a_cluster(tmp_path: Any) -> None:
+    with pytest.raises(ValueError, match="pool_size apply to a postgresql"):
+        async with nj.open_runtime(tmp_path / "data", pool_size=4):
+            pass
+    assert not (tmp_path / "data").exists()
+
+
 def test_an_unreachable_server_is_a_storage_error_without_the_password() -> None:
     engine = PostgresEngine("postgresql://u:secret@127.0.0.1:1/nope?connect_timeout=1")
     with pytest.raises(StorageError, match=r"postgresql://u@127\.0\.0\.1:1/nope") as info:
