@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import time
 from typing import Any
@@ -148,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lease-ttl", type=float, default=10.0)
     parser.add_argument("--name", default="host")
     args = parser.parse_args(argv)
+    logging.getLogger("nursery_jobs").setLevel(logging.ERROR)  # as in _pg: expected backlogs
     trio.run(_serve, args.dsn, args.lease_ttl, args.name)
     return 0
 
