@@ -32,12 +32,15 @@ def test_quick_postgres_bench_reports_every_figure(capsys: pytest.CaptureFixture
                  "--runs", "1", "--json"]) == 0
     report: dict[str, Any] = json.loads(capsys.readouterr().out)
     assert report["engine"] == "postgres"
+    assert set(report["load_average"]) == {"start", "end"}
     assert (report["n"], report["runs"], report["quick"]) == (300, 1, True)
     assert sorted(report["figures"]) == sorted(FIGURES)
     for name, figure in report["figures"].items():
         assert len(figure["runs"]) == 1, name
         value = figure["runs"][0]
-        assert math.isfinite(value) and value > 0, (name, value)
+        # CPU shares may be 0 (no ship fell inside a tiny run); rates and times may not.
+        assert math.isfinite(value) and (value >= 0 if name.endswith("_cpu") else value > 0), (
+            name, value)
         assert figure["median"] == figure["min"] == figure["max"] == value, name
     assert set(report["targets"]) == {
         "dispatch_per_s >= 10,000", "dispatch >= 0.3x ceiling", "call p50 <= 3 ms",

@@ -120,6 +120,14 @@ def _server_cpu(dbname: str) -> dict[int, float]:
     return found
 
 
+def _load() -> list[float] | None:
+    """The 1, 5 and 15 minute load averages: how busy the machine was besides us."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
 def _machine_cpu() -> tuple[float, float]:
     """(busy, total) jiffies of the whole machine."""
     try:
@@ -188,7 +196,7 @@ def ceiling(dsn: str, n: int) -> dict[str, float]:
 
 
 # -- one host, in this process ----------------------------------------------------------
-async def _dispatch(dsn: str, objects: int, n: int) -> float:
+async def _dispatch(dsn: str, dbname: str, objects: int, n: int) -> dict[str, float]:
     bench = HostBench("A")
     per_object = n // objects
     bench.target = per_object * objects
@@ -196,10 +204,16 @@ async def _dispatch(dsn: str, objects: int, n: int) -> float:
         for i in range(objects):
             await rt.get(PgBenchObject, f"d{i}").fill(per_object)
         await trio.sleep(0.1)  # every object's alarm run is now parked on its gate job
+        window = _CpuWindow(dbname)
         t0 = time.perf_counter()
         bench.start()
         await bench.done.wait()
-        return bench.target / (time.perf_counter() - t0)
+        elapsed = time.perf_counter() - t0
+        cpu = window.close()
+    host_cpu = (bench.last_cpu - bench.go_cpu) / elapsed
+    return {"per_s": bench.target / elapsed, "host_cpu": host_cpu,
+            "server_cpu": cpu["server_cpu"],
+            "other_cpu": max(0.0, cpu["machine_busy"] - host_cpu - cpu["server_cpu"])}
 
 
 async def _pushes(dsn: str, per_call: int, batched: int) -> dict[str, float]:
@@ -313,14 +327,15 @@ def scaling(dsn: str, dbname: str, host_count: int, n: int) -> dict[str, Any]:
             host.send(op="go")
         results = [host.read() for host in hosts]
         cpu = window.close()
+    host_cpu = [(r["last_cpu"] - r["go_cpu"]) / (r["last_wall"] - r["go_wall"])
+                for r in results]
     start = min(r["go_wall"] for r in results)
     end = max(r["last_wall"] for r in results)
     total = sum(r["count"] for r in results)
     return {
         "per_s": total / (end - start),
-        "host_cpu": [(r["last_cpu"] - r["go_cpu"]) / (r["last_wall"] - r["go_wall"])
-                     for r in results],
-        **cpu,
+        "host_cpu": host_cpu, "server_cpu": cpu["server_cpu"],
+        "other_cpu": max(0.0, cpu["machine_busy"] - sum(host_cpu) - cpu["server_cpu"]),
     }
 
 
@@ -394,10 +409,13 @@ FIGURES = (
     "ceiling_enqueue_batch_100_per_s", "ceiling_claim_delete_batch_100_per_s",
     "dispatch_1_object_per_s", "dispatch_100_objects_per_s",
     "dispatch_1_object_vs_ceiling", "dispatch_100_objects_vs_ceiling",
+    "dispatch_1_object_host_cpu", "dispatch_1_object_server_cpu", "dispatch_1_object_other_cpu",
+    "dispatch_100_objects_host_cpu", "dispatch_100_objects_server_cpu",
+    "dispatch_100_objects_other_cpu",
     "hosts_1_per_s", "hosts_2_per_s", "hosts_3_per_s", "hosts_2_scaling", "hosts_3_scaling",
     "hosts_1_host_cpu", "hosts_2_host_cpu", "hosts_3_host_cpu",
     "hosts_1_server_cpu", "hosts_2_server_cpu", "hosts_3_server_cpu",
-    "hosts_1_machine_busy", "hosts_2_machine_busy", "hosts_3_machine_busy",
+    "hosts_1_other_cpu", "hosts_2_other_cpu", "hosts_3_other_cpu",
     "push_per_call_per_s", "push_batched_per_s", "call_p50_ms", "call_p99_ms",
     "activation_p50_ms", "activation_p99_ms", "failover_first_s", "failover_all_s",
 )
@@ -429,17 +447,19 @@ def _one_run(
     out["ceiling_enqueue_batch_100_per_s"] = ceil["enqueue_per_s"]
     out["ceiling_claim_delete_batch_100_per_s"] = ceil["claim_delete_per_s"]
     for objects, name in ((1, "1_object"), (MANY_OBJECTS, "100_objects")):
-        rate = measure(f"dispatch, {objects} object(s)",
-                       functools.partial(trio.run, _dispatch, dsn, objects, s.n))
-        out[f"dispatch_{name}_per_s"] = rate
-        out[f"dispatch_{name}_vs_ceiling"] = rate / ceil["claim_delete_per_s"]
+        result = measure(f"dispatch, {objects} object(s)",
+                         functools.partial(trio.run, _dispatch, dsn, dbname, objects, s.n))
+        out[f"dispatch_{name}_per_s"] = result["per_s"]
+        out[f"dispatch_{name}_vs_ceiling"] = result["per_s"] / ceil["claim_delete_per_s"]
+        for what in ("host_cpu", "server_cpu", "other_cpu"):
+            out[f"dispatch_{name}_{what}"] = result[what]
     for count in (1, 2, 3):
         result = measure(f"{count} host process(es), {SCALE_OBJECTS} objects",
                          functools.partial(scaling, dsn, dbname, count, s.n))
         out[f"hosts_{count}_per_s"] = result["per_s"]
         out[f"hosts_{count}_host_cpu"] = statistics.mean(result["host_cpu"])
         out[f"hosts_{count}_server_cpu"] = result["server_cpu"]
-        out[f"hosts_{count}_machine_busy"] = result["machine_busy"]
+        out[f"hosts_{count}_other_cpu"] = result["other_cpu"]
     out["hosts_2_scaling"] = out["hosts_2_per_s"] / out["hosts_1_per_s"]
     out["hosts_3_scaling"] = out["hosts_3_per_s"] / out["hosts_1_per_s"]
     pushes = measure("pushes", lambda: trio.run(_pushes, dsn, s.push_per_call, s.n))
@@ -459,6 +479,7 @@ def run(dsn: str, s: Settings, progress_enabled: bool) -> dict[str, Any]:
     import psycopg
 
     progress = _Progress(s.runs * 11, progress_enabled)
+    load_start = _load()
     runs: list[dict[str, float]] = []
     with fresh_database(dsn) as db:
         dbname = urllib.parse.urlsplit(db).path.lstrip("/") if "://" in db else db.rsplit(
@@ -487,6 +508,7 @@ def run(dsn: str, s: Settings, progress_enabled: bool) -> dict[str, Any]:
         "server_version": None if version is None else version[0],
         "n": s.n, "runs": s.runs, "quick": s.quick, "lease_ttl": s.lease_ttl,
         "scale_objects": SCALE_OBJECTS, "cores": os.cpu_count(),
+        "load_average": {"start": load_start, "end": _load()},
         "python": sys.version.split()[0], "nursery_jobs": nj.__version__,
         "figures": figures, "targets": targets,
     }
@@ -501,29 +523,34 @@ def render(report: dict[str, Any]) -> str:
     lines = [
         f"nursery_jobs {report['nursery_jobs']} PostgreSQL benchmark — {report['server']}"
         f" (PostgreSQL {report['server_version']}), N = {report['n']:,}, {report['runs']}"
-        f" run(s), {report['cores']} cores, Python {report['python']}",
+        f" run(s), {report['cores']} cores, Python {report['python']}; load average"
+        f" {report['load_average']['start']} at the start, {report['load_average']['end']}"
+        " at the end",
         "median (min to max); durability \"normal\" (synchronous_commit = off)", "",
     ]
 
     def row(label: str, name: str, fmt: str = ",.0f", unit: str = "") -> None:
         lines.append(f"{label:<56}{_fig(f[name], fmt)}{unit}")
 
+    def cpu_rows(prefix: str, who: str) -> None:
+        row(f"  CPU of {who} (cores)", f"{prefix}_host_cpu", ".2f")
+        row("  CPU of the server's backends for it (cores)", f"{prefix}_server_cpu", ".2f")
+        row("  CPU of everything else on the machine (cores)", f"{prefix}_other_cpu", ".2f")
+
     row("psycopg ceiling: enqueue, batches of 100", "ceiling_enqueue_batch_100_per_s", unit="/s")
     row("psycopg ceiling: claim+delete, batches of 100", "ceiling_claim_delete_batch_100_per_s",
         unit="/s")
-    row("dispatch, 1 object x N", "dispatch_1_object_per_s", unit="/s")
-    row("  vs ceiling", "dispatch_1_object_vs_ceiling", ".2f", "x")
-    row(f"dispatch, {MANY_OBJECTS} objects x N/{MANY_OBJECTS}", "dispatch_100_objects_per_s",
-        unit="/s")
-    row("  vs ceiling", "dispatch_100_objects_vs_ceiling", ".2f", "x")
+    for name, label in (("1_object", "1 object x N"),
+                        ("100_objects", f"{MANY_OBJECTS} objects x N/{MANY_OBJECTS}")):
+        row(f"dispatch, one host, {label}", f"dispatch_{name}_per_s", unit="/s")
+        row("  vs ceiling", f"dispatch_{name}_vs_ceiling", ".2f", "x")
+        cpu_rows(f"dispatch_{name}", "host")
     for count in (1, 2, 3):
         row(f"{count} host process(es), {report['scale_objects']} objects",
             f"hosts_{count}_per_s", unit="/s")
         if count > 1:
             row("  scaling vs 1 host", f"hosts_{count}_scaling", ".2f", "x")
-        row("  CPU of each host (cores)", f"hosts_{count}_host_cpu", ".2f")
-        row("  CPU of the server's backends (cores)", f"hosts_{count}_server_cpu", ".2f")
-        row("  whole machine busy (cores)", f"hosts_{count}_machine_busy", ".2f")
+        cpu_rows(f"hosts_{count}", "each host")
     row("push, one push per stub call", "push_per_call_per_s", unit="/s")
     row("push, batched in one storage.transaction()", "push_batched_per_s", unit="/s")
     row("cross-host call p50", "call_p50_ms", ".2f", " ms")
