@@ -4,6 +4,7 @@ In one run, on one disk: the plain-sqlite3 ceiling (insert a job row, claim it, 
 it; per job and in batches of 100), nursery_jobs (pushes, dispatch of no-op jobs on one
 object and on 100 objects, with durability "normal" and "full", and the latency of a
 job pushed for now and of a 100 ms timer), and the peers, each in its own subprocess.
+``--engine postgres`` runs the PostgreSQL benchmark instead (``_pg``).
 """
 
 from __future__ import annotations
