@@ -478,7 +478,7 @@ def run(dsn: str, s: Settings, progress_enabled: bool) -> dict[str, Any]:
     """Every figure, ``s.runs`` times, on a database created for the run and dropped."""
     import psycopg
 
-    progress = _Progress(s.runs * 11, progress_enabled)
+    progress = _Progress(s.runs * 10, progress_enabled)  # the measurements of _one_run
     load_start = _load()
     runs: list[dict[str, float]] = []
     with fresh_database(dsn) as db:
