@@ -254,7 +254,11 @@ class _Host:
              "--lease-ttl", str(lease_ttl)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
         )
-        self.ready = self.read()
+        try:
+            self.ready = self.read()
+        except BaseException:
+            self.stop()
+            raise
 
     def send(self, **command: Any) -> None:
         assert self.proc.stdin is not None
