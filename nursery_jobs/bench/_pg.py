@@ -402,10 +402,18 @@ def failover(dsn: str, lease_ttl: float, objects: int) -> dict[str, float]:
         return trio.run(_survive, dsn, lease_ttl, objects, arm_and_kill)
 
 
-def quiet_backlog_warnings() -> None:
+@contextmanager
+def quiet_backlog_warnings() -> Iterator[None]:
     """The benchmark queues thousands of jobs on one object on purpose: the backlog and
-    stall warnings that would flood stderr are expected here. Errors still show."""
-    logging.getLogger("nursery_jobs").setLevel(logging.ERROR)
+    stall warnings that would flood stderr are expected here. Errors still show; the
+    logger's level is restored after (``main`` may run inside another program's process)."""
+    log = logging.getLogger("nursery_jobs")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
 
 
 # -- the report -----------------------------------------------------------------------------
@@ -586,7 +594,7 @@ def main(dsn: str | None, n: int | None, runs: int | None, quick: bool, lease_tt
         error(f"-n must be at least {SCALE_OBJECTS} with --engine postgres")
     if settings.runs < 1:
         error("--runs must be at least 1")
-    quiet_backlog_warnings()
-    report = run(dsn, settings, progress_enabled=True)
+    with quiet_backlog_warnings():
+        report = run(dsn, settings, progress_enabled=True)
     print(json.dumps(report, indent=2) if as_json else render(report))
     return 0
