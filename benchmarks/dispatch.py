@@ -2,6 +2,8 @@
 
 Run: python benchmarks/dispatch.py [-n 20000] [--dir DIR] [--no-peers] [--json]
 (the same as `nursery-jobs bench`; peers need `pip install -e '.[bench]'`).
+PostgreSQL: python benchmarks/dispatch.py --engine postgres [--dsn DSN] [-n N] [--runs R]
+[--quick] [--json] (DSN defaults to $NJ_POSTGRES_DSN; a database is created there and dropped).
 """
 
 from __future__ import annotations

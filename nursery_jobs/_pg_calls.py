@@ -121,9 +121,10 @@ def _load_error(text: str | None, label: str) -> BaseException:
 class CallRouter:
     """The calls one host forwards and the calls it serves."""
 
-    def __init__(self, me: str, db: Db) -> None:
+    def __init__(self, me: str, db: Db, holds: Callable[[str, str], bool]) -> None:
         self._me = me
         self._db = db
+        self._holds = holds  # (namespace, object_id): does this host hold the lease?
         self._waiting: dict[int, trio.Event] = {}
         # Answers that arrived before their caller was waiting (a fast owner answers
         # while the caller's insert is still returning from its thread).
@@ -235,15 +236,22 @@ class CallRouter:
         classes.setdefault(namespace, class_path)
         label = f"{namespace}/{object_id}.{name}()"
         state, result = "ok", None
-        try:
-            envelope: Any = decode_payload(payload)
-            args, kwargs = envelope
-            value = await site.run_call(namespace, object_id, name, tuple(args), dict(kwargs))
-            result = encode_payload(value)
-        except ObjectLeasedElsewhere:
+        if not self._holds(namespace, object_id):
+            # Released since the caller looked (or the caller's hint of where it lives
+            # is stale): the caller activates it, as it does any object nobody holds,
+            # rather than this host taking it back.
             state = "moved"
-        except Exception as exc:
-            state, result = "error", _dump_error(exc, label)
+        else:
+            try:
+                envelope: Any = decode_payload(payload)
+                args, kwargs = envelope
+                value = await site.run_call(namespace, object_id, name, tuple(args),
+                                            dict(kwargs))
+                result = encode_payload(value)
+            except ObjectLeasedElsewhere:
+                state = "moved"
+            except Exception as exc:
+                state, result = "error", _dump_error(exc, label)
         try:
             await self._db(_answer, call_id, caller, state, result)
         except Exception:

@@ -169,3 +169,26 @@ async def test_a_call_to_a_dead_hosts_object_is_served_once_its_lease_expires(
         with trio.fail_after(10):
             assert await b.get(Counter, "c").increment() == 2
         assert await b.get(Counter, "c").host_of() == "B"
+
+
+async def test_a_call_after_the_holder_released_the_object_is_served_by_the_caller(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import nursery_jobs._engine_pg as engine_pg
+
+    # The caller's hint of where the object lives outlasts the test: only the holder's
+    # answer ("moved") can send the call back to the caller.
+    monkeypatch.setattr(engine_pg, "OWNER_HINT_TTL", 60.0)
+    async with nj.open_runtime(PostgresEngine(pg_dsn), env="A", idle_timeout=0.3) as a, \
+            nj.open_runtime(PostgresEngine(pg_dsn), env="B") as b:
+        assert await a.get(Counter, "c").increment() == 1
+        assert await b.get(Counter, "c").host_of() == "A"  # forwarded; B keeps the hint
+
+        def released() -> bool:
+            with psycopg.connect(pg_dsn) as conn:
+                return conn.execute("SELECT owner FROM nj_objects").fetchone() == (None,)
+
+        await wait_for(released)  # A evicted the idle object and gave up its lease
+        assert await b.get(Counter, "c").host_of() == "B"
+        assert await b.get(Counter, "c").read() == 1
+        assert await a.get(Counter, "c").host_of() == "B"

@@ -4,12 +4,14 @@ In one run, on one disk: the plain-sqlite3 ceiling (insert a job row, claim it, 
 it; per job and in batches of 100), nursery_jobs (pushes, dispatch of no-op jobs on one
 object and on 100 objects, with durability "normal" and "full", and the latency of a
 job pushed for now and of a 100 ms timer), and the peers, each in its own subprocess.
+``--engine postgres`` runs the PostgreSQL benchmark instead (``_pg``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sqlite3
 import subprocess
@@ -345,16 +347,34 @@ def render(report: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="nursery-jobs bench", description="Measure dispatch throughput against the"
-        " plain-sqlite3 ceiling and the peers, in one run on one disk.")
-    parser.add_argument("-n", type=int, default=20_000, help="jobs per measurement")
+        " plain-sqlite3 ceiling and the peers, in one run on one disk; or, with --engine"
+        " postgres, the PostgreSQL engine against a plain-psycopg ceiling.")
+    parser.add_argument("-n", type=int, default=None,
+                        help="jobs per measurement (default 20,000; 600 with --quick)")
+    parser.add_argument("--engine", choices=("sqlite", "postgres"), default="sqlite",
+                        help="the engine to measure (default: sqlite)")
+    parser.add_argument("--dsn", default=os.environ.get("NJ_POSTGRES_DSN"),
+                        help="postgres: the server (a database is created there and dropped;"
+                        " default: $NJ_POSTGRES_DSN)")
+    parser.add_argument("--runs", type=int, default=None,
+                        help="postgres: runs of every figure (default 3; 1 with --quick)")
+    parser.add_argument("--quick", action="store_true",
+                        help="postgres: a smoke test with tiny N (not figures to quote)")
+    parser.add_argument("--lease-ttl", type=float, default=None,
+                        help="postgres: lease_ttl of the failover hosts (default 2 s)")
     parser.add_argument("--dir", type=Path, default=None,
-                        help="where to put the databases (default: the temp dir)")
-    parser.add_argument("--no-peers", action="store_true", help="skip the peers")
+                        help="sqlite: where to put the databases (default: the temp dir)")
+    parser.add_argument("--no-peers", action="store_true", help="sqlite: skip the peers")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args(argv)
-    if args.n < 100:
+    if args.engine == "postgres":
+        from ._pg import main as pg_main
+
+        return pg_main(args.dsn, args.n, args.runs, args.quick, args.lease_ttl, args.json,
+                       parser.error)
+    n = 20_000 if args.n is None else args.n
+    if n < 100:
         parser.error("-n must be at least 100")
-    report = run(args.n, args.dir, not args.no_peers, progress_enabled=True)
+    report = run(n, args.dir, not args.no_peers, progress_enabled=True)
     print(json.dumps(report, indent=2) if args.json else render(report))
     return 0
-

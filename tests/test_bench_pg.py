@@ -1,0 +1,57 @@
+"""``nursery-jobs bench --engine postgres --quick``: a smoke test of the benchmark (it
+runs end to end and reports every figure), never a timed test: no figure is compared
+with a target here."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import pytest
+from pg_support import server_dsn
+
+psycopg = pytest.importorskip("psycopg")
+
+from nursery_jobs.bench import main  # noqa: E402 (after importorskip)
+from nursery_jobs.bench._pg import FIGURES  # noqa: E402
+
+
+def _bench_databases(dsn: str) -> set[str]:
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(
+            "SELECT datname FROM pg_database WHERE datname LIKE 'nj_bench_%'"
+        ).fetchall()
+    return {name for (name,) in rows}
+
+
+def test_quick_postgres_bench_reports_every_figure(capsys: pytest.CaptureFixture[str]) -> None:
+    dsn = server_dsn()
+    before = _bench_databases(dsn)
+    assert main(["--engine", "postgres", "--dsn", dsn, "--quick", "-n", "300",
+                 "--runs", "1", "--json"]) == 0
+    report: dict[str, Any] = json.loads(capsys.readouterr().out)
+    assert report["engine"] == "postgres"
+    assert set(report["load_average"]) == {"start", "end"}
+    assert (report["n"], report["runs"], report["quick"]) == (300, 1, True)
+    assert sorted(report["figures"]) == sorted(FIGURES)
+    for name, figure in report["figures"].items():
+        assert len(figure["runs"]) == 1, name
+        value = figure["runs"][0]
+        # CPU shares may be 0 (no ship fell inside a tiny run); rates and times may not.
+        assert math.isfinite(value) and (value >= 0 if name.endswith("_cpu") else value > 0), (
+            name, value)
+        assert figure["median"] == figure["min"] == figure["max"] == value, name
+    assert set(report["targets"]) == {
+        "dispatch_per_s >= 10,000", "dispatch >= 0.3x ceiling", "call p50 <= 3 ms",
+        "failover <= lease_ttl + 1 s",
+    }
+    # The benchmark's database is gone.
+    assert _bench_databases(dsn) <= before
+
+
+def test_postgres_bench_needs_a_server_address(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NJ_POSTGRES_DSN", raising=False)
+    with pytest.raises(SystemExit) as exc:
+        main(["--engine", "postgres", "--quick"])
+    assert exc.value.code == 2
