@@ -1,0 +1,37 @@
+"""The SQLite dispatch benchmark runs end to end and reports every figure (a smoke test:
+no timing is asserted)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from nursery_jobs.bench._harness import render, run
+
+
+def _numbers(value: Any) -> list[float]:
+    if isinstance(value, dict):
+        return [x for v in value.values() for x in _numbers(v)]
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return [float(value)]
+    return []
+
+
+def test_the_benchmark_reports_every_figure(tmp_path: Path) -> None:
+    report = run(300, tmp_path, with_peers=False, progress_enabled=False)
+    assert set(report["ceiling"]) == {"normal", "full"}
+    assert report["schema_floor"]["drain_per_s"] > 0
+    ours = report["ours"]
+    for key in ("dispatch_1x_normal_per_s", "dispatch_100x_normal_per_s",
+                "dispatch_1x_full_per_s", "dispatch_100x_full_per_s",
+                "dispatch_1x_kv_normal_per_s"):
+        assert ours[key] > 0, key
+    for durability in ("normal", "full"):
+        assert ours[f"pushes_{durability}"]["push_per_call_per_s"] > 0
+        assert ours[f"pushes_{durability}"]["push_batched_per_s"] > 0
+    assert all(math.isfinite(x) and x >= 0 for x in _numbers(report))
+    text = render(report)
+    assert "our schema and SQL: dispatch floor" in text
+    assert "dispatch, 100 objects" in text
+    assert list(tmp_path.iterdir()) == []  # the benchmark's files are gone
