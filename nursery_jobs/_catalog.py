@@ -100,27 +100,26 @@ def connect(
                            timeout=busy_timeout, factory=factory)
     assert isinstance(conn, GuardedConnection)
     conn.name(label, path, quarantines=exclusive)
+    # One script: pragmas run once, so they stay out of the statement cache (each
+    # cached statement is memory held for the connection's life).
+    pragmas = []
+    if exclusive:
+        pragmas.append("PRAGMA locking_mode=EXCLUSIVE")
+    # The sync level first: switching a new file to WAL under the default FULL costs
+    # several fsyncs (measured: 13 ms per new object database on this disk).
+    pragmas.append(f"PRAGMA synchronous={synchronous}")
+    # A bound on the page cache (allocated only as a database grows).
+    pragmas.append(f"PRAGMA cache_size=-{int(cache_kib)}")
+    # With autocheckpoint: only every ~40 MB of WAL (a checkpoint is an fsync, inline
+    # in a commit: with the default 4 MB the timer benchmark saw stalls, p99 lateness
+    # 369 ms -> 1.5 ms). Without, the owner checkpoints from a worker thread instead
+    # (measured: alarm lateness p99 409 ms with it, 1.6 ms without, 9,000 objects over
+    # 10 s).
+    pragmas.append(f"PRAGMA wal_autocheckpoint={10000 if autocheckpoint else 0}")
+    if path != ":memory:":
+        pragmas.append("PRAGMA journal_mode=WAL")
     try:
-        if exclusive:
-            conn.execute("PRAGMA locking_mode=EXCLUSIVE")
-        # The sync level first: switching a new file to WAL under the default FULL
-        # costs several fsyncs (measured: 13 ms per new object database on this disk).
-        conn.execute(f"PRAGMA synchronous={synchronous}")
-        # A bound on the page cache (allocated only as a database grows).
-        conn.execute(f"PRAGMA cache_size=-{int(cache_kib)}")
-        if autocheckpoint:
-            # Checkpoint (an fsync, inline in a commit) only every ~40 MB of WAL: with
-            # the default 4 MB the timer benchmark saw stalls (p99 lateness 369 ms ->
-            # 1.5 ms).
-            conn.execute("PRAGMA wal_autocheckpoint=10000")
-        else:
-            # The owner checkpoints from a worker thread instead: an automatic
-            # checkpoint runs inside a commit and fsyncs, stalling the Trio thread
-            # (measured: alarm lateness p99 409 ms with it, 1.6 ms without, 9,000
-            # objects over 10 s).
-            conn.execute("PRAGMA wal_autocheckpoint=0")
-        if path != ":memory:":
-            conn.execute("PRAGMA journal_mode=WAL")
+        conn.executescript(";".join(pragmas))
     except BaseException:
         conn.close()
         raise

@@ -27,7 +27,7 @@ _new_job = object.__new__
 _MAX_STAGED = 512  # staged deletes run at once past this many (SQLite's variable limit)
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=16)
 def _marks(n: int) -> str:
     return ",".join("?" * n)
 
@@ -103,8 +103,12 @@ class JobTable:
         seqs, self._finished = self._finished, []
         if not seqs or not self._conn.in_transaction or _rollbacks(self._conn) != self._staged_at:
             return  # (the transaction open now, if any, is another one)
+        # Padded (repeating the last) to a power of two: a few statement texts, not one
+        # per count, in the connection's statement cache.
+        size = 1 << (len(seqs) - 1).bit_length()
+        padded = seqs + seqs[-1:] * (size - len(seqs))
         try:
-            self._conn.execute(f"DELETE FROM nj_jobs WHERE seq IN ({_marks(len(seqs))})", seqs)
+            self._conn.execute(f"DELETE FROM nj_jobs WHERE seq IN ({_marks(size)})", padded)
         except BaseException:
             if self._conn.in_transaction:
                 self._finished = seqs + self._finished  # the group stands: try again later
