@@ -27,6 +27,12 @@ if TYPE_CHECKING:
     from ._object import DurableObject
 
 
+class ObjectMoved(NurseryJobsError):
+    """A call found, before its method ran, that this host may have lost the object
+    (engines with several hosts): the object was dropped here, and the stub routes the
+    call again. Never reaches a caller."""
+
+
 class ObjectLeasedElsewhere(NurseryJobsError):
     """``open_object`` found the object leased by another live host (engines with
     several hosts): the stub call goes there instead, through ``forward``."""
@@ -89,6 +95,11 @@ class ObjectState(Protocol):
 
     def clear_crash_tokens(self) -> None:
         """The object has accounted for its crash tokens: forget them."""
+
+    def admit(self) -> None:
+        """Before a call runs: raise ``ObjectFencedError`` if this host may have lost
+        the object (a lease not known to hold; the object is then dropped here). A
+        no-op where nothing else can take it. Does not checkpoint."""
 
     async def sync(self) -> None:
         """Make every commit so far durable (the output gate). Checkpoints.

@@ -105,6 +105,9 @@ class SqliteObject:
                  "object_id")
     ships = False  # every commit is durable when it returns
 
+    def admit(self) -> None:
+        """Nothing else can take a data directory's object (the runtime's lock)."""
+
     def __init__(
         self, engine: _CatalogEngine, conn: GuardedConnection, namespace: str, object_id: str,
         *, file: str, keep_open: bool,

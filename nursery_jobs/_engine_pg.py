@@ -272,7 +272,8 @@ class PostgresEngine:
             self._release_event.set()
             raise
         state = PgObject(key, taken.epoch, conn, taken.alarm, taken.tokens, ship=self._ship,
-                         on_close=self._state_closed, on_alarm=self._local_alarm)
+                         on_close=self._state_closed, on_alarm=self._local_alarm,
+                         admit=functools.partial(self._admit, key))
         self._held[key] = taken.epoch
         self._trust(key, sent)
         self._active[key] = state

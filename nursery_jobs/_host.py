@@ -17,6 +17,7 @@ import trio
 
 from . import _clock
 from ._alarm import AlarmHandler, Backoff, ObjectAlarm, Timer, retry_unreachable
+from ._engine import ObjectMoved
 from ._errors import (
     AlarmOwnedError,
     ObjectFencedError,
@@ -270,7 +271,19 @@ class ObjectHost:
         return fn
 
     async def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Run method ``name`` in the object. Checkpoints.
+
+        Raises:
+            ObjectMoved: the object may have moved to another host before the method
+                ran (nothing of it ran here); the stub routes the call again.
+        """
         fn = self._method(name)
+        if self.state is not None and self.state.ships:
+            try:
+                self.state.admit()
+            except ObjectFencedError as exc:
+                await trio.lowlevel.checkpoint()
+                raise ObjectMoved(str(exc)) from exc
         with self.working() as scope:
             if self._startup:
                 await self.call_startup()

@@ -78,7 +78,8 @@ class PgObject:
     """One active object's state under the PostgreSQL engine (an ``ObjectState``)."""
 
     __slots__ = (
-        "_clear_crashes", "_closed", "_lock", "_on_alarm_cb", "_on_close", "_pending_alarm",
+        "_admit", "_clear_crashes", "_closed", "_lock", "_on_alarm_cb", "_on_close",
+        "_pending_alarm",
         "_ship", "_shipped_changes", "_tokens", "alarm", "conn", "epoch", "key", "label",
     )
     ships = True
@@ -89,8 +90,10 @@ class PgObject:
         ship: Callable[[Change], Awaitable[bool]],
         on_close: Callable[[PgObject], None],
         on_alarm: Callable[[PgObject, float | None, int], None],
+        admit: Callable[[], None] = lambda: None,
     ) -> None:
         self.key = key
+        self._admit = admit
         self.label = f"{key[0]}/{key[1]}"
         self.epoch = epoch
         self.conn = conn
@@ -104,6 +107,10 @@ class PgObject:
         self._closed = False
         self._lock = trio.Lock()
         self._shipped_changes = conn.total_changes
+
+    def admit(self) -> None:
+        """Before a call runs: is this host's lease known to hold (``ObjectState``)?"""
+        self._admit()
 
     @property
     def changed(self) -> bool:

@@ -25,8 +25,8 @@ import trio
 from . import _clock
 from ._alarm import Key, Timer, retry_unreachable
 from ._catalog import check_object_id
-from ._engine import Engine, ObjectLeasedElsewhere, engine_for
-from ._errors import RpcError, RuntimeClosedError, lone_interrupt
+from ._engine import Engine, ObjectLeasedElsewhere, ObjectMoved, engine_for
+from ._errors import ObjectFencedError, RpcError, RuntimeClosedError, lone_interrupt
 from ._events import EventBus
 from ._host import ObjectHost
 from ._metrics import Metrics
@@ -90,11 +90,19 @@ class Stub:
 
     async def call(self, name: str, /, *args: Any, **kwargs: Any) -> Any:
         """Call method ``name`` on the object, activating it if needed. Checkpoints."""
-        try:
-            host = await self._rt._activate(self._cls, self._ns, self._id)
-        except ObjectLeasedElsewhere as moved:  # hook(pg): another host holds the object
-            return await moved.forward_call(self._cls, self._id, name, args, kwargs, self.call)
-        return await host.call(name, args, kwargs)
+        for _ in range(2):
+            try:
+                host = await self._rt._activate(self._cls, self._ns, self._id)
+            except ObjectLeasedElsewhere as moved:  # hook(pg): another host holds it
+                return await moved.forward_call(self._cls, self._id, name, args, kwargs,
+                                                self.call)
+            try:
+                return await host.call(name, args, kwargs)
+            except ObjectMoved as moved:
+                # (hook(pg)) This host's lease lapsed before the method ran: the object
+                # was dropped here; route the call again — once.
+                error = moved
+        raise ObjectFencedError(f"{self._ns}/{self._id}: {error}") from error
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):

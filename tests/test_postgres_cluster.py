@@ -544,3 +544,49 @@ async def test_an_alarm_run_whose_writes_are_refused_is_fenced_not_crashed() -> 
             await eventually(lambda: not rt.active_objects())
         assert [e for e in events if e.startswith("object:")] == ["object:fenced"]
         assert await asql(dsn, "SELECT count(*) FROM nj_rows WHERE tbl = 'nj_kv'") == [(0,)]
+
+
+class Counting(nj.DurableObject):
+    """Counts calls in its storage; ``bodies`` records each run of ``bump``'s body."""
+
+    namespace = "tests.pg_cluster.Counting"
+    bodies: ClassVar[list[int]] = []
+
+    async def bump(self) -> int:
+        n = self.ctx.storage.get("n", 0) + 1
+        Counting.bodies.append(n)
+        self.ctx.storage.put("n", n)
+        return n
+
+    async def stall(self, seconds: float) -> None:
+        time.sleep(seconds)  # noqa: ASYNC251 — the point: nothing of this host runs
+
+
+async def test_a_call_on_a_host_stalled_past_its_lease_never_runs_on_the_stale_copy() -> None:
+    """The zombie, for calls: after the host's thread was blocked past ``lease_ttl`` and
+    another host took the object, a call must not run its method on this host's stale
+    copy (its effects would happen twice over); it is routed again and served once, on
+    the object as it stands (here: once the other host's short lease has run out)."""
+    ttl = 1.0
+    Counting.bodies = []
+    with fresh_database() as dsn, trio.fail_after(30):
+        async with nj.open_runtime(dsn, lease_ttl=ttl) as rt:
+            events: list[str] = []
+            rt.events.add_listener(lambda event: events.append(event.type))
+            stub = rt.get(Counting, "c")
+            assert await stub.bump() == 1
+
+            def take_over() -> None:
+                time.sleep(ttl / 2)
+                sql(dsn, "UPDATE nj_objects SET owner = 'other-host', epoch = epoch + 1,"
+                    " lease_until = now() + interval '1 second'")
+
+            thief = threading.Thread(target=take_over)
+            thief.start()
+            await stub.stall(2 * ttl)
+            thief.join()
+            assert await stub.bump() == 2
+        assert Counting.bodies == [1, 2]  # the second body ran once, on the fresh copy
+        assert "object:fenced" in events
+        ((epoch,),) = sql(dsn, "SELECT epoch FROM nj_objects")
+        assert epoch == 3  # taken back after the other host's lease (epoch 2)
