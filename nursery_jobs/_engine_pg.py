@@ -199,8 +199,11 @@ class PostgresEngine:
         done = False
 
         async def hold_the_clock() -> None:
-            while not done:
-                await trio.lowlevel.checkpoint()
+            # Shielded: a cancelled caller still waits for its thread (which cannot be
+            # abandoned), and the clock must not jump to a test's deadline meanwhile.
+            with trio.CancelScope(shield=True):
+                while not done:
+                    await trio.lowlevel.checkpoint()
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(hold_the_clock)
