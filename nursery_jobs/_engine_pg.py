@@ -56,6 +56,9 @@ FLIGHT_INTERVAL: Final = 0.02
 # completion group's bound, in time: a long alarm run syncs only at its end).
 SHIP_INTERVAL: Final = 0.05
 _COMMIT: Final = {"NORMAL": "off", "FULL": "on"}
+# MockClocks (tests) whose autojump is held off while database waits are out:
+# id(clock) -> [waits out, the threshold to restore].
+_CLOCK_HOLDS: dict[int, list[Any]] = {}
 
 
 class _Flight:
@@ -192,25 +195,26 @@ class PostgresEngine:
             with pool.connection() as conn:
                 return fn(conn, *args)
 
-        if not isinstance(trio.lowlevel.current_clock(), trio.testing.MockClock):
+        clock = trio.lowlevel.current_clock()
+        if not isinstance(clock, trio.testing.MockClock):
             return await trio.to_thread.run_sync(run, limiter=self._limiter)
         # Under a MockClock (tests), virtual time must not jump while we wait for the
-        # database: autojump fires when every task is blocked, so keep one runnable.
-        done = False
-
-        async def hold_the_clock() -> None:
-            # Shielded: a cancelled caller still waits for its thread (which cannot be
-            # abandoned), and the clock must not jump to a test's deadline meanwhile.
-            with trio.CancelScope(shield=True):
-                while not done:
-                    await trio.lowlevel.checkpoint()
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(hold_the_clock)
-            try:
-                return await trio.to_thread.run_sync(run, limiter=self._limiter)
-            finally:
-                done = True
+        # database: autojump fires when every task is blocked, and a worker thread is
+        # no task. Lift the threshold while any database wait is out (restored by the
+        # last one; a cancelled caller still waits for its thread, which cannot be
+        # abandoned). No task spins meanwhile: the CPU stays with the server.
+        hold = _CLOCK_HOLDS.setdefault(id(clock), [0, clock.autojump_threshold])
+        if hold[0] == 0:
+            hold[1] = clock.autojump_threshold
+            clock.autojump_threshold = math.inf
+        hold[0] += 1
+        try:
+            return await trio.to_thread.run_sync(run, limiter=self._limiter)
+        finally:
+            hold[0] -= 1
+            if hold[0] == 0:
+                clock.autojump_threshold = hold[1]
+                del _CLOCK_HOLDS[id(clock)]
 
     # -- objects ----------------------------------------------------------------------
     async def open_object(self, namespace: str, object_id: str, class_path: str) -> PgObject:
