@@ -170,9 +170,13 @@ def claim(
         taken = [(ns, oid, old) for ns, oid, _, _, _, _, old in rows if old is not None]
         if taken:
             _inherit_crashes(conn, taken)
+        # Not this host's own objects (their alarms are served by its timer), even with
+        # a lapsed lease: the claim above skips them, and a due one here would make the
+        # claim loop spin without sleeping until the next renewal.
         (next_time,) = conn.execute(
             "SELECT min(alarm_time) FROM nj_objects WHERE alarm_time IS NOT NULL"
-            " AND (owner IS NULL OR lease_until < now())"
+            " AND (owner IS NULL OR lease_until < now()) AND owner IS DISTINCT FROM %s",
+            (me,),
         ).fetchone()
     claimed = [
         Claimed(namespace=ns, object_id=oid, epoch=int(epoch),
