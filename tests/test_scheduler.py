@@ -146,7 +146,7 @@ class Clock(nj.DurableObject):
 
 
 def alarm(rt: nj.Runtime, object_id: str = "o") -> float | None:
-    found = rt.engine.get_alarm(Clock.namespace, object_id)
+    found = engine.stored_alarm(rt, Clock.namespace, object_id)
     return None if found is None else found[0] - EPOCH
 
 
@@ -614,7 +614,7 @@ async def test_a_dedupe_hit_rearms_a_lost_alarm_on_activation(
             assert alarm(rt) == 60
             await trio.sleep(2)
             assert rt.statistics().active_objects == 0
-            rt.engine.catalog.delete_alarm(Clock.namespace, "o")  # the alarm is lost
+            engine.lose_alarm(rt, Clock.namespace, "o")  # the alarm is lost
             await trio.sleep(100)
             assert env.runs == []
             await obj.ping()  # on_start: every() hits the stored row and re-arms
@@ -633,7 +633,7 @@ async def test_a_dedupe_hit_rearms_an_alarm_lost_while_resident(
             obj = rt.get(Clock, "o")
             await obj.every(10, "tick", "beat")
             assert alarm(rt) == 10
-            rt.engine.catalog.delete_alarm(Clock.namespace, "o")  # behind the object's back
+            engine.lose_alarm(rt, Clock.namespace, "o")  # behind the object's back
             assert alarm(rt) is None
             await obj.every(10, "tick", "beat")  # a dedupe hit
             assert len(await obj.schedules()) == 1
