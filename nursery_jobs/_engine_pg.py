@@ -116,6 +116,11 @@ class PostgresEngine:
         self._held: dict[Key, int] = {}  # leases this host holds: key -> epoch
         self._active: dict[Key, PgObject] = {}
         self._alarms: dict[Key, tuple[float, int]] = {}  # the alarms of held objects
+        # The same alarms as a heap of (time, key), for ``due`` and ``next_alarm_after``
+        # without a scan of every held object. Entries go stale when an alarm moves or
+        # goes (an entry counts only while ``_alarms`` has that time for its key); the
+        # heap is rebuilt when stale entries outnumber live ones.
+        self._alarm_heap: list[tuple[float, Key]] = []
         self._classes: dict[str, str] = {}
         self._flights: dict[int, list[Any]] = {}
         self._flight_dirty = False
@@ -184,6 +189,7 @@ class PostgresEngine:
             pool.close()
         self._held.clear()
         self._alarms.clear()
+        self._alarm_heap.clear()
 
     async def _db(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(conn, *args)`` on a pooled connection in a worker thread."""
@@ -243,7 +249,7 @@ class PostgresEngine:
         if taken.alarm is None:
             self._alarms.pop(key, None)
         else:
-            self._alarms[key] = taken.alarm
+            self._index_alarm(key, taken.alarm)
             if self._site is not None:
                 self._site.wake_timer()  # the timer now serves this alarm
         return state
@@ -271,7 +277,7 @@ class PostgresEngine:
         if time is None:
             self._alarms.pop(state.key, None)
         else:
-            self._alarms[state.key] = (time, retry)
+            self._index_alarm(state.key, (time, retry))
 
     def _state_closed(self, state: PgObject) -> None:
         key = state.key
@@ -298,12 +304,46 @@ class PostgresEngine:
         return self._classes.get(namespace)
 
     # -- the alarm index: this host's held objects ----------------------------------------
+    def _index_alarm(self, key: Key, alarm: tuple[float, int]) -> None:
+        old = self._alarms.get(key)
+        self._alarms[key] = alarm
+        if old is not None and old[0] == alarm[0]:
+            return  # the heap entry for this time is live already
+        heap = self._alarm_heap
+        heapq.heappush(heap, (alarm[0], key))
+        if len(heap) > 2 * len(self._alarms) + 64:
+            self._alarm_heap = heap = [(t, k) for k, (t, _) in self._alarms.items()]
+            heapq.heapify(heap)
+
+    def _live(self, time: float, key: Key) -> bool:
+        alarm = self._alarms.get(key)
+        return alarm is not None and alarm[0] == time
+
     def due(self, now: float, limit: int) -> list[tuple[str, str]]:
-        due = [(time, key) for key, (time, _) in self._alarms.items() if time <= now]
-        return [key for _, key in heapq.nsmallest(limit, due)]
+        # Walk the heap's subtree of entries <= now (every other entry's children are
+        # later still): the cost is the number of due entries, not of held objects.
+        heap, found, stack = self._alarm_heap, [], [0]
+        while stack:
+            i = stack.pop()
+            if i >= len(heap) or heap[i][0] > now:
+                continue
+            if self._live(*heap[i]):
+                found.append(heap[i])
+            stack += (2 * i + 1, 2 * i + 2)
+        return [key for _, key in heapq.nsmallest(limit, set(found))]
 
     def next_alarm_after(self, now: float) -> float | None:
-        return min((t for t, _ in self._alarms.values() if t > now), default=None)
+        heap, best, stack = self._alarm_heap, math.inf, [0]
+        while stack:
+            i = stack.pop()
+            if i >= len(heap) or heap[i][0] >= best:
+                continue
+            time, key = heap[i]
+            if time > now and self._live(time, key):
+                best = time  # its children are no earlier
+                continue
+            stack += (2 * i + 1, 2 * i + 2)
+        return None if best == math.inf else best
 
     def get_alarm(self, namespace: str, object_id: str) -> tuple[float, int] | None:
         return self._alarms.get((namespace, object_id))
@@ -311,7 +351,7 @@ class PostgresEngine:
     def set_alarm(self, namespace: str, object_id: str, time: float, retry: int) -> None:
         key = (namespace, object_id)
         if key in self._held:
-            self._alarms[key] = (time, retry)
+            self._index_alarm(key, (time, retry))
         self._alarm_writes.append((namespace, object_id, time, retry))
         self._release_event.set()
 
@@ -379,7 +419,7 @@ class PostgresEngine:
             for c in claimed:
                 key = (c.namespace, c.object_id)
                 self._held[key] = c.epoch
-                self._alarms[key] = c.alarm
+                self._index_alarm(key, c.alarm)
                 self._classes.setdefault(c.namespace, c.class_path)
             if claimed:
                 site.wake_timer()
