@@ -55,6 +55,10 @@ FLIGHT_INTERVAL: Final = 0.02
 # the output gate's syncs: a host's death re-runs at most this much completed work (the
 # completion group's bound, in time: a long alarm run syncs only at its end).
 SHIP_INTERVAL: Final = 0.05
+# Every this many renewals (about a minute at the default lease_ttl) the host deletes
+# dead hosts' rows and abandoned call rows older than CALL_MAX_AGE seconds (_pg_ops.sweep).
+SWEEP_EVERY: Final = 20
+CALL_MAX_AGE: Final = 600.0
 _COMMIT: Final = {"NORMAL": "off", "FULL": "on"}
 # MockClocks (tests) whose autojump is held off while database waits are out:
 # id(clock) -> [waits out, the threshold to restore].
@@ -391,8 +395,12 @@ class PostgresEngine:
             nursery.start_soon(self._calls.serve, site, self._classes)
 
     async def _renew_loop(self, site: EngineSite) -> None:
+        renewals = 0
         while True:
             await trio.sleep(self.lease_ttl / 3)
+            renewals += 1
+            if renewals % SWEEP_EVERY == 0:
+                await self._sweep()
             before = dict(self._held)
             try:
                 held = await self._db(ops.renew, self.host_id, self.lease_ttl)
@@ -405,6 +413,16 @@ class PostgresEngine:
                     self._drop(key)
                     if key in self._active:
                         site.fenced(*key)
+
+    async def _sweep(self) -> None:
+        try:
+            hosts, calls = await self._db(ops.sweep, self.lease_ttl, CALL_MAX_AGE)
+        except psycopg.Error as exc:
+            logger.warning("cannot sweep dead hosts and old calls on %s: %s", self._label, exc)
+            return
+        if hosts or calls:
+            logger.info("swept %d dead host rows and %d abandoned call rows on %s",
+                        hosts, calls, self._label)
 
     async def _claim_loop(self, site: EngineSite) -> None:
         while True:
