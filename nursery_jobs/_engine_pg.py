@@ -56,6 +56,10 @@ FLIGHT_INTERVAL: Final = 0.02
 # the output gate's syncs: a host's death re-runs at most this much completed work (the
 # completion group's bound, in time: a long alarm run syncs only at its end).
 SHIP_INTERVAL: Final = 0.05
+# Every this many renewals (about a minute at the default lease_ttl) the host deletes
+# dead hosts' rows and abandoned call rows older than CALL_MAX_AGE seconds (_pg_ops.sweep).
+SWEEP_EVERY: Final = 20
+CALL_MAX_AGE: Final = 600.0
 _COMMIT: Final = {"NORMAL": "off", "FULL": "on"}
 # A lease is trusted for this share of lease_ttl after the statement that took or
 # renewed it was sent (the rest absorbs clock-rate differences with the server).
@@ -74,6 +78,9 @@ def lease_clock() -> float:
 # ~4 ms forwarded call in `nursery-jobs bench --engine postgres`). A stale answer costs
 # little: the old holder answers "moved", or stops answering, and the call asks again.
 OWNER_HINT_TTL: Final = 1.0
+# MockClocks (tests) whose autojump is held off while database waits are out:
+# id(clock) -> [waits out, the threshold to restore].
+_CLOCK_HOLDS: dict[int, list[Any]] = {}
 
 
 class _Flight:
@@ -140,6 +147,11 @@ class PostgresEngine:
         self._active: dict[Key, PgObject] = {}
         self._elsewhere: dict[Key, tuple[str, float]] = {}  # key -> (holder, hint expiry)
         self._alarms: dict[Key, tuple[float, int]] = {}  # the alarms of held objects
+        # The same alarms as a heap of (time, key), for ``due`` and ``next_alarm_after``
+        # without a scan of every held object. Entries go stale when an alarm moves or
+        # goes (an entry counts only while ``_alarms`` has that time for its key); the
+        # heap is rebuilt when stale entries outnumber live ones.
+        self._alarm_heap: list[tuple[float, Key]] = []
         self._classes: dict[str, str] = {}
         self._flights: dict[int, list[Any]] = {}
         self._flight_dirty = False
@@ -216,6 +228,7 @@ class PostgresEngine:
         self._held.clear()
         self._trusted.clear()
         self._alarms.clear()
+        self._alarm_heap.clear()
 
     async def _db(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(conn, *args)`` on a pooled connection in a worker thread."""
@@ -227,22 +240,26 @@ class PostgresEngine:
             with pool.connection() as conn:
                 return fn(conn, *args)
 
-        if not isinstance(trio.lowlevel.current_clock(), trio.testing.MockClock):
+        clock = trio.lowlevel.current_clock()
+        if not isinstance(clock, trio.testing.MockClock):
             return await trio.to_thread.run_sync(run, limiter=self._limiter)
         # Under a MockClock (tests), virtual time must not jump while we wait for the
-        # database: autojump fires when every task is blocked, so keep one runnable.
-        done = False
-
-        async def hold_the_clock() -> None:
-            while not done:
-                await trio.lowlevel.checkpoint()
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(hold_the_clock)
-            try:
-                return await trio.to_thread.run_sync(run, limiter=self._limiter)
-            finally:
-                done = True
+        # database: autojump fires when every task is blocked, and a worker thread is
+        # no task. Lift the threshold while any database wait is out (restored by the
+        # last one; a cancelled caller still waits for its thread, which cannot be
+        # abandoned). No task spins meanwhile: the CPU stays with the server.
+        hold = _CLOCK_HOLDS.setdefault(id(clock), [0, clock.autojump_threshold])
+        if hold[0] == 0:
+            hold[1] = clock.autojump_threshold
+            clock.autojump_threshold = math.inf
+        hold[0] += 1
+        try:
+            return await trio.to_thread.run_sync(run, limiter=self._limiter)
+        finally:
+            hold[0] -= 1
+            if hold[0] == 0:
+                clock.autojump_threshold = hold[1]
+                del _CLOCK_HOLDS[id(clock)]
 
     # -- objects ----------------------------------------------------------------------
     async def open_object(self, namespace: str, object_id: str, class_path: str) -> PgObject:
@@ -280,7 +297,7 @@ class PostgresEngine:
         if taken.alarm is None:
             self._alarms.pop(key, None)
         else:
-            self._alarms[key] = taken.alarm
+            self._index_alarm(key, taken.alarm)
             if self._site is not None:
                 self._site.wake_timer()  # the timer now serves this alarm
         return state
@@ -362,7 +379,7 @@ class PostgresEngine:
         if time is None:
             self._alarms.pop(state.key, None)
         else:
-            self._alarms[state.key] = (time, retry)
+            self._index_alarm(state.key, (time, retry))
 
     def _state_closed(self, state: PgObject) -> None:
         key = state.key
@@ -389,12 +406,46 @@ class PostgresEngine:
         return self._classes.get(namespace)
 
     # -- the alarm index: this host's held objects ----------------------------------------
+    def _index_alarm(self, key: Key, alarm: tuple[float, int]) -> None:
+        old = self._alarms.get(key)
+        self._alarms[key] = alarm
+        if old is not None and old[0] == alarm[0]:
+            return  # the heap entry for this time is live already
+        heap = self._alarm_heap
+        heapq.heappush(heap, (alarm[0], key))
+        if len(heap) > 2 * len(self._alarms) + 64:
+            self._alarm_heap = heap = [(t, k) for k, (t, _) in self._alarms.items()]
+            heapq.heapify(heap)
+
+    def _live(self, time: float, key: Key) -> bool:
+        alarm = self._alarms.get(key)
+        return alarm is not None and alarm[0] == time
+
     def due(self, now: float, limit: int) -> list[tuple[str, str]]:
-        due = [(time, key) for key, (time, _) in self._alarms.items() if time <= now]
-        return [key for _, key in heapq.nsmallest(limit, due)]
+        # Walk the heap's subtree of entries <= now (every other entry's children are
+        # later still): the cost is the number of due entries, not of held objects.
+        heap, found, stack = self._alarm_heap, [], [0]
+        while stack:
+            i = stack.pop()
+            if i >= len(heap) or heap[i][0] > now:
+                continue
+            if self._live(*heap[i]):
+                found.append(heap[i])
+            stack += (2 * i + 1, 2 * i + 2)
+        return [key for _, key in heapq.nsmallest(limit, set(found))]
 
     def next_alarm_after(self, now: float) -> float | None:
-        return min((t for t, _ in self._alarms.values() if t > now), default=None)
+        heap, best, stack = self._alarm_heap, math.inf, [0]
+        while stack:
+            i = stack.pop()
+            if i >= len(heap) or heap[i][0] >= best:
+                continue
+            time, key = heap[i]
+            if time > now and self._live(time, key):
+                best = time  # its children are no earlier
+                continue
+            stack += (2 * i + 1, 2 * i + 2)
+        return None if best == math.inf else best
 
     def get_alarm(self, namespace: str, object_id: str) -> tuple[float, int] | None:
         return self._alarms.get((namespace, object_id))
@@ -402,7 +453,7 @@ class PostgresEngine:
     def set_alarm(self, namespace: str, object_id: str, time: float, retry: int) -> None:
         key = (namespace, object_id)
         if key in self._held:
-            self._alarms[key] = (time, retry)
+            self._index_alarm(key, (time, retry))
         self._alarm_writes.append((namespace, object_id, time, retry))
         self._release_event.set()
 
@@ -443,8 +494,12 @@ class PostgresEngine:
             nursery.start_soon(self._calls.serve, site, self._classes)
 
     async def _renew_loop(self, site: EngineSite) -> None:
+        renewals = 0
         while True:
             await self._lease_sleep(self.lease_ttl / 3)
+            renewals += 1
+            if renewals % SWEEP_EVERY == 0:
+                await self._sweep()
             before = dict(self._held)
             sent = lease_clock()
             try:
@@ -472,6 +527,16 @@ class PostgresEngine:
             return
         await trio.to_thread.run_sync(self._stopping.wait, seconds, abandon_on_cancel=True)
 
+    async def _sweep(self) -> None:
+        try:
+            hosts, calls = await self._db(ops.sweep, self.lease_ttl, CALL_MAX_AGE)
+        except psycopg.Error as exc:
+            logger.warning("cannot sweep dead hosts and old calls on %s: %s", self._label, exc)
+            return
+        if hosts or calls:
+            logger.info("swept %d dead host rows and %d abandoned call rows on %s",
+                        hosts, calls, self._label)
+
     async def _claim_loop(self, site: EngineSite) -> None:
         while True:
             room = max(0, min(CLAIM_BATCH, MAX_UNACTIVATED - (len(self._held) - len(self._active))))
@@ -487,7 +552,7 @@ class PostgresEngine:
                 key = (c.namespace, c.object_id)
                 self._held[key] = c.epoch
                 self._trust(key, sent)
-                self._alarms[key] = c.alarm
+                self._index_alarm(key, c.alarm)
                 self._classes.setdefault(c.namespace, c.class_path)
             if claimed:
                 site.wake_timer()

@@ -177,9 +177,13 @@ def claim(
         taken = [(ns, oid, old) for ns, oid, _, _, _, _, old in rows if old is not None]
         if taken:
             _inherit_crashes(conn, taken)
+        # Not this host's own objects (their alarms are served by its timer), even with
+        # a lapsed lease: the claim above skips them, and a due one here would make the
+        # claim loop spin without sleeping until the next renewal.
         (next_time,) = conn.execute(
             "SELECT min(alarm_time) FROM nj_objects WHERE alarm_time IS NOT NULL"
-            " AND (owner IS NULL OR lease_until < now())"
+            " AND (owner IS NULL OR lease_until < now()) AND owner IS DISTINCT FROM %s",
+            (me,),
         ).fetchone()
     claimed = [
         Claimed(namespace=ns, object_id=oid, epoch=int(epoch),
@@ -280,3 +284,30 @@ def destroy(conn: Conn, me: str, namespace: str, object_id: str) -> None:
                 f"DELETE FROM {table} WHERE namespace = %s AND object_id = %s",
                 (namespace, object_id),
             )
+
+
+def sweep(conn: Conn, ttl: float, call_max_age: float) -> tuple[int, int]:
+    """Delete what dead hosts and finished calls leave behind; return (hosts, calls)
+    deleted.
+
+    - A host row whose heartbeat is older than ``10 * ttl`` and that no object names as
+      its owner (a lapsed owner's row carries the flight list that becomes the crash
+      tokens of whoever takes its objects over: it stays until then).
+    - A call row older than ``call_max_age`` seconds that is answered (its caller
+      collects answers within seconds) or whose caller or target host row is gone
+      (nobody will take it or collect it).
+    """
+    with conn.transaction():
+        hosts = conn.execute(
+            "DELETE FROM nj_hosts h WHERE heartbeat < now() - make_interval(secs => %s)"
+            " AND NOT EXISTS (SELECT FROM nj_objects o WHERE o.owner = h.host_id)",
+            (10 * ttl,),
+        ).rowcount
+        calls = conn.execute(
+            "DELETE FROM nj_calls c WHERE created < now() - make_interval(secs => %s)"
+            " AND (state IN ('ok', 'error', 'moved')"
+            "  OR NOT EXISTS (SELECT FROM nj_hosts h WHERE h.host_id = c.caller)"
+            "  OR NOT EXISTS (SELECT FROM nj_hosts h WHERE h.host_id = c.target))",
+            (call_max_age,),
+        ).rowcount
+    return int(hosts), int(calls)

@@ -14,8 +14,9 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
-from ._errors import JobOwnershipError, RuntimeLockedError
+from ._errors import JobOwnershipError, RuntimeLockedError, StorageError
 from ._inspect import (
     DataDirectoryError,
     ObjectInUseError,
@@ -56,13 +57,41 @@ def _open_stopped(data: Path) -> OfflineSource | int:
         return _fail(str(exc), 2)
 
 
-def inspect(data: Path, as_json: bool) -> int:
+def _inspect_postgres(dsn: str, as_json: bool) -> int:
+    """``inspect`` of a PostgreSQL engine's database: one read-only snapshot, with the
+    leases and hosts beside the objects. Works while hosts run (it writes nothing)."""
+    from ._inspect_pg import PgSource, hosts_json, lease_json
+
+    try:
+        source = PgSource(dsn)
+    except DataDirectoryError as exc:
+        return _fail(str(exc), 2)
+    except StorageError as exc:
+        return _fail(str(exc), 2)
+    with source:
+        now = time.time()
+        report = report_json(source, now, limit=-1)
+        for entry in report["objects"]:
+            entry["lease"] = lease_json(source.leases.get((entry["namespace"], entry["id"])))
+        report["hosts"] = hosts_json(source)
+    return _print_report(report, source.label, now, as_json)
+
+
+def inspect(data: str, as_json: bool) -> int:
     """Objects, their alarms, queued jobs and dead letters. Reads only."""
-    source = _open_stopped(data)
+    from ._inspect_pg import is_postgres_address
+
+    if is_postgres_address(data):
+        return _inspect_postgres(data, as_json)
+    source = _open_stopped(Path(data))
     if isinstance(source, int):
         return source
     now = time.time()
     report = report_json(source, now, limit=-1)
+    return _print_report(report, data, now, as_json)
+
+
+def _print_report(report: dict[str, Any], data: str, now: float, as_json: bool) -> int:
     if as_json:
         # ASCII only: an id's control or bidi characters come out as \u escapes.
         print(json.dumps(report, indent=2, ensure_ascii=True))
@@ -78,6 +107,11 @@ def inspect(data: Path, as_json: bool) -> int:
               f" {counts['due']} due, {counts['dead_letters']} dead letter(s)"
               + (f", {entry['breaker_strikes']} breaker strike(s)"
                  if entry["breaker_strikes"] else ""))
+        lease = entry.get("lease")
+        if lease is not None and lease["owner"] is not None:
+            print(f"    lease {p(lease['owner'])} epoch {lease['epoch']}"
+                  f" until {_when(lease['lease_until'], now)}"
+                  + ("" if lease["live"] else " (expired)"))
         for job in entry["jobs"]:
             flags = "".join(f", {name}" for name in ("running", "exclusive", "singleflight")
                             if job[name])
@@ -89,6 +123,9 @@ def inspect(data: Path, as_json: bool) -> int:
             print(f"    dead {p(letter['owner'])}/{p(letter['id'])} {p(letter['fn'])}"
                   f" after {letter['attempts']} attempt(s) ({p(letter['reason'])}):"
                   f" {p(letter['error'])}")
+    for host in report.get("hosts", []):
+        print(f"  host {p(host['host_id'])}: heartbeat {_when(host['heartbeat'], now)},"
+              f" {host['leases']} live lease(s)")
     return 0
 
 
@@ -138,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     p_inspect = sub.add_parser("inspect", help="list objects, alarms, jobs and dead letters")
-    p_inspect.add_argument("data", type=Path)
+    p_inspect.add_argument("data", help="a data directory or a postgresql:// address")
     p_inspect.add_argument("--json", action="store_true")
     p_requeue = sub.add_parser("requeue", help="put a dead letter back in its queue")
     p_requeue.add_argument("data", type=Path)

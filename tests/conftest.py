@@ -31,10 +31,25 @@ def _pinned_epoch(request: pytest.FixtureRequest) -> Iterator[None]:
 # ``_on_every_engine = on_every_engine`` (an autouse fixture parametrized by engine) and
 # opens its runtimes with ``nj.open_runtime(engine.location, ...)``; tests that reopen a
 # data directory use ``engine.durable(tmp_path)``. A new engine joins by adding a param.
-# PostgreSQL joins with NJ_TEST_ENGINES=memory,files,postgres (a fresh database per test,
-# tests/pg_support.py). Not yet by default: under MockClock these suites do not all pass
-# on it yet (the engine's own suites, tests/test_postgres_*.py, run in CI).
-ENGINES = os.environ.get("NJ_TEST_ENGINES", "memory,files").split(",")
+# PostgreSQL is one of the engines by default: a fresh database per test on the server
+# NJ_POSTGRES_DSN names (tests/pg_support.py); without it these params skip with that
+# reason, and under CI they fail instead (pg_support.server_dsn). NJ_TEST_ENGINES picks
+# engines explicitly (e.g. "memory,files" for a quick run).
+ENGINES = os.environ.get("NJ_TEST_ENGINES", "memory,files,postgres").split(",")
+
+# Why tests are skipped on PostgreSQL (and only there).
+VIRTUAL_DAY_OF_POLLING = (
+    "a virtual day under MockClock is ~90,000 one-second claim polls plus renewals, about"
+    " 150,000 PostgreSQL round trips (~3 min, half of the whole PG suite); the cron"
+    " arithmetic it checks is engine-independent, and the PG alarm path is covered by the"
+    " shorter cron and every tests"
+)
+# A test that pins the files engine's interleaving.
+DURABLE_WAIT_INTERLEAVES = (
+    "push() returns once its job is durable; on PostgreSQL that wait is a round trip"
+    " during which the alarm run may start a job due now, before the call returns (the"
+    " files engine's wait does not yield): this test pins the files engine's interleaving"
+)
 
 
 class EngineUnderTest:
@@ -57,6 +72,50 @@ class EngineUnderTest:
     def durable(self, tmp_path: Path) -> Any:
         """A location that survives reopening (memory tests reopen on files)."""
         return self._dsn if self._dsn is not None else tmp_path / "durable"
+
+    def stored_alarm(self, rt: Any, namespace: str, object_id: str) -> tuple[float, int] | None:
+        """An object's alarm as its engine stores it, resident or not.
+
+        The files and memory engines keep every alarm in their catalog
+        (``rt.engine.get_alarm``). The PostgreSQL engine's local index holds only the
+        alarms of the objects this host leases; an object it released keeps its alarm
+        on its ``nj_objects`` row, read here (what any host's claim loop will see).
+        """
+        found: tuple[float, int] | None = rt.engine.get_alarm(namespace, object_id)
+        if not hasattr(rt.engine, "dsn") or found is not None:
+            return found  # (a test may open its own files runtime under any param)
+        import psycopg
+
+        with psycopg.connect(rt.engine.dsn, autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT alarm_time, alarm_retry FROM nj_objects"
+                " WHERE namespace = %s AND object_id = %s AND owner IS DISTINCT FROM %s",
+                (namespace, object_id, rt.engine.host_id),
+            ).fetchone()
+        if row is None or row[0] is None:
+            return None
+        return float(row[0]), int(row[1])
+
+    def skip_on(self, name: str, reason: str) -> None:
+        """Skip the running test on engine ``name`` (only there), saying why."""
+        if self.name == name:
+            pytest.skip(f"not on {name}: {reason}")
+
+    def lose_alarm(self, rt: Any, namespace: str, object_id: str) -> None:
+        """Delete an object's alarm from the engine's index behind the object's back
+        (a lost alarm row): the catalog row (files, memory), or on PostgreSQL the
+        stored alarm and this host's local index entry."""
+        if not hasattr(rt.engine, "dsn"):
+            rt.engine.catalog.delete_alarm(namespace, object_id)
+            return
+        import psycopg
+
+        rt.engine._alarms.pop((namespace, object_id), None)
+        with psycopg.connect(rt.engine.dsn, autocommit=True) as conn:
+            conn.execute(
+                "UPDATE nj_objects SET alarm_time = NULL, alarm_retry = 0"
+                " WHERE namespace = %s AND object_id = %s", (namespace, object_id),
+            )
 
 
 engine = EngineUnderTest()

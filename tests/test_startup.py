@@ -89,9 +89,9 @@ async def test_a_call_re_arms_an_alarm_the_index_lost(
         obj = rt.get(Starter, "s")
         await obj.push("j", 50)
         await trio.sleep(5)  # evicted
-        rt.engine.catalog.delete_alarm(Starter.namespace, "s")  # lost behind its back
-        assert rt.engine.get_alarm(Starter.namespace, "s") is None
+        engine.lose_alarm(rt, Starter.namespace, "s")  # lost behind its back
+        assert engine.stored_alarm(rt, Starter.namespace, "s") is None
         await obj.hello()
-        assert rt.engine.get_alarm(Starter.namespace, "s") == (EPOCH + 50, 0)
+        assert engine.stored_alarm(rt, Starter.namespace, "s") == (EPOCH + 50, 0)
         await trio.sleep(60)
     assert ("job", "j", 50) in log
