@@ -23,6 +23,7 @@ from ._errors import (
     ObjectFencedError,
     ObjectResetError,
     RpcError,
+    StorageError,
     safe_repr,
 )
 from ._events import EventBus
@@ -284,17 +285,29 @@ class ObjectHost:
             except ObjectFencedError as exc:
                 await trio.lowlevel.checkpoint()
                 raise ObjectMoved(str(exc)) from exc
+        tx = self.transactions
         with self.working() as scope:
             if self._startup:
                 await self.call_startup()
-            result = fn(*args, **kwargs)
-            if inspect.isawaitable(result):
-                result = await result
-            else:
-                await trio.lowlevel.checkpoint()
-            # The output gate: what the caller is told has happened is durable.
-            if self.transactions is not None and self.transactions.group:
-                await self.transactions.output_gate()
+            try:
+                result = fn(*args, **kwargs)
+                if inspect.isawaitable(result):
+                    result = await result
+                else:
+                    await trio.lowlevel.checkpoint()
+                # The output gate: what the caller is told has happened is durable.
+                if tx is not None and tx.group:
+                    await tx.output_gate()
+            except BaseException:
+                if tx is not None:
+                    tx.kept()  # (forget: the caller gets this exception anyway)
+                raise
+            if tx is not None and not tx.kept():
+                raise StorageError(
+                    f"{self.label}: {name}() ran, but its writes were rolled back with the"
+                    " alarm run's transaction they had joined (a storage fault while a job"
+                    " ran beside the call); nothing of them was kept — call again"
+                )
             await self.sync()
         if scope.cancelled_caught:
             raise ObjectResetError(f"{self.label} was reset during {name}()")

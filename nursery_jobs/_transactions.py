@@ -60,6 +60,9 @@ class ObjectTransactions:
 
     __slots__ = (
         "_job_done",
+        "_job_lost",
+        "_joined",
+        "_lost_tasks",
         "_user_done",
         "_user_savepoints",
         "conn",
@@ -89,6 +92,11 @@ class ObjectTransactions:
         self._user_done: trio.Event | None = None
         self._user_savepoints = 0
         self.staged: StagedWrites | None = None
+        self._job_lost = False  # the running job's savepoint went with a lost group
+        # Tasks other than the running job that wrote into the open group, and those
+        # whose writes a lost group took with it (their call must not report success).
+        self._joined: dict[trio.lowlevel.Task, None] = {}
+        self._lost_tasks: set[trio.lowlevel.Task] = set()
 
     # -- writes -------------------------------------------------------------------------
     def check_write(self) -> None:
@@ -96,7 +104,11 @@ class ObjectTransactions:
         job's own write, make sure its savepoint is open (it is closed by a commit of the
         group at an output gate); a write from another task ends the job's savepoint
         first. Does not checkpoint."""
+        if self.group and not self.conn.in_transaction:
+            self._lost()  # (a fault rolled the group back: this write is not part of it)
         if self.user_task is None and self.job_task is None:
+            if self.group:
+                self._joined[trio.lowlevel.current_task()] = None
             return
         task = trio.lowlevel.current_task()
         if self.user_task is not None and self.user_task is not task:
@@ -109,9 +121,12 @@ class ObjectTransactions:
             self.job_dirty = True
             if not self.job_savepoint:
                 self._open_job_savepoint()
-        elif self.job_savepoint:
+            return
+        if self.job_savepoint:
             self.conn.execute(f"RELEASE {_JOB}")
             self.job_savepoint = False
+        if self.group:
+            self._joined[task] = None
 
     def open_group(self) -> None:
         """``BEGIN`` the group. What is still staged belongs to a group that was rolled
@@ -155,27 +170,27 @@ class ObjectTransactions:
         if not self.conn.in_transaction:
             self.open_group()
         self.job_dirty = False
+        self._job_lost = False
         self.job_task = trio.lowlevel.current_task()
         self._job_done = None
 
     def end_job(self, *, keep: bool) -> None:
         """Keep (release) or undo (roll back) what the job wrote."""
-        if self.job_savepoint:
+        if self.job_savepoint and not self._lost():
             self.job_savepoint = False
-            if self._lost():
-                # A failed statement rolled everything back: the job's writes are gone,
-                # so its outcome must not be recorded — it runs again.
-                self.job_task = None
-                if keep:
-                    raise StorageError(
-                        f"{self.label}: the job's transaction was rolled back by a failed"
-                        " write; the job runs again"
-                    )
-            elif not keep:
+            if not keep:
                 self.conn.execute(f"ROLLBACK TO {_JOB}")
-                self.conn.execute(f"RELEASE {_JOB}")
-            else:
-                self.conn.execute(f"RELEASE {_JOB}")
+            self.conn.execute(f"RELEASE {_JOB}")
+        lost, self._job_lost = self._job_lost, False
+        if lost:
+            # A failed statement rolled everything back: the job's writes are gone, so
+            # its outcome must not be recorded — it runs again.
+            self.job_task = None
+            if keep:
+                raise StorageError(
+                    f"{self.label}: the job's transaction was rolled back by a failed"
+                    " write; the job runs again"
+                )
         self.job_task = None
         self.job_dirty = False
         if self._job_done is not None:
@@ -186,19 +201,37 @@ class ObjectTransactions:
         """Whether the group was rolled back underneath us (a statement failed and the
         connection rolled back): forget it, and the job's savepoint with it."""
         if self.group and not self.conn.in_transaction:
+            if self.job_savepoint:
+                self._job_lost = True  # (told at the job's end: its writes are gone)
             self.group = self.job_savepoint = False
-            if self.staged is not None:
-                self.staged.drop_staged()
+            self._forget_group()
             return True
         return False
+
+    def _forget_group(self) -> None:
+        """The group was rolled back: its staged writes go, and the tasks that wrote into
+        it are told at their output gate (``kept``)."""
+        if self.staged is not None:
+            self.staged.drop_staged()
+        self._lost_tasks.update(self._joined)
+        self._joined.clear()
+
+    def kept(self) -> bool:
+        """Whether the current task's writes since its last output gate still stand
+        (False: a lost group took them). Forgets the answer. Does not checkpoint."""
+        task = trio.lowlevel.current_task()
+        self._joined.pop(task, None)
+        if task in self._lost_tasks:
+            self._lost_tasks.discard(task)
+            return False
+        return True
 
     def abort_group(self) -> None:
         """Roll the group back: what it holds (completed jobs' writes and outcomes, the
         running job's writes) could not all be recorded, so none of it is, and those
         jobs run again on storage as it was — still exactly once."""
         self.group = self.job_savepoint = False
-        if self.staged is not None:
-            self.staged.drop_staged()
+        self._forget_group()
         if self.conn.in_transaction:
             self.conn.execute("ROLLBACK")
 
@@ -216,11 +249,12 @@ class ObjectTransactions:
         except BaseException:
             # The group is lost (the disk refused it): its jobs run again, and their
             # writes went with it — still exactly once.
-            if self.staged is not None:
-                self.staged.drop_staged()
+            self._forget_group()
             if self.conn.in_transaction:
                 self.conn.execute("ROLLBACK")
             raise
+        else:
+            self._joined.clear()
         finally:
             self.group = self.job_savepoint = False
 

@@ -45,7 +45,7 @@ class Counter(nj.DurableObject):
             self.ctx.storage.put("seen", [job.id for job in self.lifecycle.jobs.list()])
 
 
-def _fails_once(match: str) -> FaultPlan:
+def _fails_once(match: str, of: str = "Counter") -> FaultPlan:
     """The first ``match`` statement of the alarm run fails (the plan is enabled once
     the jobs are pushed)."""
     fired: list[bool] = []
@@ -57,7 +57,7 @@ def _fails_once(match: str) -> FaultPlan:
         return False
 
     return FaultPlan(message="disk I/O error", when=when, enabled=False,
-                     counts=lambda label: "Counter" in label)
+                     counts=lambda label: of in label)
 
 
 @pytest.mark.parametrize("statement", ["COMMIT", "DELETE FROM nj_jobs WHERE seq IN"])
@@ -118,3 +118,72 @@ def test_a_group_rolled_back_by_a_read_keeps_its_jobs(tmp_path: Path) -> None:
     assert n == JOBS
     assert runs[:4] == ["j0", "j1", "j2", "j3"]
     assert sorted(runs[4:]) == ["j0", "j1", "j2", "j3", "j4"]  # the lost group's jobs again
+
+
+class Beside(nj.DurableObject):
+    """A job and a call that write into the same group, each pausing mid-way."""
+
+    namespace = "tests.staged.Beside"
+
+    def __init__(self, ctx: nj.ObjectContext) -> None:
+        super().__init__(ctx)
+        self.env: dict[str, Any] = ctx.env
+        self.lifecycle = nj.Lifecycle.install(self)
+
+    async def push(self) -> None:
+        await self.lifecycle.jobs.push("j", id="j", delay=1)
+
+    def _bump(self, key: str) -> None:
+        self.ctx.storage.put(key, self.ctx.storage.get(key, 0) + 1)
+
+    async def poke(self) -> None:
+        self._bump("B")  # joins the alarm run's open group
+        await self.env["hold"].wait()
+
+    async def state(self) -> dict[str, int]:
+        return {key: self.ctx.storage.get(key, 0) for key in ("A", "B", "C")}
+
+    async def on_job(self, ctx: nj.JobContext) -> None:
+        self._bump("A")
+        await self.env["go"].wait()
+        self._bump("C")
+
+
+def test_a_call_whose_writes_a_lost_group_took_is_not_told_they_happened(
+    tmp_path: Path,
+) -> None:
+    """A job's outcome cannot be recorded (a fault at its savepoint's release): the group
+    is rolled back so the job runs again on storage as it was — and the write a call
+    made into that group meanwhile goes with it. That call must not report success."""
+    plan = _fails_once("RELEASE nj_job", of="Beside")
+    env: dict[str, Any] = {"go": trio.Event(), "hold": trio.Event()}
+
+    async def main() -> tuple[BaseException | None, dict[str, int]]:
+        async with nj.open_runtime(faulty_engine(tmp_path / "data", plan), env=env) as rt:
+            obj = rt.get(Beside, "b")
+            await obj.push()
+            await trio.sleep(1.5)  # j runs: A written, waiting for "go"
+            outcome: list[BaseException | None] = []
+
+            async def poke() -> None:
+                try:
+                    await obj.poke()
+                    outcome.append(None)
+                except nj.StorageError as exc:
+                    outcome.append(exc)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(poke)
+                await trio.sleep(0.1)  # B written into the group; the call waits
+                plan.enabled = True
+                env["go"].set()  # j writes C, returns; its release fails
+                await trio.sleep(0.1)
+                env["hold"].set()
+            await trio.sleep(30)  # j runs again (with "go" set, straight through)
+            return outcome[0], await obj.state()
+
+    error, state = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert plan.hits and plan.hits[0][1] == "RELEASE nj_job"
+    assert isinstance(error, nj.StorageError)
+    assert "poke() ran, but its writes were rolled back" in str(error)
+    assert state == {"A": 1, "B": 0, "C": 1}  # the job exactly once; B was refused
