@@ -20,8 +20,7 @@ import attrs
 from ._errors import StorageError
 from ._inspect import DataDirectoryError, ObjectPage, ObjectRow, State, _ObjectReader
 from ._pg_copy import load_copy
-from ._pg_schema import PG_SCHEMA_VERSION
-from ._schema import SCHEMA_VERSION as OBJECT_SCHEMA_VERSION
+from ._pg_schema import check_version
 
 
 @attrs.frozen(kw_only=True)
@@ -103,13 +102,7 @@ class PgSource(_ObjectReader):
         if row is None:
             raise DataDirectoryError(
                 f"{self._label} is not a nursery_jobs database (no nj_schema row)")
-        version, object_schema = int(row[0]), int(row[1])
-        if version > PG_SCHEMA_VERSION or object_schema > OBJECT_SCHEMA_VERSION:
-            raise StorageError(
-                f"{self._label} has nursery_jobs schema version {version} (objects"
-                f" {object_schema}), newer than this nursery_jobs knows ({PG_SCHEMA_VERSION},"
-                f" objects {OBJECT_SCHEMA_VERSION}): upgrade nursery_jobs"
-            )
+        check_version(self._label, int(row[0]), int(row[1]))
 
     def _load_catalog(self) -> sqlite3.Connection:
         rows = self._pg.execute(

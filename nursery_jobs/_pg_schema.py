@@ -85,6 +85,20 @@ CREATE INDEX IF NOT EXISTS nj_calls_target ON nj_calls (target) WHERE state = 'p
 _SCHEMA_LOCK: Final = 0x6E6A5F7363686D61  # "nj_schma"
 
 
+def check_version(label: str, version: int, object_schema: int) -> None:
+    """Refuse a schema newer than this code knows.
+
+    Raises:
+        StorageError: naming ``label`` and both versions.
+    """
+    if version > PG_SCHEMA_VERSION or object_schema > OBJECT_SCHEMA_VERSION:
+        raise StorageError(
+            f"{label} has nursery_jobs schema version {version} (objects {object_schema}),"
+            f" newer than this nursery_jobs knows ({PG_SCHEMA_VERSION}, objects"
+            f" {OBJECT_SCHEMA_VERSION}): upgrade nursery_jobs; nothing was written"
+        )
+
+
 def ensure_schema(conn: Any, label: str) -> None:
     """Create the schema on a new database, or check the version of an existing one.
 
@@ -98,14 +112,8 @@ def ensure_schema(conn: Any, label: str) -> None:
         if exists:
             row = conn.execute("SELECT version, object_schema FROM nj_schema").fetchone()
             if row is not None:
-                version, object_schema = int(row[0]), int(row[1])
-                if version > PG_SCHEMA_VERSION or object_schema > OBJECT_SCHEMA_VERSION:
-                    raise StorageError(
-                        f"the PostgreSQL database {label} has nursery_jobs schema version"
-                        f" {version} (objects {object_schema}), newer than this nursery_jobs"
-                        f" knows ({PG_SCHEMA_VERSION}, objects {OBJECT_SCHEMA_VERSION}):"
-                        " upgrade nursery_jobs; nothing was written"
-                    )
+                version = int(row[0])
+                check_version(f"the PostgreSQL database {label}", version, int(row[1]))
                 if version == PG_SCHEMA_VERSION:
                     return
         for statement in _DDL.split(";"):

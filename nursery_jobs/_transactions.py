@@ -249,9 +249,7 @@ class ObjectTransactions:
         except BaseException:
             # The group is lost (the disk refused it): its jobs run again, and their
             # writes went with it — still exactly once.
-            self._forget_group()
-            if self.conn.in_transaction:
-                self.conn.execute("ROLLBACK")
+            self.abort_group()
             raise
         else:
             self._joined.clear()
