@@ -90,3 +90,25 @@ async def eventually(predicate: Callable[[], Any], seconds: float = 10.0) -> Non
             if value:
                 return
             await trio.sleep(0.02)
+
+
+def sql(dsn: str, query: str, params: Any = ()) -> list[tuple[Any, ...]]:
+    """Run one statement on its own autocommit connection; its rows (or [])."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        cur = conn.execute(query, params)
+        return cur.fetchall() if cur.description else []
+
+
+@contextmanager
+def opened(dsn: str, now: float = 1_800_000_000.0, **kwargs: Any) -> Iterator[Any]:
+    """A ``PostgresEngine`` on ``dsn``, opened at epoch ``now``, closed after."""
+    from nursery_jobs._engine_pg import PostgresEngine
+
+    engine = PostgresEngine(dsn, **kwargs)
+    engine.open(now)
+    try:
+        yield engine
+    finally:
+        engine.close()

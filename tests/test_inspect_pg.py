@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import trio
-from pg_support import fresh_database
+from pg_support import fresh_database, sql
 
 psycopg = pytest.importorskip("psycopg")  # the postgres extra; CI installs it (dev)
 
@@ -31,12 +31,6 @@ class Mailer(nj.DurableObject):
         if ctx.job.fn == "fail":
             raise ConnectionError("smtp down\nFORGED LINE")
         return None
-
-
-def sql(dsn: str, query: str, params: Any = ()) -> list[tuple[Any, ...]]:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        cur = conn.execute(query, params)
-        return cur.fetchall() if cur.description else []
 
 
 def snapshot(dsn: str) -> list[Any]:

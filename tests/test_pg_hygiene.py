@@ -4,36 +4,17 @@ and the sweep of dead hosts' rows and abandoned call rows."""
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
 import trio
-from pg_support import eventually
+from pg_support import eventually, opened, sql
 
 psycopg = pytest.importorskip("psycopg")  # the postgres extra; CI installs it (dev)
 
 from nursery_jobs import _pg_ops as ops  # noqa: E402
-from nursery_jobs._engine_pg import PostgresEngine  # noqa: E402
 
 NOW = 1_800_000_000.0
-
-
-def sql(dsn: str, query: str, params: Any = ()) -> list[tuple[Any, ...]]:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        cur = conn.execute(query, params)
-        return cur.fetchall() if cur.description else []
-
-
-@contextmanager
-def opened(dsn: str, **kwargs: Any) -> Iterator[PostgresEngine]:
-    engine = PostgresEngine(dsn, **kwargs)
-    engine.open(NOW)
-    try:
-        yield engine
-    finally:
-        engine.close()
 
 
 def test_the_local_alarm_index_answers_like_a_scan(pg_dsn: str) -> None:

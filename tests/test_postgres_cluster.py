@@ -48,7 +48,7 @@ import trio.testing
 psycopg = pytest.importorskip("psycopg")  # the postgres extra; CI installs it (dev)
 
 from pg_cluster_worker import Worker
-from pg_support import eventually, fresh_database
+from pg_support import eventually, fresh_database, sql
 
 import nursery_jobs as nj
 from nursery_jobs._engine_pg import PostgresEngine
@@ -68,12 +68,6 @@ class Line:
     pid: int
     fields: tuple[str, ...]  # what follows the pid, less the time
     offset: int  # where the line starts in the log
-
-
-def sql(dsn: str, query: str, params: Any = ()) -> list[tuple[Any, ...]]:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        cur = conn.execute(query, params)
-        return cur.fetchall() if cur.description else []
 
 
 async def asql(dsn: str, query: str, params: Any = ()) -> list[tuple[Any, ...]]:

@@ -4,13 +4,13 @@ working copy and its shipping, leases and the epoch fence, crash tokens on takeo
 from __future__ import annotations
 
 import sys
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
 import trio
-from pg_support import eventually
+from pg_support import eventually, opened, sql
 
 psycopg = pytest.importorskip("psycopg")  # the postgres extra; CI installs it (dev)
 
@@ -22,22 +22,6 @@ from nursery_jobs._errors import EngineError, ObjectFencedError, StorageError
 NOW = 1_800_000_000.0
 NS = "tests.Thing"
 CP = "tests.test_postgres_engine:Thing"
-
-
-@contextmanager
-def opened(dsn: str, **kwargs: Any) -> Iterator[PostgresEngine]:
-    engine = PostgresEngine(dsn, **kwargs)
-    engine.open(NOW)
-    try:
-        yield engine
-    finally:
-        engine.close()
-
-
-def sql(dsn: str, query: str, params: Any = ()) -> list[tuple[Any, ...]]:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        cur = conn.execute(query, params)
-        return cur.fetchall() if cur.description else []
 
 
 def expire_leases(dsn: str) -> None:
