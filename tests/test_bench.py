@@ -7,6 +7,9 @@ import math
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from nursery_jobs.bench import main
 from nursery_jobs.bench._harness import render, run
 
 
@@ -35,3 +38,13 @@ def test_the_benchmark_reports_every_figure(tmp_path: Path) -> None:
     assert "our schema and SQL: dispatch floor" in text
     assert "dispatch, 100 objects" in text
     assert list(tmp_path.iterdir()) == []  # the benchmark's files are gone
+
+
+@pytest.mark.parametrize("option", [["--runs", "2"], ["--quick"], ["--lease-ttl", "3"]])
+def test_postgres_options_are_refused_for_sqlite(
+    option: list[str], capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["--no-peers", *option])
+    assert exc.value.code == 2
+    assert f"{option[0]} applies to --engine postgres only" in capsys.readouterr().err

@@ -55,3 +55,21 @@ def test_postgres_bench_needs_a_server_address(monkeypatch: pytest.MonkeyPatch) 
     with pytest.raises(SystemExit) as exc:
         main(["--engine", "postgres", "--quick"])
     assert exc.value.code == 2
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--dsn", "notadsn"], 'PostgreSQL at postgresql://?: missing "="'),
+    (["--dsn", "postgresql://u:secret@127.0.0.1:1/x?connect_timeout=1"],
+     "PostgreSQL at postgresql://u@127.0.0.1:1/x: connection failed"),
+    (["--dsn", "postgresql://x/y", "--lease-ttl", "nan"], "--lease-ttl must be a number"),
+    (["--dsn", "postgresql://x/y", "--runs", "0"], "--runs must be at least 1"),
+])
+def test_postgres_bench_refuses_bad_options_with_a_message(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["--engine", "postgres", "--quick", *argv])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert "secret" not in err

@@ -418,6 +418,10 @@ def main(argv: list[str] | None = None) -> int:
 
         return pg_main(args.dsn, args.n, args.runs, args.quick, args.lease_ttl, args.json,
                        parser.error)
+    for given, option in ((args.runs, "--runs"), (args.lease_ttl, "--lease-ttl"),
+                          (args.quick or None, "--quick")):
+        if given is not None:
+            parser.error(f"{option} applies to --engine postgres only")
     n = 20_000 if args.n is None else args.n
     if n < 100:
         parser.error("-n must be at least 100")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 import os
 import secrets
 import signal
@@ -27,6 +28,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import IO, Any
 
+import psycopg
 import trio
 
 import nursery_jobs as nj
@@ -594,7 +596,13 @@ def main(dsn: str | None, n: int | None, runs: int | None, quick: bool, lease_tt
         error(f"-n must be at least {SCALE_OBJECTS} with --engine postgres")
     if settings.runs < 1:
         error("--runs must be at least 1")
-    with quiet_backlog_warnings():
-        report = run(dsn, settings, progress_enabled=True)
+    if not 0 < settings.lease_ttl < math.inf:
+        error(f"--lease-ttl must be a number of seconds > 0, got {settings.lease_ttl}")
+    try:
+        with quiet_backlog_warnings():
+            report = run(dsn, settings, progress_enabled=True)
+    except psycopg.Error as exc:
+        error(f"PostgreSQL at {_safe_label(dsn)}: {exc}")
+        return 2
     print(json.dumps(report, indent=2) if as_json else render(report))
     return 0
