@@ -11,6 +11,8 @@ Run: python benchmarks/timers.py [--objects N] [--spread S] [--json] [--memory-o
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
 import gc
 import json
 import os
@@ -51,8 +53,8 @@ class Sleeper(nj.DurableObject):
         db = self.ctx.storage
         db.execute("CREATE TABLE IF NOT EXISTS blob (id INTEGER PRIMARY KEY, v BLOB)")
         with db.transaction():
-            db.conn.executemany("INSERT INTO blob (v) VALUES (?)",
-                                [(os.urandom(1024),) for _ in range(kib)])
+            for _ in range(kib):
+                db.execute("INSERT INTO blob (v) VALUES (?)", (os.urandom(1024),))
         db.execute("SELECT sum(length(v)) FROM blob").fetchone()
 
 
@@ -93,25 +95,57 @@ async def lateness(path: str, objects: int, spread: float, idle_timeout: float) 
             "armed_late": nj.now() > start}
 
 
+# How long the memory probe's objects stay idle before it measures them dormant.
+DORMANT_AFTER = 1.0
+
+
+def live_rss(proc: psutil.Process) -> int:
+    """The process's RSS once freed heap memory is handed back (glibc keeps what
+    ``free`` returns, so RSS alone would show the high-water mark)."""
+    gc.collect()
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass  # not glibc: RSS as it is
+    return int(proc.memory_info().rss)
+
+
 async def memory(path: str, objects: int, busy_kib: int = 0) -> dict[str, float]:
     """Resident memory per active object: ``objects`` objects activated and kept
     resident, each touched once (``busy_kib=0``) or holding a table of ``busy_kib`` KiB
-    that it has read through (its page cache as full as its database allows)."""
+    that it has read through (its page cache as full as its database allows).
+
+    Measured twice in one process: with every database open (dormancy off while they
+    are touched), then once each object, touched again, has been idle for
+    ``DORMANT_AFTER`` (databases closed, objects still resident)."""
     proc = psutil.Process()
-    async with nj.open_runtime(path, idle_timeout=3600, max_active=objects + 1) as rt:
+    async with nj.open_runtime(path, idle_timeout=3600, max_active=objects + 1,
+                               dormant_after=DORMANT_AFTER) as rt:
+        rt.dormant_after = None  # first: every database stays open
         await rt.get(Sleeper, "warm").touch()
         if busy_kib:
             await rt.get(Sleeper, "warm").fill(busy_kib)
-        gc.collect()
-        before = proc.memory_info().rss
+        before = live_rss(proc)
         for i in range(objects):
             stub = rt.get(Sleeper, f"m{i}")
             await (stub.fill(busy_kib) if busy_kib else stub.touch())
-        gc.collect()
-        after = proc.memory_info().rss
+        awake = live_rss(proc)
         active = rt.statistics().active_objects
+        rt.dormant_after = DORMANT_AFTER  # now: idle objects close their databases
+        for i in range(objects):
+            await rt.get(Sleeper, f"m{i}").touch()
+        deadline = time.monotonic() + DORMANT_AFTER + objects * 0.005 + 10
+        while time.monotonic() < deadline:
+            await trio.sleep(0.5)
+            if all(rt.active_database(Sleeper.namespace, f"m{i}") is None
+                   for i in range(objects)):
+                break
+        dormant = live_rss(proc)
+        resident = rt.statistics().active_objects
     return {"objects": objects, "busy_kib": busy_kib, "active": active,
-            "bytes_per_object": (after - before) / objects}
+            "bytes_per_object": (awake - before) / objects,
+            "dormant_resident": resident,
+            "dormant_bytes_per_object": (dormant - before) / objects}
 
 
 def memory_probe(objects: int, busy_kib: int, where: str | None) -> dict[str, float]:
@@ -188,8 +222,11 @@ def main() -> None:
     for row in memory_rows:
         kind = "busy (1 MiB read)" if row["busy_kib"] else "light (one key)"
         print(f"    {int(row['objects']):>6} active, {kind:<18}"
-              f" {row['bytes_per_object'] / 1024:8.0f} KiB per object"
-              f"  ({row['bytes_per_object'] * row['objects'] / 2**20:6.0f} MiB in all)")
+              f" {row['bytes_per_object'] / 1024:8.0f} KiB per object open"
+              f"  ({row['bytes_per_object'] * row['objects'] / 2**20:6.0f} MiB in all);"
+              f" idle {DORMANT_AFTER:.0f} s (dormant, {int(row['dormant_resident'])} still"
+              f" resident): {row['dormant_bytes_per_object'] / 1024:6.1f} KiB per object"
+              f"  ({row['dormant_bytes_per_object'] * row['objects'] / 2**20:6.0f} MiB)")
 
 
 if __name__ == "__main__":

@@ -62,6 +62,10 @@ LIFECYCLE_RETRY: Final = Backoff(base=2.0, cap=300.0)
 ACTIVATION_RETRY: Final = Backoff(base=2.0, cap=300.0)
 # Memory-limit and crash strikes: 30 s per strike, capped at 5 minutes.
 STRIKE_DELAY: Final = Backoff(base=30.0, cap=300.0, linear=True)
+# An object file locked by another process (opening it, or opening a dormant one's
+# again): tried again this often, in Trio sleeps, before the open fails; the alarm or
+# the caller then retries with its own backoff.
+LOCKED_RETRY: Final = Backoff(base=0.05, max_retries=4)
 
 
 class AlarmClaim(Protocol):

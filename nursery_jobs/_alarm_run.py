@@ -112,6 +112,7 @@ class AlarmRunner:
         finally:
             run.active = False
             current_run.reset(token)
+            self._unwatch()
         if not lc.tracked:
             lc.breaker.clear()  # a clean, quiescent alarm run
         store.rearm()
@@ -339,22 +340,30 @@ class AlarmRunner:
         elif deadline < scope.deadline:
             scope.deadline = deadline
 
+    def _unwatch(self) -> None:
+        """The alarm run is over: the watchdog ends (an idle object keeps no task in its
+        nursery, so it can doze); the next run's first job starts another."""
+        self._watch_job = None
+        if self._watch_scope is not None:
+            self._watch_scope.cancel(reason="alarm run over")
+
     async def _slow_dispatch_watchdog(self) -> None:
         while True:
-            assert self._watch_scope is not None
-            with self._watch_scope:
+            scope = self._watch_scope
+            assert scope is not None
+            with scope:
                 await trio.sleep_forever()
             job = self._watch_job
-            deadline = math.inf
-            if job is not None:
-                if trio.current_time() >= self._watch_deadline:
-                    self._lc.emit(
-                        "job:slow_dispatch", id=job.id, owner=job.owner, fn=job.fn,
-                        threshold=job.hung_timeout,
-                        _log=(logging.WARNING,
-                              "job %r (fn %r) of %s has run longer than its hung_timeout"
-                              " of %.1f s", (job.id, job.fn, self._lc.label, job.hung_timeout)))
-                    self._watch_job = None
-                else:
-                    deadline = self._watch_deadline  # another job runs now: watch it
-            self._watch_scope = trio.CancelScope(deadline=deadline)
+            if job is not None and trio.current_time() >= self._watch_deadline:
+                self._lc.emit(
+                    "job:slow_dispatch", id=job.id, owner=job.owner, fn=job.fn,
+                    threshold=job.hung_timeout,
+                    _log=(logging.WARNING,
+                          "job %r (fn %r) of %s has run longer than its hung_timeout"
+                          " of %.1f s", (job.id, job.fn, self._lc.label, job.hung_timeout)))
+                job = self._watch_job = None
+            if job is None:
+                self._watch_scope = None  # nothing to watch: the next job starts a watchdog
+                return
+            # Another job runs now: watch it.
+            self._watch_scope = trio.CancelScope(deadline=self._watch_deadline)

@@ -9,11 +9,13 @@ never a reason to start the object empty.
 from __future__ import annotations
 
 import hashlib
+import os
 import sqlite3
 from collections.abc import Iterable, Iterator
+from urllib.request import pathname2url
 
 from ._errors import ObjectIdError
-from ._faults import GuardedConnection
+from ._faults import GuardedConnection, fault_error
 
 MAX_OBJECT_ID_LENGTH = 1024
 
@@ -100,6 +102,49 @@ def connect(
                            timeout=busy_timeout, factory=factory)
     assert isinstance(conn, GuardedConnection)
     conn.name(label, path, quarantines=exclusive)
+    try:
+        conn.executescript(_pragmas(path, synchronous=synchronous, exclusive=exclusive,
+                                    autocheckpoint=autocheckpoint, cache_kib=cache_kib))
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def reopen(conn: GuardedConnection, *, synchronous: str, cache_kib: int) -> None:
+    """Open a closed object database again *in place*, as ``connect(exclusive=True)``
+    opened it: the same connection object, so whoever holds it (storage, the job table)
+    keeps a valid reference. CPython lets ``Connection.__init__`` run again on a
+    connection (a closed one is simply reopened); it clears the subclass's attributes,
+    which are put back. Per-connection state is not: statements are prepared again.
+
+    Raises:
+        StorageFaultError: the file cannot be opened (locked, damaged, gone...); the
+            connection stays closed.
+    """
+    kept = dict(vars(conn))
+    try:
+        # mode=rw: a file that went away is never replaced by an empty one.
+        sqlite3.Connection.__init__(conn, f"file:{pathname2url(conn.file)}?mode=rw",
+                                    uri=True, isolation_level=None,
+                                    check_same_thread=False, timeout=0.0)
+    except sqlite3.Error as exc:
+        vars(conn).update(kept)
+        raise fault_error(exc, label=conn.label, file=conn.file,
+                          cause=None if os.path.exists(conn.file) else "missing",
+                          doing="opening it again") from exc
+    vars(conn).update(kept)
+    try:
+        conn.executescript(_pragmas(conn.file, synchronous=synchronous, exclusive=True,
+                                    autocheckpoint=True, cache_kib=cache_kib))
+    except BaseException:
+        conn.close()
+        raise
+
+
+def _pragmas(
+    path: str, *, synchronous: str, exclusive: bool, autocheckpoint: bool, cache_kib: int
+) -> str:
     # One script: pragmas run once, so they stay out of the statement cache (each
     # cached statement is memory held for the connection's life).
     pragmas = []
@@ -118,12 +163,7 @@ def connect(
     pragmas.append(f"PRAGMA wal_autocheckpoint={10000 if autocheckpoint else 0}")
     if path != ":memory:":
         pragmas.append("PRAGMA journal_mode=WAL")
-    try:
-        conn.executescript(";".join(pragmas))
-    except BaseException:
-        conn.close()
-        raise
-    return conn
+    return ";".join(pragmas)
 
 
 class Catalog:

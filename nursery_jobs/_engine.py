@@ -108,6 +108,22 @@ class ObjectState(Protocol):
             ObjectFencedError: another host took the object over; nothing was written.
         """
 
+    @property
+    def dormant(self) -> bool:
+        """Whether the database is closed while the object stays resident."""
+
+    def sleep(self) -> bool:
+        """Close the database of an idle object that stays resident; False (nothing
+        closed) where it cannot be (in memory, a working copy, a transaction open)."""
+
+    def wake(self) -> None:
+        """Open a dormant object's database again, in place (the same ``conn``); a
+        no-op when it is open.
+
+        Raises:
+            StorageFaultError: it cannot be opened; it stays dormant.
+        """
+
     def close(self) -> None:
         """Roll back any open transaction and release the database."""
 

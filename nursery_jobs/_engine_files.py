@@ -13,6 +13,7 @@ import logging
 import math
 import os
 import sqlite3
+from collections.abc import Callable
 from contextlib import suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -20,8 +21,8 @@ from typing import TYPE_CHECKING, Any, Final
 import trio
 
 from . import _clock
-from ._alarm import Backoff
-from ._catalog import Catalog, connect, object_file_name
+from ._alarm import LOCKED_RETRY, Backoff
+from ._catalog import Catalog, connect, object_file_name, reopen
 from ._engine import EngineSite, FlightSlot
 from ._errors import RuntimeLockedError
 from ._faults import GuardedConnection, StorageFaultError
@@ -47,9 +48,6 @@ FLIGHT_SLOTS: Final = 64
 CHECKPOINT_INTERVAL: Final = 1.0
 CHECKPOINT_WAL_BYTES: Final = 4 * 1024 * 1024
 CHECKPOINT_WAL_MAX: Final = 256 * 1024 * 1024
-# An object file locked by another process: tried again this often (Trio sleeps) before
-# the open fails; the alarm or the caller then retries with its own backoff.
-LOCKED_RETRY: Final = Backoff(base=0.05, max_retries=4)
 # The catalog is shared with nobody but ``nursery-jobs`` and the checkpoint thread (WAL:
 # readers never block its writer): a short inline wait at most.
 CATALOG_BUSY_TIMEOUT: Final = 0.05
@@ -101,8 +99,8 @@ class _HeapBudget:
 class SqliteObject:
     """An object's state in a SQLite database of its own (files or memory engine)."""
 
-    __slots__ = ("_crashes", "_engine", "_keep_open", "alarm", "conn", "file", "namespace",
-                 "object_id")
+    __slots__ = ("_crashes", "_engine", "_reopen", "alarm", "conn", "dormant", "file",
+                 "namespace", "object_id")
     ships = False  # every commit is durable when it returns
 
     def admit(self) -> None:
@@ -110,14 +108,17 @@ class SqliteObject:
 
     def __init__(
         self, engine: _CatalogEngine, conn: GuardedConnection, namespace: str, object_id: str,
-        *, file: str, keep_open: bool,
+        *, file: str, reopen: Callable[[GuardedConnection], None] | None,
     ) -> None:
         self._engine = engine
         self.conn = conn
         self.namespace = namespace
         self.object_id = object_id
         self.file = file
-        self._keep_open = keep_open
+        # How to open the closed file again in place (None: an in-memory database,
+        # kept open as long as its engine).
+        self._reopen = reopen
+        self.dormant = False  # the database is closed while the object stays resident
         self._crashes: bool | None = None  # whether crash tokens were found (None: unread)
         self.alarm = engine.get_alarm(namespace, object_id)
 
@@ -139,15 +140,49 @@ class SqliteObject:
     async def sync(self) -> None:
         await trio.lowlevel.checkpoint()  # every commit here is durable when it returns
 
+    def sleep(self) -> bool:
+        """Close the database while the object stays resident (dormant). False, with
+        nothing closed, where it cannot: an in-memory database, an open transaction,
+        a damaged file."""
+        conn = self.conn
+        if (self._reopen is None or self.dormant or conn.broken is not None
+                or conn.in_transaction):
+            return False
+        conn.close()
+        self.dormant = True
+        return True
+
+    def wake(self) -> None:
+        """Open a dormant object's database again, in place.
+
+        Raises:
+            StorageFaultError: it cannot be opened (locked by another process since it
+                was closed, moved away, damaged); it stays dormant.
+        """
+        if not self.dormant:
+            return
+        conn = self.conn
+        if conn.broken is not None:
+            conn.refuse("")
+        assert self._reopen is not None
+        self._reopen(conn)
+        self.dormant = False
+
     def close(self) -> None:
         conn = self.conn
+        if self.dormant:
+            conn.close()  # (closed already: nothing to roll back)
+            if conn.broken is not None:
+                self._engine.quarantine(self.namespace, self.object_id, self.file,
+                                        conn.broken)
+            return
         try:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")  # never leave a half-written transaction behind
         except sqlite3.Error:
             logger.warning("rolling back the open transaction of %s/%s failed",
                            self.namespace, self.object_id, exc_info=True)
-        if not self._keep_open:
+        if self._reopen is not None:
             conn.close()
         if conn.broken is not None:
             self._engine.quarantine(self.namespace, self.object_id, self.file, conn.broken)
@@ -356,7 +391,7 @@ class MemoryEngine(_CatalogEngine):
                            factory=self.connection_class)
             prepare(conn, label=label)
             self._objects[key] = conn
-        return SqliteObject(self, conn, namespace, object_id, file=":memory:", keep_open=True)
+        return SqliteObject(self, conn, namespace, object_id, file=":memory:", reopen=None)
 
     def database(self, namespace: str, object_id: str) -> sqlite3.Connection | None:
         """An object's in-memory database, kept while it is evicted (for reading)."""
@@ -507,7 +542,11 @@ class FilesEngine(_CatalogEngine):
             attempt += 1
         if not created:
             self.catalog.mark_created(namespace, object_id)
-        return SqliteObject(self, conn, namespace, object_id, file=file, keep_open=False)
+        return SqliteObject(self, conn, namespace, object_id, file=file,
+                            reopen=self._reopen_object)
+
+    def _reopen_object(self, conn: GuardedConnection) -> None:
+        reopen(conn, synchronous=self._synchronous, cache_kib=OBJECT_CACHE_KIB)
 
     def _open_file(
         self, path: Path, label: str, namespace: str, object_id: str, class_path: str

@@ -167,7 +167,7 @@ class GuardedConnection(sqlite3.Connection):
                 pass
         return error
 
-    def _refuse(self, sql: str) -> None:
+    def refuse(self, sql: str) -> None:
         broken = self.broken
         if broken is not None and sql.lstrip()[:8].upper() != "ROLLBACK":
             raise StorageFaultError(
@@ -178,7 +178,7 @@ class GuardedConnection(sqlite3.Connection):
 
     def execute(self, sql: str, parameters: Any = (), /) -> sqlite3.Cursor:
         if self.broken is not None:
-            self._refuse(sql)
+            self.refuse(sql)
         try:
             return sqlite3.Connection.execute(self, sql, parameters)
         except sqlite3.DatabaseError as exc:
@@ -189,7 +189,7 @@ class GuardedConnection(sqlite3.Connection):
 
     def executemany(self, sql: str, parameters: Iterable[Any], /) -> sqlite3.Cursor:
         if self.broken is not None:
-            self._refuse(sql)
+            self.refuse(sql)
         try:
             return sqlite3.Connection.executemany(self, sql, parameters)
         except sqlite3.DatabaseError as exc:
@@ -200,7 +200,7 @@ class GuardedConnection(sqlite3.Connection):
 
     def executescript(self, sql_script: str, /) -> sqlite3.Cursor:
         if self.broken is not None:
-            self._refuse(sql_script)
+            self.refuse(sql_script)
         try:
             return sqlite3.Connection.executescript(self, sql_script)
         except sqlite3.DatabaseError as exc:
@@ -211,7 +211,7 @@ class GuardedConnection(sqlite3.Connection):
 
     def commit(self) -> None:
         if self.broken is not None:
-            self._refuse("COMMIT")
+            self.refuse("COMMIT")
         try:
             sqlite3.Connection.commit(self)
         except sqlite3.DatabaseError as exc:

@@ -571,7 +571,7 @@ class RuntimeSource(_ObjectReader):
         yield catalog.conn
 
     def _is_active(self, namespace: str, object_id: str) -> bool:
-        return self.rt.active_database(namespace, object_id) is not None
+        return self.rt.is_active(namespace, object_id)
 
     def active_keys(self) -> list[tuple[str, str]]:
         return self.rt.active_objects()
@@ -600,6 +600,12 @@ class RuntimeSource(_ObjectReader):
         conn = self._host_conn(row.namespace, row.id)
         if conn is not None:
             yield conn, "active", None
+            return
+        if self.rt.path is not None and self.rt.is_active(row.namespace, row.id):
+            # Dormant: resident, its file closed (read as an evicted one's is).
+            with _file_db(self.rt.path / "objects" / row.file, probe=False) as found:
+                conn, state, problem = found
+                yield conn, "active" if state == "evicted" else state, problem
             return
         if self.rt.path is None:
             memory = self.rt.engine.database(row.namespace, row.id)  # type: ignore[attr-defined]
@@ -630,7 +636,8 @@ class RuntimeSource(_ObjectReader):
 
     # -- what the metrics and the test helpers need --------------------------------------
     def due_jobs_in_active_objects(self, now: float) -> dict[str, int]:
-        """Due jobs per namespace, counted in the open databases of active objects."""
+        """Due jobs per namespace, counted in the open databases of active objects (a
+        dormant one has none due: its alarm would have woken it)."""
         counts: dict[str, int] = {}
         for namespace, object_id in self.rt.active_objects():
             conn = self.rt.active_database(namespace, object_id)

@@ -71,7 +71,7 @@ class Lifecycle:
         self.max_alarm_memory_limit_strikes = max_alarm_memory_limit_strikes
         self._runner: AlarmRunner | None = None
         self.claim = ctx.claim_alarm("Lifecycle", self._alarm_run, LIFECYCLE_RETRY)
-        self.store = JobStore(ctx.storage.conn, self.claim, self.claim.transactions,
+        self.store = JobStore(self.claim.transactions.conn, self.claim, self.claim.transactions,
                               completion_group=completion_group,
                               dead_letter_limit=dead_letter_limit,
                               on_dropped=self._dead_letter_dropped)

@@ -108,6 +108,14 @@ class PgObject:
         self._lock = trio.Lock()
         self._shipped_changes = conn.total_changes
 
+    dormant = False  # the working copy is the object's only copy here: never closed
+
+    def sleep(self) -> bool:
+        return False
+
+    def wake(self) -> None:
+        pass
+
     def admit(self) -> None:
         """Before a call runs: is this host's lease known to hold (``ObjectState``)?"""
         self._admit()

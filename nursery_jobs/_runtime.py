@@ -128,12 +128,15 @@ class Runtime:
         durability: Durability,
         memory_limit: int | None = None,
         memory_probe: Callable[[], float] | None = None,
+        dormant_after: float | None = None,
     ) -> None:
         self.engine = engine
         self.memory_limit = memory_limit
         self.memory_probe = memory_probe or process_rss
         self.env = env
         self.idle_timeout = idle_timeout
+        self.dormant_after = dormant_after
+        self.dormancy = trio.Lock()
         # Unbounded would run out of file descriptors: by default keep resident what
         # the open-file limit allows (two per object, a margin for everything else).
         self.max_active = default_max_active() if max_active is None else max_active
@@ -216,9 +219,16 @@ class Runtime:
         return [key for key, host in self._hosts.items() if host.status == "ready"]
 
     def active_database(self, namespace: str, object_id: str) -> sqlite3.Connection | None:
-        """The open database of an active object (read it on the Trio thread), or None."""
+        """The open database of an active object (read it on the Trio thread), or None:
+        not active, or dormant (its file is closed; read that). Does not checkpoint."""
         host = self._hosts.get((namespace, object_id))
-        return None if host is None or host.state is None else host.state.conn
+        state = None if host is None else host.state
+        return None if state is None or state.dormant else state.conn
+
+    def is_active(self, namespace: str, object_id: str) -> bool:
+        """Whether the object is in memory (awake or dormant). Does not checkpoint."""
+        host = self._hosts.get((namespace, object_id))
+        return host is not None and host.state is not None
 
     def active_instance(self, namespace: str, object_id: str) -> DurableObject | None:
         """The instance of an active object, or None. Does not checkpoint."""
@@ -229,6 +239,7 @@ class Runtime:
         """Activate an object (running its startup) and return its instance."""
         host = await self._activate(cls, cls.namespace, check_object_id(object_id))
         await host.call_startup()
+        host.wake()  # the caller uses the instance at once
         assert host.instance is not None
         return host.instance
 
@@ -323,6 +334,7 @@ async def open_runtime(
     *,
     env: Any = None,
     idle_timeout: float = 60.0,
+    dormant_after: float | None = 10.0,
     max_active: int | None = None,
     durability: Durability = "normal",
     memory_limit: int | None = None,
@@ -342,6 +354,13 @@ async def open_runtime(
     Leaving the block stops the timer, cancels in-flight work and closes every
     database. Raises ``RuntimeLockedError`` if another runtime holds ``path``.
 
+    An object idle for ``idle_timeout`` seconds leaves memory. Idle for ``dormant_after``
+    (a data directory only; None: never), it stays resident but closes its database
+    (~11 KiB instead of ~170 per object), which its next call or alarm opens again
+    (~1 ms for both). An object whose connection was handed out (``storage.db``,
+    ``storage.conn``) or given state (PRAGMA, ATTACH, TEMP), or that runs tasks of its
+    own in its nursery, keeps its database open.
+
     With ``memory_limit`` (bytes), a watchdog samples ``memory_probe()`` (default:
     the process's RSS) every 0.1 s; over the limit, every object whose alarm work is
     running is reset, and its Lifecycle's circuit breaker records a strike.
@@ -359,6 +378,14 @@ async def open_runtime(
         raise ValueError(
             f"idle_timeout must be a finite number of seconds > 0, got {idle_timeout!r}"
         )
+    if dormant_after is not None and (
+        not isinstance(dormant_after, (int, float)) or isinstance(dormant_after, bool)
+        or not (dormant_after > 0 and math.isfinite(dormant_after))
+    ):
+        raise ValueError(
+            f"dormant_after must be None or a finite number of seconds > 0, got"
+            f" {dormant_after!r}"
+        )
     if max_active is not None and (
         not isinstance(max_active, int) or isinstance(max_active, bool) or max_active < 1
     ):
@@ -369,7 +396,8 @@ async def open_runtime(
                                                ("pool_size", pool_size)) if value is not None}
     engine = engine_for(path, synchronous=_SYNCHRONOUS[durability], **cluster)
     rt = Runtime(engine, env=env, idle_timeout=float(idle_timeout), max_active=max_active,
-                 durability=durability, memory_limit=memory_limit, memory_probe=memory_probe)
+                 durability=durability, memory_limit=memory_limit, memory_probe=memory_probe,
+                 dormant_after=None if dormant_after is None else float(dormant_after))
     engine.open(_clock.now())
     body_error: BaseException | None = None
     try:

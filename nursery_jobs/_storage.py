@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -17,6 +18,10 @@ if TYPE_CHECKING:
     import datetime
 
     from ._transactions import ObjectTransactions
+
+# Statements that give the connection state of its own, which a dormant object's
+# reopened database would not have.
+_PER_CONNECTION = re.compile(r"\s*(PRAGMA|ATTACH|DETACH|CREATE\s+TEMP)", re.IGNORECASE)
 
 class AlarmSlot(Protocol):
     """What storage needs from the host to keep an object's alarm."""
@@ -35,29 +40,49 @@ class Storage:
     other tasks; the statement is cheaper than a thread hop.
     """
 
-    __slots__ = ("_alarm", "_db", "_tx", "conn")
+    __slots__ = ("_alarm", "_conn", "_db", "_tx", "pinned")
 
     def __init__(
         self, conn: sqlite3.Connection, alarm: AlarmSlot, transactions: ObjectTransactions
     ) -> None:
-        self.conn = conn
-        self._db = sqlite_utils.Database(conn, execute_plugins=False)
+        self._conn = conn
+        self._db: sqlite_utils.Database | None = None
         self._alarm = alarm
         self._tx = transactions
+        # Whether the connection was handed out (``conn``, ``db``) or given state of its
+        # own (a PRAGMA, ATTACH, a TEMP table): the object then keeps its database open
+        # while it is resident, since a dormant object's database is reopened afresh.
+        self.pinned = False
 
     # -- SQL --------------------------------------------------------------------
     @property
+    def conn(self) -> sqlite3.Connection:
+        """The object's raw ``sqlite3`` connection (it then stays open while the
+        object is resident: it never goes dormant)."""
+        self.pinned = True
+        return self._conn
+
+    @property
     def db(self) -> sqlite_utils.Database:
-        """The object's database through sqlite-utils (file and memory engines)."""
-        _refuse_raw_sql(self.conn, "storage.db")  # hook(pg)
+        """The object's database through sqlite-utils (file and memory engines). The
+        object then keeps it open while resident (it never goes dormant), so what you
+        set on it (functions, pragmas) lasts the activation."""
+        _refuse_raw_sql(self._conn, "storage.db")  # hook(pg)
+        self.pinned = True
+        if self._db is None:
+            self._db = sqlite_utils.Database(self._conn, execute_plugins=False)
         return self._db
 
     def execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> sqlite3.Cursor:
         """Run one SQL statement on the object's database (committed unless inside
-        :meth:`transaction`, or a job: a job's writes commit with its outcome)."""
-        _refuse_raw_sql(self.conn, "storage.execute()")
+        :meth:`transaction`, or a job: a job's writes commit with its outcome). A
+        statement that sets state of the connection itself (PRAGMA, ATTACH, a TEMP
+        table) keeps the database open while the object is resident."""
+        _refuse_raw_sql(self._conn, "storage.execute()")
         self._tx.check_write()
-        return self.conn.execute(sql, params)
+        if not self.pinned and _PER_CONNECTION.match(sql):
+            self.pinned = True
+        return self._conn.execute(sql, params)
 
     @contextmanager
     def transaction(self) -> Iterator[Storage]:
@@ -74,14 +99,14 @@ class Storage:
     # -- key-value --------------------------------------------------------------
     def get(self, key: str, default: Any = None) -> Any:
         """Return the value stored under ``key``, or ``default``."""
-        row = self.conn.execute("SELECT value FROM nj_kv WHERE key = ?", (_key(key),)).fetchone()
+        row = self._conn.execute("SELECT value FROM nj_kv WHERE key = ?", (_key(key),)).fetchone()
         return default if row is None else decode_payload(row[0])
 
     def put(self, key: str, value: Any) -> None:
         """Store ``value`` (through the payload codec) under ``key``."""
         text = encode_payload(value)
         self._tx.check_write()
-        self.conn.execute(
+        self._conn.execute(
             "INSERT INTO nj_kv (key, value) VALUES (?, ?)"
             " ON CONFLICT DO UPDATE SET value = excluded.value",
             (_key(key), text),
@@ -90,11 +115,11 @@ class Storage:
     def delete(self, key: str) -> bool:
         """Delete ``key``; return whether it existed."""
         self._tx.check_write()
-        return self.conn.execute("DELETE FROM nj_kv WHERE key = ?", (_key(key),)).rowcount > 0
+        return self._conn.execute("DELETE FROM nj_kv WHERE key = ?", (_key(key),)).rowcount > 0
 
     def list(self, prefix: str = "") -> dict[str, Any]:
         """Return every key starting with ``prefix`` and its value, in key order."""
-        rows = self.conn.execute(
+        rows = self._conn.execute(
             "SELECT key, value FROM nj_kv WHERE key >= ? AND substr(key, 1, ?) = ? ORDER BY key",
             (prefix, len(prefix), _key(prefix, allow_empty=True)),
         )

@@ -28,8 +28,8 @@ from conftest import EPOCH
 from fault_seam import FaultPlan, faulty_engine
 
 import nursery_jobs as nj
+from nursery_jobs._alarm import LOCKED_RETRY
 from nursery_jobs._catalog import object_file_name
-from nursery_jobs._engine_files import LOCKED_RETRY
 
 RAN: list[tuple[str, str, float]] = []
 

@@ -1,0 +1,331 @@
+"""Dormant objects: an object idle for ``dormant_after`` closes its database and stays
+resident (its task, its instance, its in-memory state); its next call or alarm opens
+the database again. Times are exact virtual times under the autojump clock."""
+# A process holding an object's file is started with Popen and read synchronously: it
+# answers at once, and a Trio process API would let the autojump clock run meanwhile.
+# ruff: noqa: ASYNC220
+
+from __future__ import annotations
+
+import math
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+import nursery_jobs as nj
+from nursery_jobs._catalog import object_file_name
+
+HANG = 100_000
+
+
+class Note(nj.DurableObject):
+    namespace = "tests.dormancy.Note"
+
+    def __init__(self, ctx: nj.ObjectContext) -> None:
+        super().__init__(ctx)
+        self.calls = 0  # in memory only: survives dormancy, not eviction
+        self.alarms: list[float] = []
+
+    async def on_start(self) -> None:
+        if self.ctx.env is not None:
+            self.ctx.env.setdefault("starts", []).append((self.ctx.id, trio.current_time()))
+
+    async def add(self, by: int = 1) -> tuple[int, int]:
+        n = self.ctx.storage.get("n", 0) + by
+        self.ctx.storage.put("n", n)
+        self.calls += 1
+        return n, self.calls
+
+    async def arm(self, delay: float) -> None:
+        self.ctx.storage.set_alarm(nj.now() + delay)
+
+    async def alarm(self, info: nj.AlarmInfo) -> None:
+        self.alarms.append(trio.current_time())
+        self.ctx.storage.put("alarmed", len(self.alarms))
+
+    async def read(self, key: str) -> Any:
+        return self.ctx.storage.get(key)
+
+    async def use_db(self) -> int:
+        self.ctx.storage.db.execute("CREATE TABLE IF NOT EXISTS t (x)")
+        return len(self.ctx.storage.db.table_names())
+
+    async def set_pragma(self) -> None:
+        self.ctx.storage.execute("PRAGMA foreign_keys = ON")
+
+    async def pragma(self) -> int:
+        return int(self.ctx.storage.execute("PRAGMA foreign_keys").fetchone()[0])
+
+    async def start_background(self) -> None:
+        self.ctx.nursery.start_soon(trio.sleep_forever)
+
+
+class Counter(nj.DurableObject):
+    namespace = "tests.dormancy.Counter"
+
+    def __init__(self, ctx: nj.ObjectContext) -> None:
+        super().__init__(ctx)
+        self.lifecycle = nj.Lifecycle.install(self)
+        self.ran: list[float] = []
+
+    async def push(self, delay: float) -> None:
+        await self.lifecycle.jobs.push("count", delay=delay)
+
+    async def on_job(self, ctx: nj.JobContext) -> None:
+        self.ran.append(trio.current_time())
+        self.ctx.storage.put("n", self.ctx.storage.get("n", 0) + 1)
+
+    async def read(self) -> int:
+        return int(self.ctx.storage.get("n", 0))
+
+
+def dormant(rt: Any, cls: type[nj.DurableObject], object_id: str) -> bool:
+    """Resident, with its database closed."""
+    return bool(rt.is_active(cls.namespace, object_id)
+                and rt.active_database(cls.namespace, object_id) is None)
+
+
+async def at(time: float) -> None:
+    """Sleep until ``time``, then let every task due then run (no virtual time passes)."""
+    await trio.sleep_until(time)
+    await trio.testing.wait_all_tasks_blocked()
+    assert trio.current_time() == time
+
+
+def object_file(data: Path, cls: type[nj.DurableObject], object_id: str) -> Path:
+    return data / "objects" / object_file_name(cls.namespace, object_id)
+
+
+def file_is_free(path: Path) -> bool:
+    """Whether another connection can take the file's write lock (the runtime holds
+    an open object's file with locking_mode=EXCLUSIVE)."""
+    conn = sqlite3.connect(path, timeout=0)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        conn.rollback()
+        return True
+    except sqlite3.OperationalError:
+        return False
+    finally:
+        conn.close()
+
+
+async def test_an_idle_object_closes_its_database_and_its_next_call_reopens_it(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    env: dict[str, Any] = {}
+    data = tmp_path / "data"
+    async with nj.open_runtime(data, env=env, idle_timeout=60, dormant_after=10) as rt:
+        note = rt.get(Note, "a")
+        start = trio.current_time()
+        assert await note.add() == (1, 1)
+        await at(start + 10 - 0.001)
+        assert not dormant(rt, Note, "a")
+        assert not file_is_free(object_file(data, Note, "a"))
+        await at(start + 10)
+        assert dormant(rt, Note, "a")
+        assert file_is_free(object_file(data, Note, "a"))  # closed: its lock released
+        # Its next call opens it again: storage and in-memory state are both there.
+        await at(start + 15)
+        assert await note.add(2) == (3, 2)
+        assert not dormant(rt, Note, "a")
+        assert env["starts"] == [("a", start)]  # never re-activated
+        # Dormant again dormant_after after that call, evicted idle_timeout after it.
+        await at(start + 25 - 0.001)
+        assert not dormant(rt, Note, "a")
+        await at(start + 25)
+        assert dormant(rt, Note, "a")
+        await at(start + 75 - 0.001)
+        assert rt.is_active(Note.namespace, "a")
+        await at(start + 75)
+        assert not rt.is_active(Note.namespace, "a")
+        assert await note.read("n") == 3
+        assert len(env["starts"]) == 2
+
+
+async def test_a_dormant_objects_alarm_runs_on_time(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with nj.open_runtime(tmp_path / "data", idle_timeout=60, dormant_after=1) as rt:
+        note = rt.get(Note, "a")
+        start = trio.current_time()
+        await note.arm(30)
+        await trio.sleep(2)
+        assert dormant(rt, Note, "a")
+        await trio.sleep(30)
+        assert await note.read("alarmed") == 1
+        instance = await rt.activate(Note, "a")
+        assert isinstance(instance, Note) and instance.alarms == [start + 30]
+
+
+async def test_a_lifecycle_object_runs_its_jobs_exactly_once_across_dormancy(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with nj.open_runtime(tmp_path / "data", idle_timeout=600, dormant_after=1) as rt:
+        counter = rt.get(Counter, "c")
+        start = trio.current_time()
+        for delay in (5, 20, 40):
+            await counter.push(delay)
+        for _ in range(3):
+            await trio.sleep(15)
+        assert await counter.read() == 3
+        instance = await rt.activate(Counter, "c")
+        assert isinstance(instance, Counter)
+        assert instance.ran == [start + 5, start + 20, start + 40]
+        # rt.activate woke it (its caller uses the instance at once); idle again, it
+        # dozes again.
+        now = trio.current_time()
+        assert not dormant(rt, Counter, "c")
+        await at(now + 1)
+        assert dormant(rt, Counter, "c")
+
+
+@pytest.mark.parametrize("pin", ["use_db", "set_pragma", "start_background"])
+async def test_an_object_whose_connection_has_state_of_its_own_stays_open(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, pin: str
+) -> None:
+    async with nj.open_runtime(tmp_path / "data", idle_timeout=60, dormant_after=1) as rt:
+        note = rt.get(Note, "a")
+        await note.call(pin)
+        await trio.sleep(30)
+        assert not dormant(rt, Note, "a")
+        if pin == "set_pragma":
+            assert await note.pragma() == 1  # what it set lasts the activation
+        # A plain object beside it does go dormant.
+        await rt.get(Note, "b").add()
+        await trio.sleep(2)
+        assert dormant(rt, Note, "b")
+
+
+_HOLDER = """
+import sqlite3, sys
+conn = sqlite3.connect(sys.argv[1])
+conn.execute("BEGIN")
+conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchall()
+print("holding", flush=True)
+sys.stdin.readline()
+conn.rollback()
+conn.close()
+"""
+
+
+async def test_a_dormant_file_locked_by_another_process_fails_the_call_typed_and_heals(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    data = tmp_path / "data"
+    async with nj.open_runtime(data, idle_timeout=3600, dormant_after=1) as rt:
+        note = rt.get(Note, "a")
+        await note.add()
+        await trio.sleep(2)
+        assert dormant(rt, Note, "a")
+        with subprocess.Popen(
+            [sys.executable, "-c", _HOLDER, str(object_file(data, Note, "a"))],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        ) as holder:
+            assert holder.stdout is not None and holder.stdin is not None
+            assert holder.stdout.readline() == "holding\n"
+            start = trio.current_time()
+            with pytest.raises(nj.StorageError) as info:
+                await note.add()
+            # Tried again in Trio sleeps (50 ms doubling, 4 retries) before failing.
+            assert trio.current_time() - start == pytest.approx(0.05 + 0.1 + 0.2 + 0.4)
+            assert getattr(info.value, "cause", None) == "locked"
+            assert "tests.dormancy.Note/a" in str(info.value)
+            holder.stdin.write("done\n")
+            holder.stdin.flush()
+            holder.wait(10)
+        assert await note.add() == (2, 2)  # healed: nothing of the failed call ran
+
+
+async def test_a_dormant_objects_alarm_retries_while_its_file_is_locked(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    data = tmp_path / "data"
+    async with nj.open_runtime(data, idle_timeout=3600, dormant_after=1) as rt:
+        retries: list[nj.Event] = []
+        rt.events.add_listener(lambda e: retries.append(e) if e.type == "alarm:retry" else None)
+        note = rt.get(Note, "a")
+        start = trio.current_time()
+        await note.arm(10)
+        await trio.sleep(2)
+        assert dormant(rt, Note, "a")
+        with subprocess.Popen(
+            [sys.executable, "-c", _HOLDER, str(object_file(data, Note, "a"))],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        ) as holder:
+            assert holder.stdout is not None and holder.stdin is not None
+            assert holder.stdout.readline() == "holding\n"
+            await trio.sleep_until(start + 12)
+            assert [e.object_id for e in retries] == ["a"]  # failed once, retried in 2 s
+            holder.stdin.write("done\n")
+            holder.stdin.flush()
+            holder.wait(10)
+        await trio.sleep(5)
+        instance = await rt.activate(Note, "a")
+        assert isinstance(instance, Note)
+        assert instance.alarms == [pytest.approx(start + 10 + 0.75 + 2)]
+        assert await note.read("alarmed") == 1
+
+
+async def test_a_dormant_objects_file_that_went_away_is_not_recreated_empty(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    data = tmp_path / "data"
+    async with nj.open_runtime(data, idle_timeout=3600, dormant_after=1) as rt:
+        note = rt.get(Note, "a")
+        await note.add()
+        await trio.sleep(2)
+        path = object_file(data, Note, "a")
+        os.replace(path, tmp_path / "aside")
+        with pytest.raises(nj.StorageError) as info:
+            await note.add()
+        assert getattr(info.value, "cause", None) == "missing"
+        assert not path.exists()
+        os.replace(tmp_path / "aside", path)  # an operator puts it back
+        assert await note.add() == (2, 2)
+
+
+async def test_dormant_after_is_checked_and_none_keeps_databases_open(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    for bad in (0, -1, math.nan, math.inf, True, "10"):
+        with pytest.raises(ValueError, match="dormant_after"):
+            async with nj.open_runtime(tmp_path / "bad", dormant_after=bad):  # type: ignore[arg-type]
+                pass
+    assert not (tmp_path / "bad").exists()
+    async with nj.open_runtime(tmp_path / "data", idle_timeout=60, dormant_after=None) as rt:
+        await rt.get(Note, "a").add()
+        await trio.sleep(59)
+        assert not dormant(rt, Note, "a")
+    # In memory there is no file to reopen: never dormant.
+    async with nj.open_runtime(None, idle_timeout=60, dormant_after=1) as rt:
+        await rt.get(Note, "a").add()
+        await trio.sleep(59)
+        assert not dormant(rt, Note, "a")
+        assert await rt.get(Note, "a").add() == (2, 2)
+
+
+async def test_the_dashboard_reads_a_dormant_object_as_active(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    from nursery_jobs._inspect import RuntimeSource
+
+    async with nj.open_runtime(tmp_path / "data", idle_timeout=3600, dormant_after=1) as rt:
+        counter = rt.get(Counter, "c")
+        await counter.push(3600)
+        await trio.sleep(2)
+        assert dormant(rt, Counter, "c")
+        detail = RuntimeSource(rt).detail(Counter.namespace, "c", nj.now())
+        assert detail is not None
+        assert detail.summary.state == "active" and detail.summary.row.active
+        assert [job.fn for job in detail.jobs] == ["count"]
+        assert dormant(rt, Counter, "c")  # reading did not wake it
+        with trio.fail_after(HANG):
+            assert await counter.read() == 0
