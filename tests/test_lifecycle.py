@@ -975,24 +975,34 @@ async def test_slow_dispatch_event_once_per_slow_run(
             ]
 
 
-async def test_one_slow_dispatch_watchdog_per_object(
+async def test_one_slow_dispatch_watchdog_per_object_while_its_alarm_runs(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    env = make_env()
+    def watchdogs(o: Host) -> int:
+        return sum("slow_dispatch_watchdog" in task.name for task in o.ctx.nursery.child_tasks)
+
+    seen: list[int] = []
+
+    async def count(obj: Any, ctx: nj.JobContext) -> None:
+        await trio.lowlevel.checkpoint()
+        seen.append(watchdogs(obj))
+
+    env = make_env({"count": count})
     with trio.fail_after(HANG):
         async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Host, "o")
             for i in range(5):  # jobs that never checkpoint, in one alarm run
                 await obj.push("f", id=f"q{i}", time=EPOCH + 10)
+            await obj.push("count", id="count", time=EPOCH + 10)
             await trio.sleep(20)
-            assert len(env.runs) == 5
+            assert len(env.runs) == 6 and seen == [1]
 
-            async def watchdogs(o: Host) -> int:
+            async def after_the_run(o: Host) -> int:
                 await trio.lowlevel.checkpoint()
-                return sum("slow_dispatch_watchdog" in task.name
-                           for task in o.ctx.nursery.child_tasks)
+                return watchdogs(o)
 
-            assert await obj.run(watchdogs) == 1
+            # It ends with the run: an idle object keeps no task of its own.
+            assert await obj.run(after_the_run) == 0
 
 
 # -- missing handlers ------------------------------------------------------------------------
