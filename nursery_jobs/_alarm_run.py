@@ -22,7 +22,7 @@ from . import _clock
 from ._capability import Capability
 from ._errors import describe_error, safe_repr
 from ._job_table import Cursor, JobRow
-from ._jobs import HOST, Job, JobContext, JobOutcome, coerce_outcome
+from ._jobs import HOST, Job, JobContext, JobOutcome, coerce_outcome, job_context
 
 if TYPE_CHECKING:
     from ._lifecycle import Lifecycle
@@ -70,6 +70,8 @@ class AlarmRunner:
         self._lc = lifecycle
         self._store = lifecycle.store
         self._claim = lifecycle.claim
+        self._metrics = lifecycle.claim.metrics
+        self._namespace = lifecycle.ctx.namespace
         self._rng = rng
         self._watch_scope: trio.CancelScope | None = None
         self._watch_job: Job | None = None
@@ -127,6 +129,8 @@ class AlarmRunner:
         cursor = _START
         ran: set[str] = set()
         readmitted: set[str] = set()
+        # Each owner's handler, looked up once per run.
+        handlers: dict[str, tuple[Any, Callable[..., Awaitable[Any]] | None]] = {}
         batch: list[JobRow] = []
         index = 0
         read_at = -1
@@ -160,7 +164,18 @@ class AlarmRunner:
                               _log=(logging.WARNING,
                                     "forcing reset of hung job %r of %s (running for %.1f s)",
                                     (job.id, self._lc.label, age)))
-            if await self._dispatch(run, row) and job.id not in readmitted:
+            handler = handlers.get(job.owner)
+            if handler is None:
+                handler = handlers[job.owner] = self._handler(job.owner)
+            owner, on_job = handler
+            if on_job is None:
+                self._drop(job)
+                superseded = False
+            elif row.crash_strikes:
+                superseded = await self._on_probation(run, row, owner, on_job)
+            else:
+                superseded = await self._run_job(run, row, owner, on_job)
+            if superseded and job.id not in readmitted:
                 # Replaced during its own run: the replacement keeps the job's place in
                 # line, so it runs next in this pass (once; after that, next alarm).
                 readmitted.add(job.id)
@@ -177,40 +192,39 @@ class AlarmRunner:
             return cap, None
         return cap, cap.on_job
 
-    async def _dispatch(self, run: AlarmRun, row: JobRow) -> bool:
-        """Run one job; return whether a same-id push, reschedule or cancel superseded
-        its outcome."""
-        job = row.job
-        owner, on_job = self._handler(job.owner)
-        if on_job is None:
-            self._store.drop(job)
-            self._lc.emit(
-                "job:dropped", id=job.id, owner=job.owner, fn=job.fn,
-                _log=(logging.ERROR, "no installed capability or host handler for job %r"
-                      " (owner %r, fn %r) of %s; dropping it",
-                      (job.id, job.owner, job.fn, self._lc.label)))
-            return False
-        if row.crash_strikes:
-            # Jobs with crash strikes run one at a time per runtime ("probation"). A
-            # job that kills its process is a suspect after its first death; the jobs
-            # that were running beside it are suspects too, and with the same strikes
-            # they fall due again at the same moment. Were they to run beside it
-            # again, they would die with it again and be sealed with it. On probation
-            # no death can take two suspects: the others finish and are cleared.
-            version = self._store.version
-            async with self._claim.probation:
-                if self._store.version != version:
-                    # Pushed, re-timed or cancelled while it waited: run what is there.
-                    fresh = self._store.row(job.id)
-                    if fresh is None or fresh.job.time > _clock.now():
-                        return False
-                    row = fresh
-                return await self._run_job(run, row, owner, on_job)
-        return await self._run_job(run, row, owner, on_job)
+    def _drop(self, job: Job) -> None:
+        """A job whose owner has no handler: logged and deleted."""
+        self._store.drop(job)
+        self._lc.emit(
+            "job:dropped", id=job.id, owner=job.owner, fn=job.fn,
+            _log=(logging.ERROR, "no installed capability or host handler for job %r"
+                  " (owner %r, fn %r) of %s; dropping it",
+                  (job.id, job.owner, job.fn, self._lc.label)))
+
+    async def _on_probation(
+        self, run: AlarmRun, row: JobRow, owner: Any, on_job: Callable[..., Awaitable[Any]]
+    ) -> bool:
+        """Run a job with crash strikes, one at a time per runtime ("probation"). A job
+        that kills its process is a suspect after its first death; the jobs that were
+        running beside it are suspects too, and with the same strikes they fall due again
+        at the same moment. Were they to run beside it again, they would die with it
+        again and be sealed with it. On probation no death can take two suspects: the
+        others finish and are cleared."""
+        version = self._store.version
+        async with self._claim.probation:
+            if self._store.version != version:
+                # Pushed, re-timed or cancelled while it waited: run what is there.
+                fresh = self._store.row(row.job.id)
+                if fresh is None or fresh.job.time > _clock.now():
+                    return False
+                row = fresh
+            return await self._run_job(run, row, owner, on_job)
 
     async def _run_job(
         self, run: AlarmRun, row: JobRow, owner: Any, on_job: Callable[..., Awaitable[Any]]
     ) -> bool:
+        """Run one job; return whether a same-id push, reschedule or cancel superseded
+        its outcome."""
         store, job = self._store, row.job
         if store.tx.user_task is not None:
             # A call's storage.transaction() is open (it awaited inside): the job must
@@ -230,7 +244,7 @@ class AlarmRunner:
             flight.record(job.id, started)
         store.begin_run(row)  # the group transaction and the job's savepoint
         run.job, run.started, run.tracked = job, started, False
-        ctx = JobContext(job=job, attempt=row.attempts + 1)
+        ctx = job_context(job, row.attempts + 1)
         self._watch(job, clock)
         try:
             outcome = coerce_outcome(await on_job(ctx))
@@ -262,14 +276,15 @@ class AlarmRunner:
             await self._job_failed(run, owner, ctx, exc, clock)
         else:
             self._watch_job = None
-            self._claim.metrics.job_ran(self._lc.ctx.namespace, job.owner,
-                                        trio.current_time() - clock, True)
+            self._metrics.job_ran(self._namespace, job.owner, trio.current_time() - clock, True)
             if store.tx.user_task is not None:
                 # The outcome must not land in another task's block that may roll back.
                 await store.wait_for_user_block()
-            store.finish(job, outcome, keep_marker=self._lc.keeps_marker(run, job))
+            store.finish(job, outcome, keep_marker=outcome is not None
+                         and self._lc.keeps_marker(run, job))
         finally:
-            store.tx.end_job(keep=False)  # (a no-op unless something above was cut off)
+            if store.tx.job_task is not None:  # (something above was cut off)
+                store.tx.end_job(keep=False)
             if flight is not None:
                 flight.clear()
             run.job = None
@@ -283,8 +298,8 @@ class AlarmRunner:
         if self._store.tx.user_task is not None:
             await self._store.wait_for_user_block()  # (as for a clean outcome)
         self._watch_job = None
-        self._claim.metrics.job_ran(self._lc.ctx.namespace, ctx.job.owner,
-                                    trio.current_time() - clock, False)
+        self._metrics.job_ran(self._namespace, ctx.job.owner, trio.current_time() - clock,
+                              False)
         self._store.fail()
         await self._failed(owner, ctx, error, keep_marker=self._lc.keeps_marker(run, ctx.job))
 

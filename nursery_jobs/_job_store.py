@@ -78,7 +78,8 @@ class JobStore:
     # the savepoint back (``fail``). A death before the group commits loses the jobs'
     # writes with their outcomes: their re-runs find the storage as it was.
     def begin_run(self, row: JobRow) -> None:
-        self._replay.clear()
+        if self._replay:
+            self._replay.clear()
         self.tx.begin_job()
         self.running_id, self.running_seq, self.superseded = row.job.id, row.seq, False
 
