@@ -5,7 +5,7 @@ pending alarm, and the resident memory per active object at 1k and 10k objects (
 measured in a fresh process): light objects (one key written) and busy ones (a 1 MiB
 table read through, so the page cache is as full as the database allows).
 
-Run: python benchmarks/timers.py [--objects N] [--spread S] [--json] [--memory-only]
+Run: python benchmarks/timers.py [--objects N] [--spread S] [--json] [--memory-only | --lateness-only]
 """
 
 from __future__ import annotations
@@ -177,6 +177,7 @@ def main() -> None:
     parser.add_argument("--dir", default=None, help="where to put the data (default: tmp)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--memory-only", action="store_true")
+    parser.add_argument("--lateness-only", action="store_true")
     parser.add_argument("--memory-probe", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.memory_probe:
@@ -190,9 +191,12 @@ def main() -> None:
         return
     result: dict[str, object] = {}
     large = min(10_000, resident_limit() - 1)
-    memory_rows = [memory_probe(n, kib, args.dir) for n in (1_000, large) for kib in (0, 1024)]
+    memory_rows = [] if args.lateness_only else [
+        memory_probe(n, kib, args.dir) for n in (1_000, large) for kib in (0, 1024)
+    ]
     result["memory"] = memory_rows
-    result["catalog_bytes_per_object"] = memory_rows[1]["catalog_bytes_per_object"]
+    if memory_rows:
+        result["catalog_bytes_per_object"] = memory_rows[1]["catalog_bytes_per_object"]
     if not args.memory_only:
         with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
             result.update(trio.run(lateness, os.path.join(tmp, "warm"), args.objects,
@@ -216,6 +220,8 @@ def main() -> None:
               f" {result['cold_p50_ms']:.2f} ms   p99 {result['cold_p99_ms']:.2f} ms"
               f"   max {result['cold_max_ms']:.2f} ms")
         print(f"  creating an object's database: {result['create_ms_per_object']:.2f} ms each")
+    if not memory_rows:
+        return
     print(f"  evicted object with a pending alarm: its catalog rows only"
           f" (~{result['catalog_bytes_per_object']:.0f} B of catalog per object)")
     print("  resident memory per active object (page cache: 1 MiB per object, 256 MiB for"

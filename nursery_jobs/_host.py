@@ -202,7 +202,7 @@ class ObjectHost:
                 # Idle for dormant_after, not yet for idle_timeout.
                 await self._doze()
                 self._idle_scope = trio.CancelScope(
-                    deadline=math.inf if self._busy else self._idle_since + self.site.idle_timeout
+                    deadline=math.inf if self._busy else self._deadline()
                 )
                 if self._leaving:
                     self._idle_scope.cancel(reason="evicted")
@@ -216,18 +216,22 @@ class ObjectHost:
 
     def _idle_deadline(self) -> float:
         """Work just ended: when to doze (close the database), or leave memory."""
-        now = self._idle_since = trio.current_time()
-        after = self.site.dormant_after
-        if after is not None and after < self.site.idle_timeout:
-            state = self.state
-            if state is not None and not state.dormant:
-                return now + after
-        return now + self.site.idle_timeout
+        self._idle_since = trio.current_time()
+        return self._deadline()
+
+    def _deadline(self) -> float:
+        """When to doze, if that is still ahead; else when to leave memory. Both count
+        from the end of the last work."""
+        after, state = self.site.dormant_after, self.state
+        if (after is not None and after < self.site.idle_timeout and state is not None
+                and not state.dormant and trio.current_time() < self._idle_since + after):
+            return self._idle_since + after
+        return self._idle_since + self.site.idle_timeout
 
     async def _doze(self) -> None:
         """Close the database of an object idle for ``dormant_after``; it stays resident
         (task, instance, in-memory state) and its next work opens it again. A resident
-        object holds ~11 KiB so instead of ~170 (benchmarks/timers.py). Not while it
+        object holds ~15 KiB instead of ~170 (benchmarks/timers.py). Not while it
         has tasks of its own in its nursery, or its connection was handed out or given
         state (``Storage.pinned``). One object at a time, runtime-wide: a close
         checkpoints the WAL (~1 ms with an fsync, measured), and between two closes
