@@ -112,13 +112,14 @@ class ObjectState(Protocol):
     def dormant(self) -> bool:
         """Whether the database is closed while the object stays resident."""
 
-    def sleep(self) -> bool:
+    async def sleep(self) -> bool:
         """Close the database of an idle object that stays resident; False (nothing
-        closed) where it cannot be (in memory, a working copy, a transaction open)."""
+        closed) where it cannot be (in memory, a working copy, a transaction open).
+        Checkpoints."""
 
-    def wake(self) -> None:
+    async def wake(self) -> None:
         """Open a dormant object's database again, in place (the same ``conn``); a
-        no-op when it is open.
+        no-op when it is open. Checkpoints.
 
         Raises:
             StorageFaultError: it cannot be opened; it stays dormant.

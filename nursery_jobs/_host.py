@@ -243,7 +243,7 @@ class ObjectHost:
                     or ctx.nursery.child_tasks):
                 return
             try:
-                state.sleep()
+                await state.sleep()
             except sqlite3.Error as exc:
                 logger.warning("closing the database of idle %s failed: %s", self.label, exc)
 
@@ -253,31 +253,20 @@ class ObjectHost:
         state = self.state
         return state is not None and state.dormant
 
-    def wake(self) -> None:
-        """Open a dormant object's database again (inline, ~0.35 ms). Does not
-        checkpoint.
+    async def awaken(self) -> None:
+        """Open a dormant object's database again (~0.35 ms). A file another process
+        locked while it was closed is tried again with backoff (``LOCKED_RETRY``, as an
+        activation's open is). Called by work of the object (which holds off dozing),
+        or by ``Runtime.activate``: the object then dozes again once idle. Checkpoints.
 
         Raises:
             StorageFaultError: it cannot be opened; the object stays dormant.
         """
         state = self.state
-        if state is not None and state.dormant:
-            state.wake()
-            if self._busy == 0:  # woken from outside work: doze again when idle
-                self._idle_scope.deadline = self._idle_deadline()
-
-    async def awaken(self) -> None:
-        """``wake``, from work of the object (it holds off dozing). A file another
-        process locked while it was closed is tried again with backoff (``LOCKED_RETRY``,
-        as an activation's open is). Checkpoints.
-
-        Raises:
-            StorageFaultError: it cannot be opened; the object stays dormant.
-        """
         attempt = 0
-        while True:
+        while state is not None and state.dormant:
             try:
-                self.wake()
+                await state.wake()
                 break
             except StorageFaultError as exc:
                 delay = LOCKED_RETRY.delay(attempt) if exc.cause == "locked" else None
@@ -285,7 +274,10 @@ class ObjectHost:
                     raise
             await trio.sleep(delay)
             attempt += 1
-        await trio.lowlevel.checkpoint()
+        else:
+            await trio.lowlevel.checkpoint()
+        if self._busy == 0:  # woken from outside work: doze again when idle
+            self._idle_scope.deadline = self._idle_deadline()
 
     def close(self) -> None:
         """Release the object's state and leave the runtime. Idempotent."""

@@ -110,11 +110,12 @@ class PgObject:
 
     dormant = False  # the working copy is the object's only copy here: never closed
 
-    def sleep(self) -> bool:
+    async def sleep(self) -> bool:
+        await trio.lowlevel.checkpoint()
         return False
 
-    def wake(self) -> None:
-        pass
+    async def wake(self) -> None:
+        await trio.lowlevel.checkpoint()
 
     def admit(self) -> None:
         """Before a call runs: is this host's lease known to hold (``ObjectState``)?"""

@@ -239,7 +239,7 @@ class Runtime:
         """Activate an object (running its startup) and return its instance."""
         host = await self._activate(cls, cls.namespace, check_object_id(object_id))
         await host.call_startup()
-        host.wake()  # the caller uses the instance at once
+        await host.awaken()  # the caller uses the instance at once
         assert host.instance is not None
         return host.instance
 

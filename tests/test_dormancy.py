@@ -329,3 +329,24 @@ async def test_the_dashboard_reads_a_dormant_object_as_active(
         assert dormant(rt, Counter, "c")  # reading did not wake it
         with trio.fail_after(HANG):
             assert await counter.read() == 0
+
+
+async def test_on_a_real_clock_the_close_runs_in_a_thread_and_a_call_waits_for_it(
+    tmp_path: Path,
+) -> None:
+    # No MockClock: the close (a WAL checkpoint with an fsync) runs in a worker thread.
+    async with nj.open_runtime(tmp_path / "data", idle_timeout=60, dormant_after=0.05) as rt:
+        note = rt.get(Note, "a")
+        for round in range(1, 4):
+            assert await note.add() == (round, round)
+            with trio.fail_after(10):
+                while not dormant(rt, Note, "a"):
+                    await trio.sleep(0.01)
+        # A call made the moment it starts to close waits for the close, then reopens.
+        await note.add()
+        with trio.fail_after(10):
+            while not rt.is_active(Note.namespace, "a") or dormant(rt, Note, "a"):
+                await trio.sleep(0.001)
+            while not dormant(rt, Note, "a"):
+                await trio.lowlevel.checkpoint()
+        assert await note.add() == (5, 5)
