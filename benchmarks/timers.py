@@ -5,7 +5,8 @@ pending alarm, and the resident memory per active object at 1k and 10k objects (
 measured in a fresh process): light objects (one key written) and busy ones (a 1 MiB
 table read through, so the page cache is as full as the database allows).
 
-Run: python benchmarks/timers.py [--objects N] [--spread S] [--json] [--memory-only | --lateness-only]
+Run: python benchmarks/timers.py [--objects N] [--spread S] [--json]
+     [--memory-only | --lateness-only] [--dormant-after S]
 """
 
 from __future__ import annotations
@@ -63,11 +64,15 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def lateness(path: str, objects: int, spread: float, idle_timeout: float) -> dict[str, float]:
+async def lateness(
+    path: str, objects: int, spread: float, idle_timeout: float,
+    dormant_after: float | None = None,
+) -> dict[str, float]:
     LATENESS.clear()
     TARGET["n"] = objects
     ALL_FIRED.append(trio.Event())
-    async with nj.open_runtime(path, idle_timeout=idle_timeout) as rt:
+    async with nj.open_runtime(path, idle_timeout=idle_timeout,
+                               dormant_after=dormant_after) as rt:
         # Creating an object's database costs a few fsyncs (switching a new file to
         # WAL); do it first, then arm the alarms relative to a start after that.
         t0 = time.perf_counter()
@@ -178,6 +183,8 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--memory-only", action="store_true")
     parser.add_argument("--lateness-only", action="store_true")
+    parser.add_argument("--dormant-after", type=float, default=None,
+                        help="the lateness runs' open_runtime(dormant_after=) (default: off)")
     parser.add_argument("--memory-probe", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.memory_probe:
@@ -200,7 +207,7 @@ def main() -> None:
     if not args.memory_only:
         with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
             result.update(trio.run(lateness, os.path.join(tmp, "warm"), args.objects,
-                                   args.spread, 60.0))
+                                   args.spread, 60.0, args.dormant_after))
             # Cold: every object is evicted after arming, so each alarm re-activates it
             # (opens its database) before it runs.
             cold = trio.run(lateness, os.path.join(tmp, "cold"), args.cold_objects,
