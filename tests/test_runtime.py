@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import sys
+import time
 import unicodedata
 from pathlib import Path
 from typing import Any
@@ -642,3 +643,34 @@ async def test_a_subscriber_that_never_reads_does_not_block(
                 await trio.sleep(200)
             assert [e.type for e in heard[5000:]] == ["alarm:retry"] * 6 + ["alarm:failed"]
             assert rt.statistics().events_dropped == 5000 - 10 + 5000 - 1000 + 6
+
+
+class Rung(nj.DurableObject):
+    namespace = "tests.test_runtime.Rung"
+
+    async def arm(self, at: float) -> None:
+        self.ctx.storage.set_alarm(at)
+
+    async def alarm(self, info: nj.AlarmInfo) -> None:
+        rung: list[str] = self.ctx.env
+        rung.append(self.ctx.id)
+
+
+async def test_an_object_evicted_before_its_activator_resumes_is_activated_again() -> None:
+    # A real clock, an idle_timeout shorter than the stalls of the Trio thread: an
+    # object just started can pass its idle deadline before the task that activated it
+    # for its alarm resumes. That alarm must still run (it used to meet a closed nursery
+    # and take the runtime down with RuntimeError).
+    rung: list[str] = []
+    async with nj.open_runtime(None, env=rung, idle_timeout=0.005) as rt:
+        for i in range(30):
+            await rt.get(Rung, f"r{i}").arm(nj.now() + 0.2)
+
+        async def stall() -> None:
+            while len(rung) < 30:
+                time.sleep(0.01)  # noqa: ASYNC251  (the Trio thread held, each round)
+                await trio.lowlevel.checkpoint()
+
+        with trio.fail_after(30):
+            await stall()
+    assert sorted(rung) == sorted(f"r{i}" for i in range(30))
