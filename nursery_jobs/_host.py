@@ -193,6 +193,7 @@ class ObjectHost:
         if start_error is not None:
             raise start_error
 
+    # -- idle: dozing (dormant_after) and leaving memory (idle_timeout) ------------------
     async def _wait_until_idle(self) -> None:
         while True:
             with self._idle_scope:
@@ -233,9 +234,9 @@ class ObjectHost:
         (task, instance, in-memory state) and its next work opens it again. A resident
         object holds ~15 KiB instead of ~170 (benchmarks/timers.py). Not while it
         has tasks of its own in its nursery, or its connection was handed out or given
-        state (``Storage.pinned``). One object at a time, runtime-wide: a close
-        checkpoints the WAL (~1 ms with an fsync, measured), and between two closes
-        the Trio thread serves everything else."""
+        state (``Storage.pinned``). One object at a time, runtime-wide: each close
+        checkpoints its WAL with an fsync (in a worker thread, ~1 ms here), and a burst
+        of objects going idle together must not become a burst of fsyncs."""
         async with self.site.dormancy:
             state, ctx = self.state, self.ctx
             if (state is None or ctx is None or self._busy or self._leaving
