@@ -35,7 +35,7 @@ _LENGTH = struct.Struct("<I")
 _STARTED = struct.Struct("<d")
 _HEAD: Final = _LENGTH.size
 _MAX_ENTRY = SLOT_SIZE - _HEAD
-# Bound once: a job's record is on the dispatch path (1.8 -> 1.1 µs with these).
+# Bound once: a job's record is on the dispatch path (a record and a clear: 1.8 -> 0.7 µs).
 _pack_length = _LENGTH.pack_into
 _pack_started = _STARTED.pack_into
 # posix_fallocate errors that mean "not supported here" (then zeros are written).

@@ -359,13 +359,13 @@ async def open_runtime(
     database. Raises ``RuntimeLockedError`` if another runtime holds ``path``.
 
     An object idle for ``idle_timeout`` seconds leaves memory. With ``dormant_after``
-    (seconds; a data directory only), an object idle that long stays resident but
-    closes its database (~15 KiB instead of ~170 per object); its next call or alarm
-    opens it again (~0.35 ms, which that call or alarm waits for). Off by default: an
-    object touched every few dozen seconds then pays a reopen each time. An object
-    whose connection was handed out (``storage.db``, ``storage.conn``) or given state
-    (PRAGMA, ATTACH, TEMP), or that runs tasks of its own in its nursery, keeps its
-    database open.
+    (seconds, shorter than ``idle_timeout``; a data directory only), an object idle
+    that long stays resident but closes its database (~15 KiB instead of ~170 per
+    object); its next call or alarm opens it again (~0.35 ms, which that call or alarm
+    waits for). Off by default: an object touched every few dozen seconds then pays a
+    reopen each time. An object whose connection was handed out (``storage.db``,
+    ``storage.conn``) or given state (PRAGMA, ATTACH, TEMP), or that runs tasks of its
+    own in its nursery, keeps its database open.
 
     With ``memory_limit`` (bytes), a watchdog samples ``memory_probe()`` (default:
     the process's RSS) every 0.1 s; over the limit, every object whose alarm work is
