@@ -12,7 +12,8 @@ arguments override config keys for this run). The config holds:
 - ``heartbeat``: seconds, or null. If set, every job is a heartbeat instead: it starts
   long work (``work <job> <pid> <t>``, then sleeps forever) with ``track_alarm_work`` if
   this activation has none, and returns ``Reschedule(now + heartbeat)``;
-- ``marks``: if true, a task calls ``mark(n)`` on the first object every few ms, which
+- ``marks``: if true, a task calls ``mark(n)`` (n: ``time.monotonic_ns()``, increasing
+  across worker processes) on the first object every few ms, which
   stores ``n`` and returns; ``mark <n>`` is logged once the call returned (the output
   gate: the value must be durable by then);
 - ``clock_rate``: 1 runs on the real clock. Above 1 the runtime's clock runs that much
@@ -137,9 +138,10 @@ async def push_workload(rt: nj.Runtime, cfg: dict[str, Any]) -> None:
 
 async def call_marks(rt: nj.Runtime, cfg: dict[str, Any]) -> None:
     obj = rt.get(Worker, cfg["objects"][0])
-    n = 0
     while True:
-        n += 1
+        # Increasing across worker processes too (one clock for the whole machine), so
+        # the stored mark is at least any mark a killed worker saw returned.
+        n = time.monotonic_ns()
         await obj.mark(n)
         os.write(LOG_FD, f"mark {n} {os.getpid()} {nj.now():.6f}\n".encode())
         await trio.sleep(0.003)

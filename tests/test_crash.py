@@ -396,8 +396,9 @@ def test_local_effects_are_exactly_once_across_random_kills(tmp_path: Path) -> N
                         sleep=[0.02, 0.06], group=None, clock_rate=20, marks=True)
     landed = kill_at_random(c, 6, (0.1, 0.4))
     assert landed >= 4
-    # The marks (values of calls that returned) of the last killed process that had
-    # made any: under load a worker can be killed before its first call returns.
+    # The marks (values of calls that returned; they increase across processes) of the
+    # last killed process that had any: under load a worker can be killed before its
+    # first call returns.
     lines = c.lines()
     marks_per_kill = [
         [int(line.job) for line in lines  # type: ignore[arg-type]
