@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Callable, Iterable
+import subprocess
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -79,3 +83,40 @@ def faulty_engine(path: str | os.PathLike[str], plan: FaultPlan) -> FilesEngine:
     engine = FilesEngine(path, synchronous="NORMAL")
     engine.connection_class = faulty_connection(plan)
     return engine
+
+
+_HOLDER = """
+import sqlite3, sys
+conn = sqlite3.connect(sys.argv[1])
+conn.execute("BEGIN")
+conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchall()
+print("holding", flush=True)
+sys.stdin.readline()
+conn.rollback()
+conn.close()
+"""
+
+
+@contextmanager
+def held_by_another_process(path: Path) -> Iterator[Callable[[], None]]:
+    """Another process holds a read transaction on the database ``path`` (its lock)
+    until the ``release`` this yields is called, or the block ends. Synchronous: the
+    process answers at once, and a Trio process API would let an autojump clock run."""
+    with subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, str(path)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    ) as holder:
+        assert holder.stdout is not None and holder.stdin is not None
+        assert holder.stdout.readline() == "holding\n"
+        stdin = holder.stdin
+
+        def release() -> None:
+            if holder.poll() is None:
+                stdin.write("done\n")
+                stdin.flush()
+                holder.wait(10)
+
+        try:
+            yield release
+        finally:
+            release()

@@ -1,24 +1,21 @@
 """Dormant objects: an object idle for ``dormant_after`` closes its database and stays
 resident (its task, its instance, its in-memory state); its next call or alarm opens
 the database again. Times are exact virtual times under the autojump clock."""
-# A process holding an object's file is started with Popen and read synchronously: it
-# answers at once, and a Trio process API would let the autojump clock run meanwhile.
 # The real-clock test polls the runtime's state, which has no event to wait on.
-# ruff: noqa: ASYNC110, ASYNC220
+# ruff: noqa: ASYNC110
 
 from __future__ import annotations
 
 import math
 import os
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
 import trio.testing
+from fault_seam import held_by_another_process
 
 import nursery_jobs as nj
 from nursery_jobs._catalog import object_file_name
@@ -205,16 +202,6 @@ async def test_an_object_whose_connection_has_state_of_its_own_stays_open(
         assert dormant(rt, Note, "b")
 
 
-_HOLDER = """
-import sqlite3, sys
-conn = sqlite3.connect(sys.argv[1])
-conn.execute("BEGIN")
-conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchall()
-print("holding", flush=True)
-sys.stdin.readline()
-conn.rollback()
-conn.close()
-"""
 
 
 async def test_a_dormant_file_locked_by_another_process_fails_the_call_typed_and_heals(
@@ -226,12 +213,7 @@ async def test_a_dormant_file_locked_by_another_process_fails_the_call_typed_and
         await note.add()
         await trio.sleep(2)
         assert dormant(rt, Note, "a")
-        with subprocess.Popen(
-            [sys.executable, "-c", _HOLDER, str(object_file(data, Note, "a"))],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-        ) as holder:
-            assert holder.stdout is not None and holder.stdin is not None
-            assert holder.stdout.readline() == "holding\n"
+        with held_by_another_process(object_file(data, Note, "a")) as release:
             start = trio.current_time()
             with pytest.raises(nj.StorageError) as info:
                 await note.add()
@@ -239,9 +221,7 @@ async def test_a_dormant_file_locked_by_another_process_fails_the_call_typed_and
             assert trio.current_time() - start == pytest.approx(0.05 + 0.1 + 0.2 + 0.4)
             assert getattr(info.value, "cause", None) == "locked"
             assert "tests.dormancy.Note/a" in str(info.value)
-            holder.stdin.write("done\n")
-            holder.stdin.flush()
-            holder.wait(10)
+            release()
         assert await note.add() == (2, 2)  # healed: nothing of the failed call ran
 
 
@@ -257,17 +237,10 @@ async def test_a_dormant_objects_alarm_retries_while_its_file_is_locked(
         await note.arm(10)
         await trio.sleep(2)
         assert dormant(rt, Note, "a")
-        with subprocess.Popen(
-            [sys.executable, "-c", _HOLDER, str(object_file(data, Note, "a"))],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-        ) as holder:
-            assert holder.stdout is not None and holder.stdin is not None
-            assert holder.stdout.readline() == "holding\n"
+        with held_by_another_process(object_file(data, Note, "a")) as release:
             await trio.sleep_until(start + 12)
             assert [e.object_id for e in retries] == ["a"]  # failed once, retried in 2 s
-            holder.stdin.write("done\n")
-            holder.stdin.flush()
-            holder.wait(10)
+            release()
         await trio.sleep(5)
         instance = await rt.activate(Note, "a")
         assert isinstance(instance, Note)

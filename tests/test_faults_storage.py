@@ -8,7 +8,7 @@ Blocking calls are deliberate here: a foreign process, a mount or a damaged file
 up while no task may run (under ``autojump_clock`` a task waiting on a subprocess would
 let virtual time jump), and loops poll virtual time for an outcome.
 """
-# ruff: noqa: ASYNC110, ASYNC220, ASYNC221, ASYNC230, ASYNC240
+# ruff: noqa: ASYNC110, ASYNC221, ASYNC230, ASYNC240
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ import os
 import shutil
 import sqlite3
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ import trio
 import trio.lowlevel
 import trio.testing
 from conftest import EPOCH
-from fault_seam import FaultPlan, faulty_engine
+from fault_seam import FaultPlan, faulty_engine, held_by_another_process
 
 import nursery_jobs as nj
 from nursery_jobs._alarm import LOCKED_RETRY
@@ -265,16 +264,6 @@ async def test_a_destroyed_object_starts_empty_again(tmp_path: Path) -> None:
 
 # -- (5) a foreign reader holding an object's file -----------------------------------------
 
-_READER = """
-import sqlite3, sys
-conn = sqlite3.connect(sys.argv[1])
-conn.execute("BEGIN")
-conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchall()
-print("holding", flush=True)
-sys.stdin.readline()
-conn.rollback()
-conn.close()
-"""
 
 
 async def test_a_file_held_by_another_process_fails_fast_with_the_real_cause(
@@ -282,12 +271,7 @@ async def test_a_file_held_by_another_process_fails_fast_with_the_real_cause(
 ) -> None:
     async with nj.open_runtime(tmp_path) as rt:
         await rt.get(Worker, "a").put("k", "v")
-    with subprocess.Popen(
-        [sys.executable, "-c", _READER, str(object_file(tmp_path, "a"))],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-    ) as reader:
-        assert reader.stdout is not None and reader.stdin is not None
-        assert reader.stdout.readline() == "holding\n"
+    with held_by_another_process(object_file(tmp_path, "a")) as release:
         async with nj.open_runtime(tmp_path) as rt:
             start = trio.current_time()
             with pytest.raises(nj.StorageError) as info:
@@ -298,9 +282,7 @@ async def test_a_file_held_by_another_process_fails_fast_with_the_real_cause(
             text = str(info.value)
             assert "locked by another process" in text and "open-file limit" not in text
             assert "tests.faults.Worker/a" in text
-            reader.stdin.write("done\n")
-            reader.stdin.flush()
-            reader.wait(10)
+            release()
             # Nothing of the failed open stayed behind holding the file.
             assert await rt.get(Worker, "a").read("k") == "v"
             assert await rt.get(Worker, "a").pragma("busy_timeout") == 0
@@ -311,21 +293,14 @@ async def test_an_alarm_of_a_locked_object_is_retried_until_it_is_free(
 ) -> None:
     async with nj.open_runtime(tmp_path) as rt:
         await rt.get(Worker, "a").push("j1", delay=10)
-    with subprocess.Popen(
-        [sys.executable, "-c", _READER, str(object_file(tmp_path, "a"))],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-    ) as reader:
-        assert reader.stdout is not None and reader.stdin is not None
-        assert reader.stdout.readline() == "holding\n"
+    with held_by_another_process(object_file(tmp_path, "a")) as release:
         retries: list[nj.Event] = []
         async with nj.open_runtime(tmp_path) as rt:
             await events_of(rt, {"alarm:retry"}, retries)
             await trio.sleep(20)
             assert RAN == [] and len(retries) >= 2
             assert "locked by another process" in retries[0].data["error"]
-            reader.stdin.write("done\n")
-            reader.stdin.flush()
-            reader.wait(10)
+            release()
             with trio.fail_after(60):
                 while not RAN:
                     await trio.sleep(1)
