@@ -24,7 +24,9 @@ def _numbers(value: Any) -> list[float]:
 def test_the_benchmark_reports_every_figure(tmp_path: Path) -> None:
     report = run(300, tmp_path, with_peers=False, progress_enabled=False)
     assert set(report["ceiling"]) == {"normal", "full"}
-    assert report["schema_floor"]["drain_per_s"] > 0
+    assert set(report["floor"]) == {"push_per_call_per_s", "push_batched_per_s", "drain_per_s",
+                                    "kv_drain_per_s"}
+    assert all(rate > 0 for rate in report["floor"].values())
     ours = report["ours"]
     for key in ("dispatch_1x_normal_per_s", "dispatch_100x_normal_per_s",
                 "dispatch_1x_full_per_s", "dispatch_100x_full_per_s",
@@ -35,7 +37,7 @@ def test_the_benchmark_reports_every_figure(tmp_path: Path) -> None:
         assert ours[f"pushes_{durability}"]["push_batched_per_s"] > 0
     assert all(math.isfinite(x) and x >= 0 for x in _numbers(report))
     text = render(report)
-    assert "our schema and SQL: dispatch floor" in text
+    assert "floor, our SQL: dispatch, a KV write a job" in text
     assert "dispatch, 100 objects" in text
     assert list(tmp_path.iterdir()) == []  # the benchmark's files are gone
 
@@ -48,3 +50,21 @@ def test_postgres_options_are_refused_for_sqlite(
         main(["--no-peers", *option])
     assert exc.value.code == 2
     assert f"{option[0]} applies to --engine postgres only" in capsys.readouterr().err
+
+
+def test_the_floors_do_the_work_they_time(tmp_path: Path) -> None:
+    """Every job the floors push is dispatched: the queue ends empty, and the KV floor's
+    last write is the last job's payload."""
+    import sqlite3
+
+    from nursery_jobs.bench._floor import floors
+
+    floors(tmp_path, 300, "normal")
+    for name, jobs in (("floor-push-normal", 300), ("floor-push1-normal", 300),
+                       ("floor-drain-normal-0", 0), ("floor-drain-normal-1", 0)):
+        conn = sqlite3.connect(tmp_path / f"{name}.sqlite3")
+        assert conn.execute("SELECT COUNT(*) FROM nj_jobs").fetchone() == (jobs,), name
+        conn.close()
+    conn = sqlite3.connect(tmp_path / "floor-drain-normal-1.sqlite3")
+    assert conn.execute("SELECT value FROM nj_kv WHERE key = 'count'").fetchone() == ("299",)
+    conn.close()

@@ -1,7 +1,8 @@
 """The dispatch benchmark behind ``nursery-jobs bench`` and ``benchmarks/dispatch.py``.
 
 In one run, on one disk: the plain-sqlite3 ceiling (insert a job row, claim it, delete
-it; per job and in batches of 100), nursery_jobs (pushes, dispatch of no-op jobs on one
+it; per job and in batches of 100), the floors (our own SQL with no Python around it,
+``_floor``), nursery_jobs (pushes, dispatch of no-op jobs on one
 object and on 100 objects, with durability "normal" and "full", and the latency of a
 job pushed for now and of a 100 ms timer), and the peers, each in its own subprocess.
 ``--engine postgres`` runs the PostgreSQL benchmark instead (``_pg``).
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import shutil
 import sqlite3
@@ -27,11 +27,12 @@ import trio
 import nursery_jobs as nj
 from nursery_jobs._runtime import Durability
 
+from ._floor import SYNCHRONOUS, floors
+
 PEERS = ("huey", "persistqueue", "dbos", "apscheduler")
 # Jobs per peer run, at most: the slowest peers would take minutes at our N. Rates are
 # per second, so a smaller N compares fairly (its own figures are printed with it).
 PEER_N = {"huey": 5000, "persistqueue": 5000, "dbos": 2000, "apscheduler": 500}
-SYNCHRONOUS = {"normal": "NORMAL", "full": "FULL"}
 
 
 class _Progress:
@@ -104,48 +105,6 @@ def ceiling(directory: Path, n: int, durability: str) -> dict[str, float]:
         results[f"{mode}_enqueue_per_s"] = n / (t1 - t0)
         results[f"{mode}_drain_per_s"] = n / (t2 - t1)
     return results
-
-
-def schema_floor(directory: Path, n: int, durability: str) -> dict[str, float]:
-    """Plain sqlite3 issuing the statements nursery_jobs' dispatch issues, on its schema,
-    with no Python around them: read the due rows (every column a ``Job`` needs) in
-    batches of 64, delete the finished ones in one statement, commit every 64. What no
-    change to the Python can beat — against the ceiling, it says how much of the gap is
-    the schema (wider rows, more indexes) and how much is ours."""
-    from .._job_table import _COLUMNS
-    from .._schema import prepare
-
-    conn = sqlite3.connect(directory / f"floor-{durability}.sqlite3", isolation_level=None)
-    conn.execute(f"PRAGMA synchronous={SYNCHRONOUS[durability]}")
-    conn.execute("PRAGMA journal_mode=WAL")
-    prepare(conn, label="the floor")
-    now = time.time()
-    conn.execute("BEGIN")
-    for i in range(n):
-        conn.execute(
-            "INSERT INTO nj_jobs (id, owner, fn, time, payload, max_attempts, base_delay,"
-            " max_delay, jitter, singleflight, hung_timeout, exclusive, recovery_loop,"
-            " created_at, priority) VALUES (?, 'host', 'noop', ?, ?, 3, 0.1, 3.0, 1, 0, 30.0,"
-            " 0, 0, ?, 0)",
-            (f"{int(now * 1e6) + i:014x}000000benchtag", now + i * 1e-6, str(i), now),
-        )
-    conn.execute("COMMIT")
-    t0 = time.perf_counter()
-    after: tuple[float, int] = (-math.inf, -1)
-    while True:
-        rows = conn.execute(
-            f"SELECT {_COLUMNS} FROM nj_jobs WHERE time <= ? AND (time, seq) > (?, ?)"
-            " ORDER BY time, seq LIMIT 64", (now + n, *after)).fetchall()
-        if not rows:
-            break
-        after = (rows[-1][4], rows[-1][0])
-        conn.execute("BEGIN")
-        conn.execute(f"DELETE FROM nj_jobs WHERE seq IN ({','.join('?' * len(rows))})",
-                     [row[0] for row in rows])
-        conn.execute("COMMIT")
-    elapsed = time.perf_counter() - t0
-    conn.close()
-    return {"drain_per_s": n / elapsed}
 
 
 # -- nursery_jobs -------------------------------------------------------------------------
@@ -306,7 +265,7 @@ def run(n: int, directory: Path | None, with_peers: bool, progress_enabled: bool
         for durability in ("normal", "full"):
             report["ceiling"][durability] = ceiling(tmp, n, durability)
             progress.step(f"sqlite3 ceiling ({durability})")
-        report["schema_floor"] = schema_floor(tmp, n, "normal")
+        report["floor"] = floors(tmp, n, "normal")
         report["ours"] = ours(tmp, n, progress)
         for name in available:
             # No peer offers WAL with synchronous=NORMAL (each commits with an fsync, in
@@ -328,36 +287,44 @@ def render(report: dict[str, Any]) -> str:
     ours_ = report["ours"]
     lines = [f"nursery_jobs {report['nursery_jobs']} dispatch benchmark — N = {report['n']:,},"
              f" Python {report['python']}, one disk, SQLite WAL", ""]
-    head = f"{'what':<44}{'normal':>14}{'full':>14}{'vs ceiling':>12}"
+    head = f"{'what':<48}{'normal':>12}{'full':>12}{'vs ceiling':>12}{'vs floor':>10}"
     lines += [head, "-" * len(head)]
-    ceil = report["ceiling"]
+    ceil, floor = report["ceiling"], report["floor"]
 
-    def row(label: str, normal: float, full: float | None, ceiling_value: float | None) -> None:
-        ratio = "" if ceiling_value is None else f"{normal / ceiling_value:>11.0%}"
-        lines.append(f"{label:<44}{_fmt_rate(normal):>14}{_fmt_rate(full):>14}{ratio:>12}")
+    def row(label: str, normal: float, full: float | None, ceiling_value: float | None,
+            floor_value: float | None = None) -> None:
+        ratio = "" if ceiling_value is None else f"{normal / ceiling_value:.0%}"
+        of_floor = "" if floor_value is None else f"{normal / floor_value:.0%}"
+        lines.append(f"{label:<48}{_fmt_rate(normal):>12}{_fmt_rate(full):>12}{ratio:>12}"
+                     f"{of_floor:>10}")
 
-    row("sqlite3 ceiling: enqueue, commit per job", ceil["normal"]["per_job_enqueue_per_s"],
+    normal = ceil["normal"]
+    enqueue_1, drain_1 = normal["per_job_enqueue_per_s"], normal["per_job_drain_per_s"]
+    enqueue, drain = normal["batch_100_enqueue_per_s"], normal["batch_100_drain_per_s"]
+    row("sqlite3 ceiling: enqueue, commit per job", enqueue_1,
         ceil["full"]["per_job_enqueue_per_s"], None)
-    row("sqlite3 ceiling: claim+delete, per job", ceil["normal"]["per_job_drain_per_s"],
-        ceil["full"]["per_job_drain_per_s"], None)
-    row("sqlite3 ceiling: enqueue, batches of 100", ceil["normal"]["batch_100_enqueue_per_s"],
+    row("sqlite3 ceiling: claim+delete, per job", drain_1, ceil["full"]["per_job_drain_per_s"],
+        None)
+    row("sqlite3 ceiling: enqueue, batches of 100", enqueue,
         ceil["full"]["batch_100_enqueue_per_s"], None)
-    row("sqlite3 ceiling: claim+delete, batches of 100", ceil["normal"]["batch_100_drain_per_s"],
+    row("sqlite3 ceiling: claim+delete, batches of 100", drain,
         ceil["full"]["batch_100_drain_per_s"], None)
-    row("sqlite3, our schema and SQL: dispatch floor", report["schema_floor"]["drain_per_s"],
-        None, ceil["normal"]["batch_100_drain_per_s"])
-    row("nursery_jobs: push, one durable push per call",
-        ours_["pushes_normal"]["push_per_call_per_s"], ours_["pushes_full"]["push_per_call_per_s"],
-        ceil["normal"]["per_job_enqueue_per_s"])
-    row("nursery_jobs: push, batched in a transaction",
-        ours_["pushes_normal"]["push_batched_per_s"], ours_["pushes_full"]["push_batched_per_s"],
-        ceil["normal"]["batch_100_enqueue_per_s"])
+    # Floors: our own statements, schema and pragmas, no Python around them (``_floor``).
+    row("floor, our SQL: push, a commit each", floor["push_per_call_per_s"], None, enqueue_1)
+    row("floor, our SQL: push, batched", floor["push_batched_per_s"], None, enqueue)
+    row("floor, our SQL: dispatch", floor["drain_per_s"], None, drain)
+    row("floor, our SQL: dispatch, a KV write a job", floor["kv_drain_per_s"], None, drain)
+    pushes = ours_["pushes_normal"], ours_["pushes_full"]
+    row("nursery_jobs: push, one durable push per call", pushes[0]["push_per_call_per_s"],
+        pushes[1]["push_per_call_per_s"], enqueue_1, floor["push_per_call_per_s"])
+    row("nursery_jobs: push, batched in a transaction", pushes[0]["push_batched_per_s"],
+        pushes[1]["push_batched_per_s"], enqueue, floor["push_batched_per_s"])
     row("nursery_jobs: dispatch, 1 object x N", ours_["dispatch_1x_normal_per_s"],
-        ours_["dispatch_1x_full_per_s"], ceil["normal"]["batch_100_drain_per_s"])
+        ours_["dispatch_1x_full_per_s"], drain, floor["drain_per_s"])
     row("nursery_jobs: dispatch, 100 objects x N/100", ours_["dispatch_100x_normal_per_s"],
-        ours_["dispatch_100x_full_per_s"], ceil["normal"]["batch_100_drain_per_s"])
+        ours_["dispatch_100x_full_per_s"], drain, floor["drain_per_s"])
     row("nursery_jobs: dispatch, 1 object, a KV write a job",
-        ours_["dispatch_1x_kv_normal_per_s"], None, ceil["normal"]["batch_100_drain_per_s"])
+        ours_["dispatch_1x_kv_normal_per_s"], None, drain, floor["kv_drain_per_s"])
     now, timer = ours_["latency_now"], ours_["latency_timer_100ms"]
     lines += ["", f"latency of a job pushed for now (idle runtime): p50 {now['p50_ms']:.3f} ms,"
               f" p99 {now['p99_ms']:.3f} ms ({now['samples']} samples)",
