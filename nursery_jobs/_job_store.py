@@ -9,8 +9,8 @@ and raised only after. Outcomes are applied as they happen, so every read sees t
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Final
 
 import attrs
@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 # this many completed jobs per object (at-least-once). 1 commits every completion.
 DEFAULT_COMPLETION_GROUP: Final = 64
 _ALARMS_DISABLED: Final = "alarms_disabled"
+# What ``writing`` returns inside a transaction: the writes join it.
+_JOINED: Final = nullcontext()
 # Dead letters kept per object; past it the oldest go (job:dead_letter_dropped).
 DEFAULT_DEAD_LETTER_LIMIT: Final = 10_000
 
@@ -146,16 +148,14 @@ class JobStore:
         if tx.job_savepoint and tx.job_task is trio.lowlevel.current_task():
             self._replay.append((tx.job_generation, again))
 
-    @contextmanager
-    def writing(self) -> Iterator[None]:
-        """One transaction for the writes in the block — or, inside the group or a user
-        block, part of that transaction."""
+    def writing(self) -> AbstractContextManager[None]:
+        """``with store.writing():`` one transaction for the writes in the block — or,
+        inside the group or a user block, part of that transaction. (Not a generator:
+        see ``atomic``.)"""
         self.tx.check_write()
         if self.conn.in_transaction:
-            yield
-            return
-        with atomic(self.conn):
-            yield
+            return _JOINED
+        return atomic(self.conn)
 
     def flush(self) -> None:
         """Commit the group transaction now (unless a user block is open). Does not

@@ -29,18 +29,28 @@ from ._errors import StorageError
 _JOB = "nj_job"
 
 
-@contextmanager
-def atomic(conn: sqlite3.Connection) -> Iterator[None]:
+class atomic:  # (lower case: used as a function, ``with atomic(conn):``)
     """``BEGIN`` ... ``COMMIT``, or ``ROLLBACK`` if the block raises (on a connection
-    with no transaction open)."""
-    conn.execute("BEGIN")
-    try:
-        yield
-    except BaseException:
-        if conn.in_transaction:
+    with no transaction open).
+
+    A class, not a ``@contextmanager``: every push passes through it, and a generator
+    context manager costs ~1 µs more per use (measured: 1.17 against 0.17 µs).
+    """
+
+    __slots__ = ("_conn",)
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    def __enter__(self) -> None:
+        self._conn.execute("BEGIN")
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        conn = self._conn
+        if kind is None:
+            conn.execute("COMMIT")
+        elif conn.in_transaction:
             conn.execute("ROLLBACK")
-        raise
-    conn.execute("COMMIT")
 
 
 class StagedWrites(Protocol):
