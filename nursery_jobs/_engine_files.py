@@ -193,7 +193,8 @@ class SqliteObject:
     def close(self) -> None:
         conn = self.conn
         if self.dormant:
-            conn.close()  # (closed already: nothing to roll back)
+            # Closed already: nothing to roll back, nothing to close. (After a reopen
+            # that failed, the file gone, close() itself would raise.)
             if conn.broken is not None:
                 self._engine.quarantine(self.namespace, self.object_id, self.file,
                                         conn.broken)
@@ -444,7 +445,9 @@ class FilesEngine(_CatalogEngine):
         page_cache_budget: int = PAGE_CACHE_BUDGET,
     ) -> None:
         super().__init__()
-        self.path = Path(path)
+        # Absolute: object files are opened (and dormant ones reopened) long after, and
+        # a chdir meanwhile must not move them somewhere else.
+        self.path = Path(path).absolute()
         self._synchronous = synchronous
         self._lock_fd: int | None = None
         self._budget = page_cache_budget

@@ -266,6 +266,28 @@ async def test_a_dormant_objects_file_that_went_away_is_not_recreated_empty(
         assert await note.add() == (2, 2)
 
 
+@pytest.mark.parametrize("leave", ["evicted", "runtime closes"])
+async def test_a_dormant_object_whose_file_is_still_gone_leaves_memory_cleanly(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, leave: str
+) -> None:
+    """A reopen that failed leaves the connection unusable: its eviction, or the
+    runtime's exit, must not fail on it (it did: close() raised ProgrammingError and
+    the runtime died on its way out)."""
+    data = tmp_path / "data"
+    async with nj.open_runtime(data, idle_timeout=60, dormant_after=1) as rt:
+        note = rt.get(Note, "a")
+        await note.add()
+        await trio.sleep(2)
+        os.replace(object_file(data, Note, "a"), tmp_path / "aside")
+        with pytest.raises(nj.StorageError):
+            await note.add()
+        if leave == "evicted":
+            await trio.sleep(61)
+            assert not rt.is_active(Note.namespace, "a")
+            assert await rt.get(Note, "b").add() == (1, 1)  # the runtime carries on
+    assert not object_file(data, Note, "a").exists()  # nothing recreated on the way out
+
+
 async def test_dormant_after_is_checked_and_none_keeps_databases_open(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
@@ -322,3 +344,22 @@ async def test_on_a_real_clock_the_close_runs_in_a_thread_and_a_call_waits_for_i
             while not dormant(rt, Note, "a"):
                 await trio.lowlevel.checkpoint()
         assert await note.add() == (5, 5)
+
+
+async def test_a_relative_data_directory_stays_where_it_was_opened_after_a_chdir(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The process changes directory while the runtime is open: a dormant object opens
+    its own file again, and an object activated later is created in the data directory
+    the runtime opened, never under the new working directory."""
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path)
+    async with nj.open_runtime("data", idle_timeout=60, dormant_after=1) as rt:
+        assert await rt.get(Note, "a").add() == (1, 1)
+        await trio.sleep(2)
+        assert dormant(rt, Note, "a")
+        monkeypatch.chdir(tmp_path / "elsewhere")
+        assert await rt.get(Note, "a").add() == (2, 2)  # its file, opened again
+        assert await rt.get(Note, "b").add() == (1, 1)  # a new object, in the same place
+    assert list((tmp_path / "elsewhere").iterdir()) == []
+    assert object_file(tmp_path / "data", Note, "b").exists()
