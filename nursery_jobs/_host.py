@@ -1,7 +1,8 @@
 """ObjectHost: one active object — its task, nursery, cancel scope, state and instance.
 
-The host runs calls and alarm runs as work of the object (``working``), evicts it when
-idle, and hands the one owner of its alarm an ``AlarmClaim`` (``HostClaim``).
+The host runs calls and alarm runs as work of the object (``working``), closes its
+database when it dozes (``dormant_after``), evicts it when idle, and hands the one owner
+of its alarm an ``AlarmClaim`` (``_host_claim.HostClaim``).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from ._errors import (
 )
 from ._events import EventBus
 from ._faults import StorageFaultError
+from ._host_claim import HostClaim
 from ._metrics import Metrics
 from ._object import AlarmInfo, DurableObject, ObjectContext, class_path
 from ._storage import Storage
@@ -412,6 +414,13 @@ class ObjectHost:
             raise ObjectResetError(f"{self.label} was reset during {name}()")
         return result
 
+    def on_startup(self, hook: Callable[[], Awaitable[None]]) -> None:
+        """Run ``hook`` before the first call of this activation (and before its alarm
+        work, by the owner's choice)."""
+        if self._startup is None:
+            self._startup = []
+        self._startup.append(hook)
+
     async def call_startup(self) -> None:
         """Run the startup hooks (once per activation, until they succeed)."""
         if self._startup:
@@ -520,87 +529,3 @@ class ObjectHost:
             alarm.failed(failure, retry)
         finally:
             done.set()
-
-
-class HostClaim:
-    """The ``AlarmClaim`` a host hands the owner of its alarm."""
-
-    __slots__ = ("_host",)
-
-    def __init__(self, host: ObjectHost) -> None:
-        self._host = host
-
-    def _alarm(self) -> ObjectAlarm:
-        alarm = self._host.alarm
-        assert alarm is not None
-        return alarm
-
-    def get(self) -> float | None:
-        return self._alarm().time
-
-    def set(self, time: float) -> None:
-        self._alarm().write(time, 0)
-
-    def delete(self) -> None:
-        self._alarm().write(None, 0)
-
-    def write_through(self, time: float | None) -> None:
-        self._alarm().write(time, 0, force=True)
-
-    def working(self, *, alarm: bool = False) -> Any:
-        return self._host.working(alarm=alarm)
-
-    def reset(self, reason: str, *, memory: bool = False) -> None:
-        self._host.reset(reason, memory=memory)
-
-    @property
-    def reset_reason(self) -> str | None:
-        return self._host.reset_reason
-
-    @property
-    def memory_reset(self) -> bool:
-        return self._host.memory_reset
-
-    @property
-    def flight(self) -> FlightSlot | None:
-        return self._host.flight
-
-    @property
-    def probation(self) -> trio.Lock:
-        return self._host.site.probation
-
-    def crash_tokens(self) -> list[tuple[str, float]]:
-        state = self._host.state
-        return [] if state is None else state.crash_tokens()
-
-    def clear_crash_tokens(self) -> None:
-        state = self._host.state
-        if state is not None:
-            state.clear_crash_tokens()
-
-    @property
-    def transactions(self) -> ObjectTransactions:
-        tx = self._host.transactions
-        assert tx is not None
-        return tx
-
-    def destroy(self) -> None:
-        self._host.destroy()
-
-    def on_startup(self, hook: Callable[[], Awaitable[None]]) -> None:
-        host = self._host
-        if host._startup is None:
-            host._startup = []
-        host._startup.append(hook)
-
-    @property
-    def metrics(self) -> Metrics:
-        return self._host.site.metrics
-
-    @property
-    def ships(self) -> bool:
-        state = self._host.state
-        return state is not None and state.ships
-
-    async def sync(self) -> None:
-        await self._host.sync()
