@@ -13,7 +13,7 @@ from typing import Any, Final
 import attrs
 
 from ._codec import converter, decode_payload, encode_payload
-from ._jobs import DEFAULT_RETRY, DeadLetter, Job, RetryOptions
+from ._jobs import DEFAULT_RETRY, DeadLetter, Job, RetryOptions, checked_job
 
 _COLUMNS = (
     "seq, id, owner, fn, time, payload, max_attempts, base_delay, max_delay, jitter, singleflight,"
@@ -43,7 +43,6 @@ DUE: Final = (
     " ORDER BY time, seq LIMIT ?"
 )
 Cursor = tuple[int, float, int]  # (-priority, time, seq) of the last row an alarm run read
-_new_job = object.__new__
 _MAX_STAGED = 512  # staged deletes run at once past this many (SQLite's variable limit)
 
 
@@ -80,15 +79,11 @@ class JobRow:
             else RetryOptions(max_attempts=max_attempts, base_delay=base_delay,
                               max_delay=max_delay, jitter=bool(jitter))
         )
-        # A row of our own table was validated when it was pushed: the record is built
-        # without attrs' validating ``__init__`` (1.2 µs -> 0.5 µs, ~5% of dispatch).
-        job = _new_job(Job)
-        job.__dict__.update(
-            id=id, owner=owner, fn=fn, time=time, payload=decode_payload(payload), retry=retry,
-            singleflight=bool(singleflight), hung_timeout=hung_timeout,
-            exclusive=bool(exclusive), recovery_loop=bool(recovery_loop), created_at=created_at,
-            priority=priority,
-        )
+        # A row of our own table was checked when it was pushed (1.2 µs -> 0.5 µs, ~5%
+        # of dispatch).
+        job = checked_job(id, owner, fn, time, decode_payload(payload), retry,
+                          bool(singleflight), hung_timeout, bool(exclusive),
+                          bool(recovery_loop), created_at, priority)
         return cls(seq, job, attempts, running_since, crash_strikes)
 
 

@@ -83,6 +83,23 @@ class JobContext:
 _new_object = object.__new__
 
 
+def checked_job(
+    id: str, owner: str, fn: str, time: float, payload: Any, retry: RetryOptions,
+    singleflight: bool, hung_timeout: float, exclusive: bool, recovery_loop: bool,
+    created_at: float, priority: int,
+) -> Job:
+    """A ``Job`` of fields already checked (by a push's argument checks, or read back
+    from our own table), built without attrs' frozen ``__init__``: one
+    ``object.__setattr__`` per field cost ~1 µs on the push and dispatch paths."""
+    job = _new_object(Job)
+    job.__dict__.update(
+        id=id, owner=owner, fn=fn, time=time, payload=payload, retry=retry,
+        singleflight=singleflight, hung_timeout=hung_timeout, exclusive=exclusive,
+        recovery_loop=recovery_loop, created_at=created_at, priority=priority,
+    )
+    return job
+
+
 def job_context(job: Job, attempt: int) -> JobContext:
     """A run's ``JobContext``, built without attrs' frozen ``__init__`` (one
     ``object.__setattr__`` per field: 0.86 -> 0.35 µs, on the dispatch path)."""

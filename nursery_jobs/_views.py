@@ -27,6 +27,7 @@ from ._jobs import (
     check_job_id,
     check_priority,
     check_retry,
+    checked_job,
     new_job_id,
     resolve_time,
 )
@@ -95,11 +96,8 @@ class Jobs:
             if not isinstance(flag, bool):
                 raise JobError(f"job {label!r}: {name} must be a bool, got {flag!r}")
         payload_text = encode_payload(payload)
-        job = Job(
-            id=job_id, owner=self.owner, fn=fn, time=when, payload=payload, retry=retry,
-            singleflight=singleflight, hung_timeout=hung_timeout, exclusive=exclusive,
-            recovery_loop=recovery_loop, created_at=now, priority=priority,
-        )
+        job = checked_job(job_id, self.owner, fn, when, payload, retry, singleflight,
+                          hung_timeout, exclusive, recovery_loop, now, priority)
         await self._checkpoint()
         job = self._store.push(job, payload_text, stable_id=id is not None)
         await self._store.durable()
