@@ -235,15 +235,16 @@ class ObjectHost:
         """Close the database of an object idle for ``dormant_after``; it stays resident
         (task, instance, in-memory state) and its next work opens it again. A resident
         object holds ~15 KiB instead of ~170 (benchmarks/timers.py). Not while it
-        has tasks of its own in its nursery, or its connection was handed out or given
-        state (``Storage.pinned``). One object at a time, runtime-wide: each close
-        checkpoints its WAL with an fsync (in a worker thread, ~1 ms here), and a burst
-        of objects going idle together must not become a burst of fsyncs."""
+        has tasks of its own in its nursery, or its connection was handed out or holds
+        state of its own (``Storage.keeps_connection``). One object at a time,
+        runtime-wide: each close checkpoints its WAL with an fsync (in a worker thread,
+        ~1 ms here), and a burst of objects going idle together must not become a burst
+        of fsyncs."""
         async with self.site.dormancy:
             state, ctx = self.state, self.ctx
             if (state is None or ctx is None or self._busy or self._leaving
-                    or self.scope.cancel_called or ctx.storage.pinned
-                    or ctx.nursery.child_tasks):
+                    or self.scope.cancel_called or ctx.nursery.child_tasks
+                    or ctx.storage.keeps_connection()):
                 return
             try:
                 await state.sleep()
@@ -259,15 +260,16 @@ class ObjectHost:
     async def awaken(self) -> None:
         """Open a dormant object's database again (~0.35 ms). A file another process
         locked while it was closed is tried again with backoff (``LOCKED_RETRY``, as an
-        activation's open is). Called by work of the object (which holds off dozing),
-        or by ``Runtime.activate``: the object then dozes again once idle. Checkpoints.
+        activation's open is). Called by work of the object (``working``: it holds off
+        dozing and eviction meanwhile). Checkpoints.
 
         Raises:
             StorageFaultError: it cannot be opened; the object stays dormant.
         """
         state = self.state
         attempt = 0
-        while state is not None and state.dormant:
+        # (The state is looked at again after each wait: a reset meanwhile closes it.)
+        while state is not None and state is self.state and state.dormant:
             try:
                 await state.wake()
                 break
@@ -279,8 +281,6 @@ class ObjectHost:
             attempt += 1
         else:
             await trio.lowlevel.checkpoint()
-        if self._busy == 0:  # woken from outside work: doze again when idle
-            self._idle_scope.deadline = self._idle_deadline()
 
     def close(self) -> None:
         """Release the object's state and leave the runtime. Idempotent."""

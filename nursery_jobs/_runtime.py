@@ -26,7 +26,13 @@ from . import _clock
 from ._alarm import Key, Timer, retry_unreachable
 from ._catalog import check_object_id
 from ._engine import Engine, ObjectLeasedElsewhere, ObjectMoved, engine_for
-from ._errors import ObjectFencedError, RpcError, RuntimeClosedError, lone_interrupt
+from ._errors import (
+    ObjectFencedError,
+    ObjectResetError,
+    RpcError,
+    RuntimeClosedError,
+    lone_interrupt,
+)
 from ._events import EventBus
 from ._host import ObjectHost
 from ._metrics import Metrics
@@ -242,10 +248,16 @@ class Runtime:
     async def activate(self, cls: type[DurableObject], object_id: str) -> DurableObject:
         """Activate an object (running its startup) and return its instance."""
         host = await self._activate(cls, cls.namespace, check_object_id(object_id))
-        await host.call_startup()
-        await host.awaken()  # the caller uses the instance at once
-        assert host.instance is not None
-        return host.instance
+        # As work of the object: it stays resident, and awake, meanwhile (a dormant
+        # one is opened first: the startup reads its database; the caller uses the
+        # instance at once).
+        with host.working() as scope:
+            await host.awaken()
+            await host.call_startup()
+        instance = host.instance
+        if scope.cancelled_caught or instance is None:
+            raise ObjectResetError(f"{host.label} was reset while it was being activated")
+        return instance
 
     @property
     def closing(self) -> bool:

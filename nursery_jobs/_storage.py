@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import sqlite3
+import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Final, Protocol
@@ -24,8 +25,17 @@ KV_PUT: Final = (
     "INSERT INTO nj_kv (key, value) VALUES (?, ?) ON CONFLICT DO UPDATE SET value = excluded.value"
 )
 # Statements that give the connection state of its own, which a dormant object's
-# reopened database would not have.
-_PER_CONNECTION = re.compile(r"\s*(PRAGMA|ATTACH|DETACH|CREATE\s+TEMP)", re.IGNORECASE)
+# reopened database would not have (after any leading blanks and comments).
+_PER_CONNECTION = re.compile(
+    r"(?:\s+|--[^\n]*(?:\n|$)|/\*.*?(?:\*/|$))*(?:PRAGMA|ATTACH|DETACH|CREATE\s+TEMP)",
+    re.IGNORECASE | re.DOTALL,
+)
+# State of the connection that can be seen in it, however it was made: TEMP tables,
+# views, triggers (``temp.name`` too) and attached databases.
+_CONNECTION_STATE: Final = (
+    "SELECT EXISTS (SELECT 1 FROM temp.sqlite_master)"
+    " OR EXISTS (SELECT 1 FROM pragma_database_list WHERE name NOT IN ('main', 'temp'))"
+)
 
 
 class AlarmSlot(Protocol):
@@ -45,7 +55,7 @@ class Storage:
     other tasks; the statement is cheaper than a thread hop.
     """
 
-    __slots__ = ("_alarm", "_conn", "_db", "_tx", "pinned")
+    __slots__ = ("_alarm", "_conn", "_cursors", "_db", "_tx", "pinned")
 
     def __init__(
         self, conn: sqlite3.Connection, alarm: AlarmSlot, transactions: ObjectTransactions
@@ -58,6 +68,8 @@ class Storage:
         # own (a PRAGMA, ATTACH, a TEMP table): the object then keeps its database open
         # while it is resident, since a dormant object's database is reopened afresh.
         self.pinned = False
+        # Cursors ``execute`` handed out that are still alive (see ``keeps_connection``).
+        self._cursors: weakref.WeakSet[sqlite3.Cursor] = weakref.WeakSet()
 
     # -- SQL --------------------------------------------------------------------
     @property
@@ -87,7 +99,18 @@ class Storage:
         self._tx.check_write()
         if not self.pinned and _PER_CONNECTION.match(sql):
             self.pinned = True
-        return self._conn.execute(sql, params)
+        cursor = self._conn.execute(sql, params)
+        self._cursors.add(cursor)
+        return cursor
+
+    def keeps_connection(self) -> bool:
+        """Whether the connection must stay open while the object is resident: it was
+        handed out or given state of its own (``pinned``; TEMP objects and attached
+        databases are also looked for), or a cursor of ``execute`` is still alive (its
+        statement would hold the file's lock past a close). Does not checkpoint."""
+        if self.pinned or self._cursors:
+            return True
+        return bool(self._conn.execute(_CONNECTION_STATE).fetchone()[0])
 
     @contextmanager
     def transaction(self) -> Iterator[Storage]:
