@@ -92,17 +92,22 @@ class JobTable:
 
     The deletes of finished jobs are staged and run as one statement (``settle``) before
     any other statement of the table, and before the group transaction they belong to
-    reaches a savepoint or a commit (``ObjectTransactions``). A ``DELETE`` per job was a
-    quarter of the dispatch time (issue 14); one ``DELETE ... IN`` per group costs about
-    a third less per row, and staging costs a list append.
+    reaches a user block's savepoint or a commit (``ObjectTransactions``). A ``DELETE``
+    per job was a quarter of the dispatch time (issue 14); one ``DELETE ... IN`` per group
+    costs about a third less per row, and staging costs a list append. A running job's
+    savepoint does not settle them (it did: a job that writes paid a ``DELETE`` of the
+    previous job's row); deletes run under it are staged again if it rolls back.
     """
 
-    __slots__ = ("_conn", "_finished", "_staged_at")
+    __slots__ = ("_conn", "_finished", "_in_savepoint", "_staged_at")
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn  # the schema is the engine's (``_schema.prepare``)
         self._finished: list[int] = []  # push sequences of finished jobs, not yet deleted
         self._staged_at = 0  # the connection's ``rollbacks`` when the first was staged
+        # While a job's savepoint is open: the deletes run under it (a rollback of the
+        # savepoint undoes them, so they are staged again).
+        self._in_savepoint: list[int] | None = None
 
     @property
     def conn(self) -> sqlite3.Connection:
@@ -129,10 +134,28 @@ class JobTable:
             if self._conn.in_transaction:
                 self._finished = seqs + self._finished  # the group stands: try again later
             raise
+        if self._in_savepoint is not None:
+            self._in_savepoint += seqs
+
+    def enter_savepoint(self) -> None:
+        """A job's savepoint opens: what is staged stays staged (a job that writes no
+        longer costs a ``DELETE`` of its own: issue 14), and deletes run under the
+        savepoint are remembered."""
+        self._in_savepoint = []
+
+    def leave_savepoint(self, *, undone: bool) -> None:
+        """The job's savepoint ends: released (its deletes stand, in the group) or rolled
+        back (``undone``: its deletes were undone with it; they are staged again)."""
+        ran, self._in_savepoint = self._in_savepoint, None
+        if undone and ran:
+            if not self._finished:
+                self._staged_at = _rollbacks(self._conn)
+            self._finished = ran + self._finished
 
     def drop_staged(self) -> None:
         """The group transaction is gone (rolled back): so are its staged deletes."""
         self._finished = []
+        self._in_savepoint = None
 
     # -- reads ----------------------------------------------------------------------
     def owner_of(self, job_id: str) -> str | None:

@@ -54,15 +54,21 @@ class atomic:  # (lower case: used as a function, ``with atomic(conn):``)
 
 
 class StagedWrites(Protocol):
-    """Writes of the group held back until its next savepoint or commit (the deletes of
-    finished jobs, ``JobTable``): they belong to the group, never to a savepoint that may
-    roll back."""
+    """Writes of the group held back until its next read, user savepoint or commit (the
+    deletes of finished jobs, ``JobTable``): they belong to the group. Run while a job's
+    savepoint is open, they are undone with it if it rolls back, and staged again."""
 
     def settle(self) -> None:
         """Run the staged writes now (in the group)."""
 
     def drop_staged(self) -> None:
         """Forget them: the group was rolled back."""
+
+    def enter_savepoint(self) -> None:
+        """The running job's savepoint opened."""
+
+    def leave_savepoint(self, *, undone: bool) -> None:
+        """It ended: released, or rolled back (``undone``)."""
 
 
 class ObjectTransactions:
@@ -133,8 +139,7 @@ class ObjectTransactions:
                 self._open_job_savepoint()
             return
         if self.job_savepoint:
-            self.conn.execute(f"RELEASE {_JOB}")
-            self.job_savepoint = False
+            self._release_job_savepoint()
         if self.group:
             self._joined[task] = None
 
@@ -153,11 +158,21 @@ class ObjectTransactions:
     def _open_job_savepoint(self) -> None:
         if not self.conn.in_transaction:
             self.open_group()
-        else:
-            self._settle()
         self.conn.execute(f"SAVEPOINT {_JOB}")
         self.job_savepoint = True
         self.job_generation += 1
+        if self.staged is not None:
+            self.staged.enter_savepoint()
+
+    def _release_job_savepoint(self, *, undo: bool = False) -> None:
+        """End the running job's savepoint: keep what it wrote (in the group), or undo
+        it first (``undo``)."""
+        self.job_savepoint = False
+        if undo:
+            self.conn.execute(f"ROLLBACK TO {_JOB}")
+        self.conn.execute(f"RELEASE {_JOB}")
+        if self.staged is not None:
+            self.staged.leave_savepoint(undone=undo)
 
     def foreign_user_block(self) -> bool:
         """Whether a user block of another task is open now."""
@@ -187,10 +202,7 @@ class ObjectTransactions:
     def end_job(self, *, keep: bool) -> None:
         """Keep (release) or undo (roll back) what the job wrote."""
         if self.job_savepoint and not self._lost():
-            self.job_savepoint = False
-            if not keep:
-                self.conn.execute(f"ROLLBACK TO {_JOB}")
-            self.conn.execute(f"RELEASE {_JOB}")
+            self._release_job_savepoint(undo=not keep)
         lost, self._job_lost = self._job_lost, False
         if lost:
             # A failed statement rolled everything back: the job's writes are gone, so
@@ -253,7 +265,7 @@ class ObjectTransactions:
             return
         try:
             if self.job_savepoint:
-                self.conn.execute(f"RELEASE {_JOB}")
+                self._release_job_savepoint()
             self._settle()
             self.conn.execute("COMMIT")
         except BaseException:
