@@ -108,6 +108,7 @@ class AlarmRunner:
                 store.rearm()
             raise
         except Exception:
+            await self._outside_user_blocks()
             store.flush()  # the jobs that completed stay completed
             if store.next_alarm_time() is None:
                 logger.exception("alarm run of %s failed; no jobs remain", lc.label)
@@ -119,7 +120,17 @@ class AlarmRunner:
             self._unwatch()
         if not lc.tracked:
             lc.breaker.clear()  # a clean, quiescent alarm run
+        await self._outside_user_blocks()
         store.rearm()
+
+    async def _outside_user_blocks(self) -> None:
+        """Before the run's last commit and re-arm: wait for a ``storage.transaction()``
+        of another task that is still open (a call's, tracked work's). With it open the
+        group cannot commit, nor the alarm rise above it — and after the run nothing
+        else would commit or re-arm (a stub call's output gate commits, but does not
+        re-arm; tracked work has no output gate)."""
+        if self._store.tx.foreign_user_block():
+            await self._store.wait_for_user_block()
 
     async def _run_due(self, run: AlarmRun, now: float) -> None:
         store = self._store

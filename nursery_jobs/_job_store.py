@@ -253,12 +253,15 @@ class JobStore:
     def requeue(self, owner: str, job_id: str) -> Job | None:
         """Move dead letter ``job_id`` of ``owner`` back into the queue, due now."""
         with self.writing():
-            letter = self.table.unbury(owner, job_id)
+            # Checked before anything is written: inside the group, nothing would undo
+            # the letter's delete if the refusal came after it.
+            letter = self.table.dead_letter(owner, job_id)
             if letter is None:
                 return None
             holder = self.table.owner_of(job_id)
             if holder is not None:
                 raise ownership_error(owner, holder, job_id)
+            self.table.unbury(owner, job_id)
             job = attrs.evolve(letter.job, time=_clock.now())
             self._touch(job_id)
             self._lower_alarm(job.time, job.exclusive, job.id)

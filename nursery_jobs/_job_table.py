@@ -375,18 +375,19 @@ class JobTable:
         self.conn.executemany("DELETE FROM nj_dead_letters WHERE owner = ? AND id = ?", oldest)
         return [(str(owner), str(job_id)) for owner, job_id in oldest]
 
-    def unbury(self, owner: str, job_id: str) -> DeadLetter | None:
+    def dead_letter(self, owner: str, job_id: str) -> DeadLetter | None:
         row = self.conn.execute(
             "SELECT job, error, attempts, reason, time FROM nj_dead_letters"
             " WHERE owner = ? AND id = ?",
             (owner, job_id),
         ).fetchone()
-        if row is None:
-            return None
+        return None if row is None else _dead_letter(*row)
+
+    def unbury(self, owner: str, job_id: str) -> None:
+        """Delete dead letter ``job_id`` of ``owner`` (it goes back into the queue)."""
         self.conn.execute(
             "DELETE FROM nj_dead_letters WHERE owner = ? AND id = ?", (owner, job_id)
         )
-        return _dead_letter(*row)
 
     # -- per-object state -------------------------------------------------------------
     def meta(self, key: str, default: int = 0) -> int:

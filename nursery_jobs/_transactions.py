@@ -259,9 +259,12 @@ class ObjectTransactions:
 
     def commit_group(self) -> None:
         """Commit the group now, unless a user block is open (its writes must not commit
-        half-way). A running job's savepoint ends with it; the job's next write opens a
-        new one. Does not checkpoint."""
-        if not self.group or self.user_task is not None or self._lost():
+        half-way) or a running job has written (half a job must not commit: a failure
+        after would keep its writes, and its re-run would make them again; its end, or
+        an output gate that waits for it, commits). A running job's savepoint ends with
+        the commit; the job's next write opens a new one. Does not checkpoint."""
+        if (not self.group or self.user_task is not None
+                or (self.job_task is not None and self.job_dirty) or self._lost()):
             return
         try:
             if self.job_savepoint:
