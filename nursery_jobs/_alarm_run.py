@@ -340,6 +340,10 @@ class AlarmRunner:
                 outcome = coerce_outcome(await on_job_error(ctx, error))
             except Exception:
                 logger.exception("on_job_error of %r failed for job %r", job.owner, job.id)
+            if store.tx.foreign_user_block():
+                # It awaited: the outcome must not land in another task's block that may
+                # roll back (as for a clean outcome, _run_job).
+                await store.wait_for_user_block()
             if store.superseded:
                 return
         if outcome is not None:

@@ -406,8 +406,9 @@ class ObjectHost:
             if tx is not None and not tx.kept():
                 raise StorageError(
                     f"{self.label}: {name}() ran, but its writes were rolled back with the"
-                    " alarm run's transaction they had joined (a storage fault while a job"
-                    " ran beside the call); nothing of them was kept — call again"
+                    " alarm run's transaction they had joined (a job running beside the"
+                    " call, which had written, failed; or a storage fault); nothing of them"
+                    " was kept — call again"
                 )
             await self.sync()
         if scope.cancelled_caught:

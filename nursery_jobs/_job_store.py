@@ -11,10 +11,9 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, cast
 
 import attrs
-import trio
 
 from . import _clock
 from ._codec import encode_payload
@@ -54,6 +53,7 @@ class JobStore:
         self.table = JobTable(conn)
         self.tx = transactions
         transactions.staged = self.table  # finished jobs' deletes wait for the group
+        transactions.blocks = self  # a rolled-back block's mutations are forgotten
         self._alarm = alarm
         self.completion_group = completion_group
         self.dead_letter_limit = dead_letter_limit
@@ -142,17 +142,34 @@ class JobStore:
         self._replay.clear()
         self.tx.abort_group()
 
+    # -- storage.transaction() blocks (the ``BlockWatcher`` of ``_transactions``) --------
+    def mark(self) -> tuple[str | None, bool, int]:
+        return self.running_id, self.superseded, len(self._replay)
+
+    def undo(self, mark: object) -> None:
+        """A block rolled back: a push, cancel or re-time of the running job's id made in
+        it did not happen (the job's outcome stands), nor is a mutation made in it made
+        again if the job fails. (Another task cannot write while a block is open.)"""
+        running_id, superseded, replayed = cast("tuple[str | None, bool, int]", mark)
+        if running_id == self.running_id:
+            self.superseded = superseded
+            del self._replay[replayed:]
+
     def _mutation(self, again: Callable[[], object]) -> None:
-        """Remember a queue mutation of the running job, to make again if it fails."""
+        """Remember a queue mutation made under the running job's savepoint — by the job,
+        or by another task whose write joined it (a call, tracked work ending) — to make
+        again if the job fails: a push, cancel or re-time wins whoever made it."""
         tx = self.tx
-        if tx.job_savepoint and tx.job_task is trio.lowlevel.current_task():
+        if tx.job_savepoint:
             self._replay.append((tx.job_generation, again))
 
-    def writing(self) -> AbstractContextManager[None]:
+    def writing(self, *, replayed: bool = False) -> AbstractContextManager[None]:
         """``with store.writing():`` one transaction for the writes in the block — or,
-        inside the group or a user block, part of that transaction. (Not a generator:
-        see ``atomic``.)"""
-        self.tx.check_write()
+        inside the group or a user block, part of that transaction. ``replayed``: what
+        the block writes is remembered (``_mutation``) and made again should a running
+        job's savepoint it joins roll back, so its task has nothing to be told. (Not a
+        generator: see ``atomic``.)"""
+        self.tx.check_write(replayed=replayed)
         if self.conn.in_transaction:
             return _JOINED
         return atomic(self.conn)
@@ -205,7 +222,7 @@ class JobStore:
             JobOwnershipError: another owner holds the id.
         """
         replaced = False
-        with self.writing():
+        with self.writing(replayed=True):
             if stable_id:
                 holder = self.table.owner_of(job.id)
                 if holder is not None and holder != job.owner:
@@ -225,7 +242,7 @@ class JobStore:
 
     def cancel(self, owner: str, job_id: str) -> bool:
         in_transaction = self.conn.in_transaction
-        with self.writing():
+        with self.writing(replayed=True):
             deleted = self.table.delete(owner, job_id)
             if deleted:
                 self._touch(job_id)
@@ -238,7 +255,7 @@ class JobStore:
 
     def reschedule(self, owner: str, job_id: str, when: float) -> bool:
         in_transaction = self.conn.in_transaction
-        with self.writing():
+        with self.writing(replayed=True):
             row = self.table.row(job_id)
             if row is None or row.job.owner != owner:
                 return False
@@ -252,7 +269,7 @@ class JobStore:
 
     def requeue(self, owner: str, job_id: str) -> Job | None:
         """Move dead letter ``job_id`` of ``owner`` back into the queue, due now."""
-        with self.writing():
+        with self.writing(replayed=True):
             # Checked before anything is written: inside the group, nothing would undo
             # the letter's delete if the refusal came after it.
             letter = self.table.dead_letter(owner, job_id)
@@ -352,8 +369,11 @@ class JobStore:
             self.table.set_marker(job_id, started)
 
     def clear_marker(self, job_id: str, started: float) -> bool:
-        with self.writing():
-            return self.table.clear_marker(job_id, started)
+        """Tracked work of job ``job_id`` (started at ``started``) has ended."""
+        with self.writing(replayed=True):
+            cleared = self.table.clear_marker(job_id, started)
+            self._mutation(lambda: self.table.clear_marker(job_id, started))
+            return cleared
 
     # -- the alarm --------------------------------------------------------------------
     def _lower_alarm(self, time: float, exclusive: bool, job_id: str) -> None:
@@ -404,7 +424,10 @@ class JobStore:
     def disable(self) -> None:
         """Turn the alarm off for good (teardown): durable, so a later activation does
         not re-arm it from the jobs that remain."""
-        with self.writing():
+        with self.writing(replayed=True):
             self.table.set_meta(_ALARMS_DISABLED, 1)
+            # Made again if the job that asked fails: it acts at once (the alarm goes
+            # now), so it must stand as durably as it acts.
+            self._mutation(lambda: self.table.set_meta(_ALARMS_DISABLED, 1))
         self.disabled = True
         self._alarm.delete()

@@ -11,13 +11,16 @@ Three kinds of transaction share one connection:
   the group. While it is open, only the task that opened it may write.
 
 A write from another task while a job's savepoint is open (a call that runs while the
-job awaits) ends that savepoint first, so a failing job can never roll back another
-task's write; the job's writes so far then stay with the group.
+job, having written, awaits) joins that savepoint: the job's writes must stay undoable,
+or a failure would keep them and its re-run make them again. If the job then fails,
+the other task's writes are undone with its own, and that task is told: a stub call
+waits at its output gate for the job, then raises ``StorageError`` (``kept``).
 """
 
 from __future__ import annotations
 
 import sqlite3
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Protocol
@@ -71,16 +74,30 @@ class StagedWrites(Protocol):
         """It ended: released, or rolled back (``undone``)."""
 
 
+class BlockWatcher(Protocol):
+    """What must be undone in memory when a ``storage.transaction()`` rolls back (the
+    job store's: whether the running job was superseded, its queue mutations to make
+    again if it fails)."""
+
+    def mark(self) -> object:
+        """Note the state as a block begins."""
+
+    def undo(self, mark: object) -> None:
+        """The block rolled back: what it did in memory goes too."""
+
+
 class ObjectTransactions:
     """The transaction state of one object's database."""
 
     __slots__ = (
         "_job_done",
+        "_job_joined",
         "_job_lost",
         "_joined",
         "_lost_tasks",
         "_user_done",
         "_user_savepoints",
+        "blocks",
         "conn",
         "group",
         "job_dirty",
@@ -108,18 +125,23 @@ class ObjectTransactions:
         self._user_done: trio.Event | None = None
         self._user_savepoints = 0
         self.staged: StagedWrites | None = None
+        self.blocks: BlockWatcher | None = None
         self._job_lost = False  # the running job's savepoint went with a lost group
         # Tasks other than the running job that wrote into the open group, and those
         # whose writes a lost group took with it (their call must not report success).
         self._joined: dict[trio.lowlevel.Task, None] = {}
-        self._lost_tasks: set[trio.lowlevel.Task] = set()
+        # (Weak: a task that never reaches an output gate is not kept alive by it.)
+        self._lost_tasks: weakref.WeakSet[trio.lowlevel.Task] = weakref.WeakSet()
+        # Other tasks that wrote under the running job's savepoint (undone if it fails).
+        self._job_joined: dict[trio.lowlevel.Task, None] = {}
 
     # -- writes -------------------------------------------------------------------------
-    def check_write(self) -> None:
+    def check_write(self, *, replayed: bool = False) -> None:
         """Before a write: refuse one from outside an open user block; for the running
-        job's own write, make sure its savepoint is open (it is closed by a commit of the
-        group at an output gate); a write from another task ends the job's savepoint
-        first. Does not checkpoint."""
+        job's own write, make sure its savepoint is open; a write from another task
+        joins the job's savepoint, if open (see the module's docstring), and its task is
+        told if the job fails — unless the write is ``replayed`` (made again then, by
+        the job store). Does not checkpoint."""
         if self.group and not self.conn.in_transaction:
             self._lost()  # (a fault rolled the group back: this write is not part of it)
         if self.user_task is None and self.job_task is None:
@@ -138,8 +160,8 @@ class ObjectTransactions:
             if not self.job_savepoint:
                 self._open_job_savepoint()
             return
-        if self.job_savepoint:
-            self._release_job_savepoint()
+        if self.job_savepoint and not replayed:
+            self._job_joined[task] = None
         if self.group:
             self._joined[task] = None
 
@@ -173,6 +195,9 @@ class ObjectTransactions:
         self.conn.execute(f"RELEASE {_JOB}")
         if self.staged is not None:
             self.staged.leave_savepoint(undone=undo)
+        if undo:
+            self._lost_tasks.update(self._job_joined)  # told at their output gate
+        self._job_joined.clear()
 
     def foreign_user_block(self) -> bool:
         """Whether a user block of another task is open now."""
@@ -237,6 +262,7 @@ class ObjectTransactions:
             self.staged.drop_staged()
         self._lost_tasks.update(self._joined)
         self._joined.clear()
+        self._job_joined.clear()
 
     def kept(self) -> bool:
         """Whether the current task's writes since its last output gate still stand
@@ -321,6 +347,7 @@ class ObjectTransactions:
             self.user_task = task
             self._user_done = trio.Event()
         conn = self.conn
+        mark = None if self.blocks is None else self.blocks.mark()
         try:
             if not conn.in_transaction:
                 with atomic(conn):
@@ -341,6 +368,10 @@ class ObjectTransactions:
                 conn.execute(f"RELEASE {name}")
             finally:
                 self._user_savepoints -= 1
+        except BaseException:
+            if self.blocks is not None:
+                self.blocks.undo(mark)  # its writes were rolled back
+            raise
         finally:
             if outer:
                 self.user_task = None
