@@ -95,6 +95,8 @@ class ObjectTransactions:
         "_job_lost",
         "_joined",
         "_lost_tasks",
+        "_telling",
+        "_undone",
         "_user_done",
         "_user_savepoints",
         "blocks",
@@ -132,8 +134,11 @@ class ObjectTransactions:
         self._joined: dict[trio.lowlevel.Task, None] = {}
         # (Weak: a task that never reaches an output gate is not kept alive by it.)
         self._lost_tasks: weakref.WeakSet[trio.lowlevel.Task] = weakref.WeakSet()
-        # Other tasks that wrote under the running job's savepoint (undone if it fails).
+        # Other tasks that wrote under the running job's savepoint (undone if it fails),
+        # and those whose writes were undone so, until they are told.
         self._job_joined: dict[trio.lowlevel.Task, None] = {}
+        self._undone: weakref.WeakSet[trio.lowlevel.Task] = weakref.WeakSet()
+        self._telling = False  # whether _undone may hold a task (a cheap test per write)
 
     # -- writes -------------------------------------------------------------------------
     def check_write(self, *, replayed: bool = False) -> None:
@@ -144,6 +149,8 @@ class ObjectTransactions:
         the job store). Does not checkpoint."""
         if self.group and not self.conn.in_transaction:
             self._lost()  # (a fault rolled the group back: this write is not part of it)
+        if self._telling:
+            self._tell_undone()
         if self.user_task is None and self.job_task is None:
             if self.group:
                 self._joined[trio.lowlevel.current_task()] = None
@@ -164,6 +171,22 @@ class ObjectTransactions:
             self._job_joined[task] = None
         if self.group:
             self._joined[task] = None
+
+    def _tell_undone(self) -> None:
+        """A task whose writes a failing job's rollback undid, and which was not told at
+        an output gate (tracked work, a background task; a call still running), is told
+        at its next write."""
+        task = trio.lowlevel.current_task()
+        told = task in self._undone
+        self._undone.discard(task)
+        self._telling = bool(self._undone)  # (tasks that ended have left it)
+        if told:
+            self._lost_tasks.discard(task)
+            raise StorageError(
+                f"{self.label}: writes this task made beside a running job were undone when"
+                " that job failed (they had joined its transaction); nothing of them was"
+                " kept, and this write was not made"
+            )
 
     def open_group(self) -> None:
         """``BEGIN`` the group. What is still staged belongs to a group that was rolled
@@ -196,7 +219,10 @@ class ObjectTransactions:
         if self.staged is not None:
             self.staged.leave_savepoint(undone=undo)
         if undo:
-            self._lost_tasks.update(self._job_joined)  # told at their output gate
+            # Told at their output gate, or at their next write.
+            self._lost_tasks.update(self._job_joined)
+            self._undone.update(self._job_joined)
+            self._telling = bool(self._job_joined) or self._telling
         self._job_joined.clear()
 
     def foreign_user_block(self) -> bool:
@@ -271,6 +297,7 @@ class ObjectTransactions:
         self._joined.pop(task, None)
         if task in self._lost_tasks:
             self._lost_tasks.discard(task)
+            self._undone.discard(task)
             return False
         return True
 

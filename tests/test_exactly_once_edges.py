@@ -520,3 +520,36 @@ async def test_disable_alarms_undone_by_a_failing_job_does_not_strand_its_jobs(
         # Either the disable was undone with the job (its jobs run), or it stands as
         # durably as it acts (the flag is in storage). Got: neither (ran [J 1], flag 0).
         assert ran == [("J", 1), ("J", 2), ("K", 1)] or durable == 1, (ran, durable)
+
+
+async def test_a_background_task_whose_writes_a_failing_job_undid_is_told_at_its_next_write(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A task of the object's own (no caller, no output gate) writes beside a job that
+    has written and awaits; the job fails and its rollback undoes that write too. The
+    task is told at its next write: StorageError, and that write is not made either."""
+    outcome: list[Any] = []
+
+    async def background(o: Host) -> None:
+        o.ctx.storage.put("bg", 1)  # joins J's savepoint
+        await trio.sleep(2.5)  # J fails at 3
+        try:
+            o.ctx.storage.put("bg", 2)
+        except nj.StorageError as exc:
+            outcome.append(exc)
+        o.ctx.storage.put("after", 1)  # told once: later writes are made
+
+    async def start(o: Host) -> None:
+        o.ctx.nursery.start_soon(background, o)
+
+    env: dict[str, Any] = {"runs": [], "h": _count_then_fail_once}
+    async with nj.open_runtime(engine.location, env=env) as rt:
+        obj = rt.get(Host, "o")
+        await obj.run(lambda o: _push(o, "J", delay=1, retry=RETRY))
+        await trio.sleep(1.5)
+        await obj.run(start)
+        await trio.sleep(50)
+        assert len(outcome) == 1 and "undone when that job failed" in str(outcome[0])
+        assert await obj.run(lambda o: _get(o, "bg")) == 0
+        assert await obj.run(lambda o: _get(o, "after")) == 1
+        assert await obj.run(_get) == 1  # J exactly once
