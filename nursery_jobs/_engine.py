@@ -112,6 +112,10 @@ class ObjectState(Protocol):
     def dormant(self) -> bool:
         """Whether the database is closed while the object stays resident."""
 
+    @property
+    def can_sleep(self) -> bool:
+        """Whether ``sleep`` can ever close it (a file of a data directory can)."""
+
     async def sleep(self) -> bool:
         """Close the database of an idle object that stays resident; False (nothing
         closed) where it cannot be (in memory, a working copy, a transaction open).

@@ -67,6 +67,9 @@ class HostSite(Protocol):
 
     def get(self, cls: type[DurableObject], object_id: str) -> Stub: ...
     def host_closed(self, host: ObjectHost) -> None: ...
+    # A resident object's database was closed (it dozed) or opened again (it woke).
+    def database_closed(self, host: ObjectHost) -> None: ...
+    def database_opened(self, host: ObjectHost) -> None: ...
 
 
 class ObjectHost:
@@ -76,6 +79,7 @@ class ObjectHost:
         "_alarm_work",
         "_busy",
         "_destroy",
+        "_doze_asked",
         "_idle_scope",
         "_idle_since",
         "_leaving",
@@ -125,6 +129,7 @@ class ObjectHost:
         self._idle_scope = trio.CancelScope()
         self._idle_since = math.inf  # when the last work ended
         self._leaving = False  # asked to leave memory (evict, destroy)
+        self._doze_asked = False  # asked to doze now (the open-file bound, doze_now)
         self._work_scopes: set[trio.CancelScope] = set()
         self._busy = 0
         self._destroy = False
@@ -204,6 +209,7 @@ class ObjectHost:
                     and trio.current_time() < self._idle_since + self.site.idle_timeout):
                 # Idle for dormant_after, not yet for idle_timeout.
                 await self._doze()
+                self._doze_asked = False
                 self._idle_scope = trio.CancelScope(
                     deadline=math.inf if self._busy else self._deadline()
                 )
@@ -247,9 +253,28 @@ class ObjectHost:
                     or ctx.storage.keeps_connection()):
                 return
             try:
-                await state.sleep()
+                if await state.sleep():
+                    self.site.database_closed(self)
             except sqlite3.Error as exc:
                 logger.warning("closing the database of idle %s failed: %s", self.label, exc)
+
+    def doze_now(self) -> bool:
+        """Ask an idle object to close its database now, staying resident (the runtime's
+        open-file bound, with dormancy on). False where it may not doze (see
+        ``_doze``): the caller evicts it instead. Does not checkpoint."""
+        state, ctx = self.state, self.ctx
+        if (state is None or ctx is None or not state.can_sleep or state.dormant or self._busy
+                or self._leaving or ctx.nursery.child_tasks
+                or ctx.storage.keeps_connection()):
+            return False
+        self._doze_asked = True
+        self._idle_scope.cancel(reason="dozing: the open-file bound")
+        return True
+
+    @property
+    def doze_pending(self) -> bool:
+        """Asked to doze (``doze_now``), not yet dozed."""
+        return self._doze_asked
 
     @property
     def dormant(self) -> bool:
@@ -272,6 +297,7 @@ class ObjectHost:
         while state is not None and state is self.state and state.dormant:
             try:
                 await state.wake()
+                self.site.database_opened(self)
                 break
             except StorageFaultError as exc:
                 delay = LOCKED_RETRY.delay(attempt) if exc.cause == "locked" else None

@@ -109,6 +109,7 @@ class PgObject:
         self._shipped_changes = conn.total_changes
 
     dormant = False  # the working copy is the object's only copy here: never closed
+    can_sleep = False
 
     async def sleep(self) -> bool:
         await trio.lowlevel.checkpoint()

@@ -146,12 +146,17 @@ class Runtime:
         # Unbounded would run out of file descriptors: by default keep resident what
         # the open-file limit allows (two per object, a margin for everything else).
         self.max_active = default_max_active() if max_active is None else max_active
+        # With dormancy on, that default bound counts open databases only: a dormant
+        # object holds no file descriptor (see _evict_over_limit).
+        self._bounds_open = max_active is None and dormant_after is not None
         self.durability = durability
         self.events = EventBus()
         self.metrics = Metrics(self.events)
         self.http_url: str | None = None  # where the dashboard listens (open_runtime http=)
         self.timer = Timer(engine, self._deliver)
         self._hosts: OrderedDict[Key, ObjectHost] = OrderedDict()
+        # The hosts whose database is open (or opening), least recently used first.
+        self._open: OrderedDict[Key, ObjectHost] = OrderedDict()
         self._nursery: trio.Nursery | None = None
         self._limiter = trio.CapacityLimiter(_MAX_CONCURRENT_ALARMS)
         self._closing = False
@@ -175,6 +180,15 @@ class Runtime:
     def host_closed(self, host: ObjectHost) -> None:
         if self._hosts.get(host.key) is host:
             del self._hosts[host.key]
+        self.database_closed(host)
+
+    def database_closed(self, host: ObjectHost) -> None:
+        if self._open.get(host.key) is host:
+            del self._open[host.key]
+
+    def database_opened(self, host: ObjectHost) -> None:
+        self._open[host.key] = host
+        self._evict_over_limit()
 
     async def _activate(
         self, cls: type[DurableObject], namespace: str, object_id: str, *,
@@ -191,6 +205,7 @@ class Runtime:
             if host is None:
                 host = ObjectHost(self, cls, namespace, object_id, for_alarm=for_alarm)
                 self._hosts[key] = host
+                self._open[key] = host
                 self._evict_over_limit()
                 try:
                     await self._nursery.start(host.run)
@@ -204,6 +219,8 @@ class Runtime:
                 continue
             if host.status == "ready":
                 self._hosts.move_to_end(key)
+                if key in self._open:
+                    self._open.move_to_end(key)
                 return host
             if host.status == "starting":
                 await host.ready.wait()
@@ -213,6 +230,20 @@ class Runtime:
                 await host.closed.wait()
 
     def _evict_over_limit(self) -> None:
+        if self._bounds_open:
+            # The open-file limit's bound, with dormancy on: past it the least recently
+            # used idle objects doze at once (one that may not doze leaves memory).
+            excess = len(self._open) - self.max_active
+            for host in list(self._open.values()):
+                if excess <= 0:
+                    break
+                if host.doze_pending:
+                    excess -= 1
+                elif host.status == "ready" and not host.busy:
+                    if not host.doze_now():
+                        host.evict("evicted: max_active (the open-file limit)")
+                    excess -= 1
+            return
         if self.max_active is None or len(self._hosts) <= self.max_active:
             return
         excess = len(self._hosts) - self.max_active

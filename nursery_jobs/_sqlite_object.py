@@ -50,6 +50,10 @@ class SqliteObject:
         self._crashes: bool | None = None  # whether crash tokens were found (None: unread)
         self.alarm = engine.get_alarm(namespace, object_id)
 
+    @property
+    def can_sleep(self) -> bool:
+        return self._reopen is not None  # (an in-memory database is never closed)
+
     def write_alarm(self, time: float | None, retry: int) -> None:
         self._engine.write_alarm(self.namespace, self.object_id, time, retry)
 

@@ -363,3 +363,77 @@ async def test_a_relative_data_directory_stays_where_it_was_opened_after_a_chdir
         assert await rt.get(Note, "b").add() == (1, 1)  # a new object, in the same place
     assert list((tmp_path / "elsewhere").iterdir()) == []
     assert object_file(tmp_path / "data", Note, "b").exists()
+
+
+async def test_with_dormancy_the_default_bound_counts_open_databases_and_dozes_the_oldest(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """max_active=None means what the open-file limit allows. A dormant object holds no
+    file descriptor, so with dormancy on that bound counts open databases: past it the
+    least recently used idle object dozes at once and stays resident (without dormancy
+    it is evicted). An object that may not doze (its connection pinned) is evicted."""
+    import nursery_jobs._runtime as runtime_module
+
+    monkeypatch.setattr(runtime_module, "default_max_active", lambda: 3)
+    async with nj.open_runtime(tmp_path / "data", idle_timeout=3600,
+                               dormant_after=1000) as rt:
+        assert rt.max_active == 3
+        for name in "abcde":
+            await rt.get(Note, name).add()
+        await trio.sleep(0.01)  # (the dozes asked for run in the objects' tasks)
+        assert [dormant(rt, Note, n) for n in "abcde"] == [True, True, False, False, False]
+        assert all(rt.is_active(Note.namespace, n) for n in "abcde")  # all resident
+        # a is used again: it opens, and now c is the least recently used open one.
+        assert await rt.get(Note, "a").add() == (2, 2)
+        await trio.sleep(0.01)
+        assert [dormant(rt, Note, n) for n in "abcde"] == [False, True, True, False, False]
+        # A pinned object cannot doze: past the bound it leaves memory instead.
+        await rt.get(Note, "d").use_db()
+        await rt.get(Note, "e").add()
+        await rt.get(Note, "a").add()  # open, least recently used first: d, e, a
+        await rt.get(Note, "f").add()
+        await trio.sleep(0.01)
+        assert not rt.is_active(Note.namespace, "d")
+        assert [dormant(rt, Note, n) for n in "abcef"] == [False, True, True, False, False]
+
+
+async def test_without_dormancy_the_default_bound_still_evicts(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import nursery_jobs._runtime as runtime_module
+
+    monkeypatch.setattr(runtime_module, "default_max_active", lambda: 3)
+    async with nj.open_runtime(tmp_path / "data", idle_timeout=3600) as rt:
+        for name in "abcde":
+            await rt.get(Note, name).add()
+        await trio.sleep(0.01)
+        assert [rt.is_active(Note.namespace, n) for n in "abcde"] == [
+            False, False, True, True, True]
+
+
+async def test_an_explicit_max_active_bounds_resident_objects_dormant_or_not(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with nj.open_runtime(tmp_path / "data", idle_timeout=3600, dormant_after=1,
+                               max_active=3) as rt:
+        for name in "abcde":
+            await rt.get(Note, name).add()
+            await trio.sleep(2)  # each dozes before the next comes
+        assert [rt.is_active(Note.namespace, n) for n in "abcde"] == [
+            False, False, True, True, True]
+
+
+async def test_where_objects_cannot_doze_the_default_bound_evicts_as_before(
+    autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The memory engine keeps its databases open for good: with dormant_after set, the
+    default bound still evicts the least recently used idle object."""
+    import nursery_jobs._runtime as runtime_module
+
+    monkeypatch.setattr(runtime_module, "default_max_active", lambda: 3)
+    async with nj.open_runtime(None, idle_timeout=3600, dormant_after=1000) as rt:
+        for name in "abcde":
+            await rt.get(Note, name).add()
+        await trio.sleep(0.01)
+        assert [rt.is_active(Note.namespace, n) for n in "abcde"] == [
+            False, False, True, True, True]
