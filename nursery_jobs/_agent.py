@@ -48,7 +48,7 @@ class TaskInfo:
 def agent_retry(max_retries: int) -> RetryOptions:
     """1 s doubling, capped at 5 minutes, ``max_retries`` after the first delivery."""
     if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
-        raise ValueError(f"max_retries must be an int >= 0, got {max_retries!r}")
+        raise JobError(f"max_retries must be an int >= 0, got {max_retries!r}")
     return RetryOptions(max_attempts=max_retries + 1, base_delay=1.0, max_delay=300.0,
                         jitter=False)
 
@@ -62,7 +62,7 @@ class _Methods(Mapping[str, Callable[[Any, Any], Any]]):
         self._agent = agent
 
     def _method(self, name: str) -> Callable[..., Any] | None:
-        if name in _NOT_TASKS:
+        if not_a_task(name):
             return None
         fn = getattr(self._agent, name, None)
         return fn if callable(fn) and hasattr(fn, "__self__") else None
@@ -227,7 +227,7 @@ class Agent(DurableObject):
     async def _run_task(self, name: str, payload: Any, item: QueueItem | Schedule) -> Any:
         running = self._task_queue.running or self._task_scheduler.running
         attempt = 1 if running is None else running.attempt
-        fn = None if name in _NOT_TASKS else getattr(self, name, None)
+        fn = None if not_a_task(name) else getattr(self, name, None)
         if callable(fn):
             return await call_callback(fn, payload)
         return await self.on_task(name, payload, TaskInfo(id=item.id, name=name, attempt=attempt))
@@ -277,4 +277,10 @@ def _check_method(method: object, caller: str) -> str | None:
 _NOT_TASKS = frozenset(
     name for name in dir(Agent) if not name.startswith("__")
 ) | {"ctx", "lifecycle"}
+
+
+def not_a_task(name: str) -> bool:
+    """The Agent's own API and Python's special methods (``__delattr__`` as a task, from
+    any stub caller, would break the object) are never tasks."""
+    return name in _NOT_TASKS or (name.startswith("__") and name.endswith("__"))
 

@@ -188,7 +188,10 @@ def coerce_time(value: object, *, name: str = "time") -> float:
         raise TimeArgumentError(
             f"{name}: expected epoch seconds or an aware datetime, got {value!r}"
         )
-    seconds = float(value)
+    try:
+        seconds = float(value)
+    except OverflowError:  # an int too large for a float
+        raise TimeArgumentError(f"{name}: {value!r} is not a finite time") from None
     if not math.isfinite(seconds):
         raise TimeArgumentError(f"{name}: {value!r} is not a finite time")
     return seconds
@@ -201,7 +204,10 @@ def coerce_delay(value: object, *, name: str = "delay") -> float:
     elif isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TimeArgumentError(f"{name}: expected seconds or a timedelta, got {value!r}")
     else:
-        seconds = float(value)
+        try:
+            seconds = float(value)
+        except OverflowError:  # an int too large for a float
+            seconds = math.inf
     if not math.isfinite(seconds) or seconds < 0:
         raise TimeArgumentError(f"{name}: {value!r} must be a finite number of seconds >= 0")
     return seconds

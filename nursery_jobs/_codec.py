@@ -317,6 +317,45 @@ def _render_path(parts: list[str]) -> str:
     return path if len(path) <= 300 else path[:200] + "..." + path[-80:]
 
 
+def content_text(value: object) -> str:
+    """A text of ``value`` that is the same for equal values: dict entries and set
+    members in sorted order (by their own canonical text), whatever the insertion order
+    or the hash seed. For content hashes (the Scheduler's dedupe), never for storage.
+
+    Raises:
+        CodecError: as ``encode_payload``.
+    """
+    text = encode_payload(value)
+    if text is None:
+        return "null"
+    return _canonical_json(_canonical(json.loads(text)))
+
+
+def _canonical(tree: Any) -> Any:
+    """Sort a JSON-native tree's unordered parts: object keys (by ``_canonical_json``),
+    the members of a set or frozenset, and the entries of a map with non-str keys."""
+    if type(tree) is list:
+        return [_canonical(item) for item in tree]
+    if type(tree) is not dict:
+        return tree
+    kind = tree.get(_TAG)
+    if kind in ("set", "frozenset"):
+        return {_TAG: kind, "v": sorted((_canonical(m) for m in tree["v"]), key=_canonical_json)}
+    if kind == "map":
+        flat = tree["v"]
+        pairs = sorted(((_canonical(k), _canonical(v)) for k, v in zip(flat[::2], flat[1::2],
+                                                                       strict=True)),
+                       key=lambda pair: _canonical_json(pair[0]))
+        return {_TAG: "map", "v": [x for pair in pairs for x in pair]}
+    return {key: _canonical(item) for key, item in tree.items()}
+
+
+def _canonical_json(tree: Any) -> str:
+    # (As encode_payload writes it where nothing needed sorting: the same hashes as
+    # before for such payloads.)
+    return json.dumps(tree, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
 # --- decoding ------------------------------------------------------------------------------
 
 

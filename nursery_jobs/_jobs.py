@@ -19,14 +19,30 @@ HOST: Final = "host"
 MAX_JOB_ID_LENGTH: Final = 1024
 
 
+# Attempts a job may have (stored as a SQLite integer, which would overflow past 2**63).
+MAX_ATTEMPTS: Final = 2**31 - 1
+
+
+def _finite(value: int | float) -> bool:
+    """math.isfinite, also for an int too large for a float (which is not finite here)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
 def _check_retry(instance: RetryOptions, attribute: Any, value: Any) -> None:
     if attribute.name == "max_attempts":
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise JobError(f"RetryOptions.max_attempts must be an int >= 1, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, int) or not (
+            1 <= value <= MAX_ATTEMPTS
+        ):
+            raise JobError(
+                f"RetryOptions.max_attempts must be an int in [1, {MAX_ATTEMPTS}], got {value!r}"
+            )
     elif (
         isinstance(value, bool)
         or not isinstance(value, (int, float))
-        or not math.isfinite(value)
+        or not _finite(value)
         or value < 0
     ):
         raise JobError(f"RetryOptions.{attribute.name} must be a finite number >= 0, got {value!r}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import builtins
 import inspect
 import logging
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -83,6 +84,7 @@ class Queue(CallbackCapability):
         id: str = "queue",
     ) -> None:
         super().__init__(callbacks, retry=retry, on_error=on_error, id=id)
+        self._last_position: float | None = None  # (read from the queue when first needed)
 
     # -- the API ------------------------------------------------------------------------
     async def push(
@@ -110,6 +112,8 @@ class Queue(CallbackCapability):
         self, callback: str, payload: Any, *, id: str | None, retry: RetryOptions | None,
         priority: int, keep_position: bool,
     ) -> QueueItem:
+        if not isinstance(callback, str):
+            raise JobError(f"queue callback must be a str (its name), got {callback!r}")
         if callback not in self.callbacks:
             raise UnknownCallbackError(
                 f"unknown queue callback {callback!r}: not registered on Queue {self.id!r}"
@@ -129,7 +133,7 @@ class Queue(CallbackCapability):
         if keep_position and existing is not None and existing.priority == priority:
             position = existing.payload["pos"]
         else:
-            position = _clock.now()
+            position = self._next_position()
         job = await jobs.push(
             callback,
             time=position,
@@ -141,6 +145,17 @@ class Queue(CallbackCapability):
         item = item_of(job)
         self.lifecycle.emit("queue:create", callback=callback, id=item.id)
         return item
+
+    def _next_position(self) -> float:
+        """A new item's place in line (its due time): now — or, if the wall clock has
+        stepped back since an item was queued, that item's place (ties run in push
+        order), so items keep running in the order they were pushed."""
+        last = self._last_position
+        if last is None:
+            last = max((job.payload["pos"] for job in self.lifecycle.jobs.list()),
+                       default=-math.inf)
+        self._last_position = position = max(_clock.now(), last)
+        return position
 
     def get(self, id: str) -> QueueItem | None:
         """Return item ``id``, or None. Does not checkpoint."""
@@ -176,6 +191,14 @@ class Queue(CallbackCapability):
     async def requeue(self, id: str) -> QueueItem | None:
         """Queue dead letter ``id`` again with fresh attempts (at the back of its
         priority). Returns the item, or None if there is no such dead letter."""
+        letter = next((d for d in self.lifecycle.dead_letters() if d.job.id == id), None)
+        if letter is not None and letter.job.fn not in self.callbacks:
+            # Refused before anything is written: requeued, it could only fail again,
+            # and its dead letter would be gone.
+            raise UnknownCallbackError(
+                f"cannot requeue {id!r}: its callback {letter.job.fn!r} is no longer"
+                f" registered on Queue {self.id!r} (registered: {sorted(self.callbacks)})"
+            )
         job = await self.lifecycle.requeue(id)
         if job is None:
             return None

@@ -14,14 +14,14 @@ import hashlib
 import logging
 import math
 from collections.abc import Callable, Mapping
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import attrs
 from cronsim import CronSim, CronSimError
 
 from . import _clock
 from ._capability import CallbackCapability
-from ._codec import encode_payload
+from ._codec import content_text
 from ._errors import JobError, UnknownCallbackError, safe_repr
 from ._jobs import (
     DeadLetter,
@@ -72,6 +72,24 @@ def schedule_of(job: Job) -> Schedule:
         cron=envelope.get("c"), interval=envelope.get("i"), anchor=anchor,
         created_at=job.created_at, retry=job.retry,
     )
+
+
+# The shortest interval every() takes: shorter would spin the object (and below the
+# float spacing of epoch times, ~2e-7 s, anchor + seconds == anchor: a slot never ahead).
+MIN_INTERVAL: Final = 0.001
+
+
+def _finite(value: float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int too large for a float
+        return False
+
+
+def _check_idempotent(value: object) -> bool:
+    if not isinstance(value, bool):
+        raise JobError(f"idempotent must be None or a bool, got {value!r}")
+    return value
 
 
 def next_grid_slot(anchor: float, seconds: float, after: float) -> float:
@@ -140,9 +158,11 @@ class Scheduler(CallbackCapability):
         """Schedule ``callback`` at ``when``: a delay in seconds, a ``timedelta``, an
         aware ``datetime``, or a 5-field cron string (UTC). Checkpoints.
 
-        With ``id`` it is an upsert. Without one, a cron schedule is idempotent by
-        content (``idempotent=False`` opts out); a one-shot dedupes only with
-        ``idempotent=True``. A dedupe hit returns the stored schedule and re-arms.
+        With ``id`` it is an upsert (a cron schedule whose content is unchanged keeps
+        its next time). Without one, a cron schedule is idempotent by content
+        (``idempotent=False`` opts out); a one-shot dedupes only with
+        ``idempotent=True`` (not against itself while it runs). A dedupe hit returns the
+        stored schedule and re-arms.
         """
         now = _clock.now()
         cron: str | None = None
@@ -163,7 +183,7 @@ class Scheduler(CallbackCapability):
                 raise JobError(str(exc)) from None
             kind = "delayed"
         recurring = kind == "cron"
-        dedupe = recurring if idempotent is None else bool(idempotent)
+        dedupe = recurring if idempotent is None else _check_idempotent(idempotent)
         return await self._upsert(kind, time, callback, payload, id=id, retry=retry,
                                   dedupe=dedupe, cron=cron, interval=None)
 
@@ -183,15 +203,18 @@ class Scheduler(CallbackCapability):
         later runs; slots missed while the process was down, or while a run overran,
         coalesce into one run. Idempotent by content unless ``idempotent=False``: a
         dedupe hit keeps the stored schedule, anchor included. With ``id`` it is an
-        upsert, anchored anew. Checkpoints."""
+        upsert: anchored anew when its content changed, kept (anchor included) when
+        not. Checkpoints."""
         if isinstance(seconds, datetime.timedelta):
             seconds = seconds.total_seconds()
         if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not (
-            math.isfinite(seconds) and seconds > 0
+            _finite(seconds) and seconds >= MIN_INTERVAL
         ):
-            raise JobError(f"every(): seconds must be a finite number > 0, got {seconds!r}")
+            raise JobError(
+                f"every(): seconds must be a finite number >= {MIN_INTERVAL}, got {seconds!r}"
+            )
         interval = float(seconds)
-        dedupe = True if idempotent is None else bool(idempotent)
+        dedupe = True if idempotent is None else _check_idempotent(idempotent)
         anchor = _clock.now()
         return await self._upsert("interval", anchor + interval, callback, payload, id=id,
                                   retry=retry, dedupe=dedupe, cron=None, interval=interval,
@@ -202,6 +225,8 @@ class Scheduler(CallbackCapability):
         retry: RetryOptions | None, dedupe: bool, cron: str | None, interval: float | None,
         anchor: float | None = None,
     ) -> Schedule:
+        if not isinstance(callback, str):
+            raise JobError(f"schedule callback must be a str (its name), got {callback!r}")
         if callback not in self.callbacks:
             raise UnknownCallbackError(
                 f"unknown schedule callback {callback!r}: not registered on Scheduler"
@@ -219,14 +244,25 @@ class Scheduler(CallbackCapability):
         jobs = self.lifecycle.jobs
         if id is not None:
             job_id = check_job_id(id)
+            existing = jobs.get(job_id)
+            if (existing is not None and kind in ("cron", "interval")
+                    and self._same(existing, kind, callback, cron, interval, payload, retry)):
+                # Unchanged (on_start registering it on each activation): it keeps its
+                # next time and anchor. Re-timed, the slot that is due now — the one whose
+                # alarm activated the object — would be skipped, every time.
+                await jobs.rearm()
+                return schedule_of(existing)
         elif dedupe:
             # The content (not the time, nor the anchor) names the schedule: a second
             # identical call finds the first row and leaves it, its grid included.
-            # encode_payload also refuses a bad payload here.
-            content = encode_payload([kind, callback, cron, interval, payload]) or ""
-            job_id = "sched:" + hashlib.sha256(content.encode()).hexdigest()[:32]
+            # content_text also refuses a bad payload here.
+            # content_text: equal payloads give one text, whatever their dicts' order or
+            # the hash seed of their sets (which differs from process to process).
+            content = content_text([kind, callback, cron, interval, payload])
+            job_id = "sched:" + hashlib.sha256(
+                content.encode("utf-8", "surrogatepass")).hexdigest()[:32]
             existing = jobs.get(job_id)
-            if existing is not None:
+            if existing is not None and not self._running(job_id, kind):
                 await jobs.rearm()  # a dedupe hit still re-arms the alarm
                 return schedule_of(existing)
         else:
@@ -238,6 +274,23 @@ class Scheduler(CallbackCapability):
         schedule = schedule_of(job)
         self.lifecycle.emit("schedule:create", callback=callback, id=schedule.id)
         return schedule
+
+    def _same(
+        self, job: Job, kind: Kind, callback: str, cron: str | None, interval: float | None,
+        payload: Any, retry: RetryOptions | None,
+    ) -> bool:
+        """Whether stored ``job`` is the schedule these arguments describe."""
+        stored = schedule_of(job)
+        return (stored.kind == kind and stored.callback == callback and stored.cron == cron
+                and stored.interval == interval and stored.retry == (retry or self.retry)
+                and content_text(stored.payload) == content_text(payload))
+
+    def _running(self, job_id: str, kind: Kind) -> bool:
+        """Whether ``job_id`` is a one-shot running now: its row goes when the run ends,
+        so scheduling it again from its own callback is a new run, not a dedupe hit."""
+        running = self.running
+        return (kind in ("delayed", "scheduled") and running is not None
+                and running.job.id == job_id)
 
     def get(self, id: str) -> Schedule | None:
         """Return schedule ``id``, or None. Does not checkpoint."""
