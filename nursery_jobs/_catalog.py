@@ -64,6 +64,8 @@ def check_object_id(object_id: object) -> str:
         raise ObjectIdError(
             f"object id {object_id!r} holds a lone surrogate; it cannot be stored as UTF-8"
         ) from None
+    if "\x00" in object_id:
+        raise ObjectIdError(f"object id {object_id!r} holds a NUL character")
     return object_id
 
 

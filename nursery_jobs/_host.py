@@ -13,7 +13,7 @@ import math
 import sqlite3
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
 
 import trio
 
@@ -48,6 +48,9 @@ if TYPE_CHECKING:
     from ._runtime import Stub
 
 logger = logging.getLogger("nursery_jobs")
+
+# How long an object leaving memory waits for its last commits to ship (PostgreSQL).
+LAST_SHIP_TIMEOUT: Final = 5.0
 
 
 class HostSite(Protocol):
@@ -196,6 +199,7 @@ class ObjectHost:
             site.events.emit("object:error", self.namespace, self.object_id,
                              error=safe_repr(exc))
         finally:
+            await self._ship_before_close()
             self.close()
         if start_error is not None:
             raise start_error
@@ -307,6 +311,27 @@ class ObjectHost:
             attempt += 1
         else:
             await trio.lowlevel.checkpoint()
+
+    async def _ship_before_close(self) -> None:
+        """Where commits ship (PostgreSQL), ship what is committed before the working
+        copy goes: a graceful shutdown or eviction must not lose completed jobs (their
+        commits could not ship while a running job held its group open). Shielded, at
+        most ``LAST_SHIP_TIMEOUT``; a failure is logged (the next holder runs those jobs
+        again, at least once)."""
+        state = self.state
+        if state is None or not state.ships or (
+                self.reset_reason is not None and self.reset_reason.startswith("fenced")):
+            return  # (a fenced host writes nothing)
+        with trio.CancelScope(shield=True) as scope:
+            scope.deadline = trio.current_time() + LAST_SHIP_TIMEOUT
+            try:
+                await state.sync()
+            except Exception as exc:
+                logger.warning("%s: its last commits could not ship before it left memory:"
+                               " %s", self.label, exc)
+        if scope.cancelled_caught:
+            logger.warning("%s: its last commits did not ship within %.0f s", self.label,
+                           LAST_SHIP_TIMEOUT)
 
     def close(self) -> None:
         """Release the object's state and leave the runtime. Idempotent."""
@@ -536,6 +561,13 @@ class ObjectHost:
                         # Another host holds the object now; self.sync() fenced it (one
                         # incident, object:fenced): nothing of this run is to be recorded.
                         return
+                    except StorageError as exc:
+                        # PostgreSQL out of reach: the run's commits stay in the working
+                        # copy and ship with the next sync (the engine's ship loop
+                        # retries); the object goes on. (Raised, it crashed the object
+                        # and its working copy was thrown away.)
+                        logger.warning("%s: shipping the alarm run's writes failed; they"
+                                       " ship later: %s", self.label, exc)
             finally:
                 if self.flight is not None:
                     self.site.engine.release_flight(self.flight)

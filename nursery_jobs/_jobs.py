@@ -179,6 +179,8 @@ def check_job_id(job_id: object, *, name: str = "id") -> str:
         job_id.encode("utf-8")
     except UnicodeEncodeError:
         raise JobError(f"job {name} {job_id!r} holds a lone surrogate") from None
+    if "\x00" in job_id:
+        raise JobError(f"job {name} {job_id!r} holds a NUL character")
     return job_id
 
 

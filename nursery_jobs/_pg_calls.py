@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any, Final
 import trio
 
 from ._codec import decode_payload, encode_payload
-from ._engine import ObjectLeasedElsewhere
-from ._errors import RpcError
+from ._engine import ObjectLeasedElsewhere, ObjectMoved
+from ._errors import NurseryJobsError, RpcError, StorageError, describe_error
 
 if TYPE_CHECKING:
     from ._engine import EngineSite
@@ -30,6 +30,22 @@ logger = logging.getLogger("nursery_jobs")
 # How often a waiting caller checks that the host it called still holds the object.
 CHECK_INTERVAL: Final = 1.0
 _DONE: Final = ("ok", "error", "moved")
+# An answer that cannot be written is tried again: 0.1 s doubling, capped at 5 s, ~5 min.
+ANSWER_ATTEMPTS: Final = 70
+ANSWER_RETRY_BASE: Final = 0.1
+ANSWER_RETRY_CAP: Final = 5.0
+
+
+def _transport_error(label: str, target: str, exc: Exception, *, sent: bool) -> Exception:
+    """A failure of PostgreSQL while forwarding a call, as a typed error: before the
+    call was sent, nothing ran (``StorageError``); after, it may have (``RpcError``)."""
+    if isinstance(exc, NurseryJobsError):
+        return exc
+    if not sent:
+        return StorageError(f"{label}: cannot forward the call to host {target}: PostgreSQL"
+                            f" refused it ({describe_error(exc)}); nothing ran")
+    return RpcError(f"{label}: lost touch with PostgreSQL while host {target} had the call;"
+                    f" it may or may not have run ({describe_error(exc)})")
 POLL: Final = -1  # (on the incoming channel) look for calls whose notification was missed
 
 Db = Callable[..., Awaitable[Any]]
@@ -154,8 +170,11 @@ class CallRouter:
         namespace = cls.namespace
         label = f"{namespace}/{object_id}.{name}()"
         payload = encode_payload([list(args), kwargs])
-        call_id = await self._db(_send, self._me, target, namespace, object_id, class_path,
-                                 name, payload)
+        try:
+            call_id = await self._db(_send, self._me, target, namespace, object_id,
+                                     class_path, name, payload)
+        except Exception as exc:
+            raise _transport_error(label, target, exc, sent=False) from exc
         event = trio.Event()
         self._waiting[call_id] = event
         if call_id in self._early:
@@ -168,7 +187,11 @@ class CallRouter:
                     await event.wait()
                 if event.is_set():
                     break
-                state, alive = await self._db(_check, call_id, namespace, object_id, target)
+                try:
+                    state, alive = await self._db(_check, call_id, namespace, object_id,
+                                                  target)
+                except Exception as exc:
+                    raise _transport_error(label, target, exc, sent=True) from exc
                 if state in _DONE:
                     break
                 if state is None:
@@ -194,7 +217,10 @@ class CallRouter:
             self._waiting.pop(call_id, None)
         if retry:
             return await again(name, *args, **kwargs)
-        answer = await self._db(_collect, call_id)
+        try:
+            answer = await self._db(_collect, call_id)
+        except Exception as exc:
+            raise _transport_error(label, target, exc, sent=True) from exc
         if answer is None:
             raise RpcError(f"{label}: the answer of host {target} was lost")
         state, result = answer
@@ -248,12 +274,20 @@ class CallRouter:
                 value = await site.run_call(namespace, object_id, name, tuple(args),
                                             dict(kwargs))
                 result = encode_payload(value)
-            except ObjectLeasedElsewhere:
+            except (ObjectLeasedElsewhere, ObjectMoved):
+                # (ObjectMoved: this host's lease lapsed before the method ran; nothing
+                # of it ran here.) The caller routes the call again.
                 state = "moved"
             except Exception as exc:
                 state, result = "error", _dump_error(exc, label)
-        try:
-            await self._db(_answer, call_id, caller, state, result)
-        except Exception:
-            logger.warning("cannot answer forwarded call %s (%s)", call_id, label,
-                           exc_info=True)
+        # The caller waits for this answer while this host holds the object: it is
+        # written again until it lands (the result is in memory), not dropped.
+        for attempt in range(ANSWER_ATTEMPTS):
+            try:
+                await self._db(_answer, call_id, caller, state, result)
+                return
+            except Exception:
+                logger.warning("cannot answer forwarded call %s (%s); trying again",
+                               call_id, label, exc_info=attempt == 0)
+            await trio.sleep(min(ANSWER_RETRY_CAP, ANSWER_RETRY_BASE * 2**attempt))
+        logger.error("gave up answering forwarded call %s (%s)", call_id, label)

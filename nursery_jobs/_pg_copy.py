@@ -183,6 +183,15 @@ class PgObject:
             self._pending_alarm = change.alarm
         self._clear_crashes = self._clear_crashes or change.clear_crashes
 
+    def _take(self) -> Change | None:
+        """The committed changes not yet shipped (None: none, or a transaction is open,
+        whose changes are not committed). Does not checkpoint."""
+        if self._closed or self.conn.in_transaction:
+            return None
+        change = self._snapshot()
+        self._shipped_changes = self.conn.total_changes
+        return change
+
     async def sync(self) -> None:
         """Ship every commit so far to PostgreSQL in one fenced transaction. Checkpoints.
 
@@ -190,18 +199,21 @@ class PgObject:
             ObjectFencedError: another host took the object over; nothing was written.
             StorageError: PostgreSQL could not be reached (the changes ship next time).
         """
-        async with self._lock:  # one ship at a time, in commit order
+        # What is committed now is taken before the lock (a checkpoint): a job may open
+        # its group meanwhile, and the caller's commit (the output gate's, just before)
+        # would then wait for that group — after the caller was told it was durable.
+        change = self._take()
+        async with self._lock:  # one ship at a time, in the order they were taken
             if self._closed:
+                if change is not None:
+                    self._restore(change)
                 return
-            if self.conn.in_transaction:
-                # A transaction is open (the alarm run's group, a user block): ship only
-                # what is committed — the next sync does, after the group commits (the
-                # output gate commits it before a call returns).
-                await trio.lowlevel.checkpoint()
-                return
-            change = self._snapshot()
-            self._shipped_changes = self.conn.total_changes
             if change is None:
+                change = self._take()
+            if change is None:
+                # Nothing, or a transaction is open (the alarm run's group, a user block):
+                # only what is committed ships, with the next sync after that commit.
+                await trio.lowlevel.checkpoint()
                 return
             try:
                 shipped = await self._ship(change)

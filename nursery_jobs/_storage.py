@@ -186,4 +186,12 @@ def _key(key: object, *, allow_empty: bool = False) -> str:
         raise StorageKeyError(f"storage key must be a str, got {type(key).__name__}")
     if not key and not allow_empty:
         raise StorageKeyError("storage key must be a non-empty string")
+    if "\x00" in key:
+        # (PostgreSQL text cannot hold it: a working copy would never ship again.)
+        raise StorageKeyError(f"storage key {key!r} holds a NUL character")
+    if not key.isascii():
+        try:
+            key.encode("utf-8")
+        except UnicodeEncodeError:
+            raise StorageKeyError(f"storage key {key!r} holds a lone surrogate") from None
     return key
