@@ -17,6 +17,7 @@ import attrs
 
 from . import _clock
 from ._codec import encode_payload
+from ._errors import JobOwnershipError
 from ._job_table import Cursor, JobRow, JobTable
 from ._jobs import DeadLetter, Job, JobOutcome, Reschedule, ownership_error
 from ._transactions import atomic
@@ -276,6 +277,12 @@ class JobStore:
             if letter is None:
                 return None
             holder = self.table.owner_of(job_id)
+            if holder == owner:
+                raise JobOwnershipError(
+                    f"cannot requeue {job_id!r}: a job of that id is queued again (pushed"
+                    " since it became a dead letter); requeue it once that one has run, or"
+                    " cancel that one first"
+                )
             if holder is not None:
                 raise ownership_error(owner, holder, job_id)
             self.table.unbury(owner, job_id)

@@ -335,7 +335,7 @@ async def test_a_requeue_refused_inside_the_group_keeps_its_dead_letter(
         async def requeue(o: Host) -> Any:
             return await o.lifecycle.requeue("X")
 
-        with pytest.raises(nj.JobOwnershipError):
+        with pytest.raises(nj.JobOwnershipError, match="is queued again"):
             await obj.run(requeue)
         await trio.sleep(10)
         letters = await obj.run(
