@@ -364,7 +364,9 @@ class PostgresEngine:
         except psycopg.Error as exc:
             raise StorageError(
                 f"cannot ship the writes of {key[0]}/{key[1]} to PostgreSQL"
-                f" {self._label}: {exc}"
+                f" {self._label}: {exc}. They are kept on this host and ship with its next"
+                " sync (lost only if this host stops first): a call that is not"
+                " idempotent should not simply be repeated"
             ) from exc
         if self._held.get(key) == change.epoch:
             if shipped:
