@@ -116,6 +116,11 @@ class ObjectState(Protocol):
     def can_sleep(self) -> bool:
         """Whether ``sleep`` can ever close it (a file of a data directory can)."""
 
+    @property
+    def closing(self) -> bool:
+        """Whether a ``sleep``'s close is still running (in a worker thread): the file
+        must not be touched meanwhile."""
+
     async def sleep(self) -> bool:
         """Close the database of an idle object that stays resident; False (nothing
         closed) where it cannot be (in memory, a working copy, a transaction open).

@@ -235,8 +235,8 @@ def runtime_running(data: Path) -> bool:
     """Whether a runtime holds ``data`` (its ``runtime.lock``). Creates nothing."""
     try:
         fd = os.open(data / "runtime.lock", os.O_RDONLY)
-    except FileNotFoundError:
-        return False
+    except (FileNotFoundError, NotADirectoryError):
+        return False  # (not a data directory at all: the caller says so)
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -602,6 +602,11 @@ class RuntimeSource(_ObjectReader):
             yield conn, "active", None
             return
         if self.rt.path is not None and self.rt.is_active(row.namespace, row.id):
+            if self.rt.database_closing(row.namespace, row.id):
+                # Its close still runs (checkpointing, in a worker thread): opening the
+                # file now, then closing it, would drop this process's lock on it.
+                yield None, "active", "closing its database (dozing): look again shortly"
+                return
             # Dormant: resident, its file closed (read as an evicted one's is).
             with _file_db(self.rt.path / "objects" / row.file, probe=False) as found:
                 conn, state, problem = found

@@ -14,7 +14,7 @@ from typing import Any, Final
 import attrs
 
 from ._codec import decode_payload
-from ._errors import NurseryJobsError, RuntimeLockedError
+from ._errors import NurseryJobsError, RuntimeLockedError, StorageError
 from ._inspect import (
     DataDirectoryError,
     ObjectInUseError,
@@ -52,10 +52,14 @@ def _runtime_lock(data: Path) -> Iterator[None]:
 
 def _writable(path: Path) -> sqlite3.Connection:
     conn = sqlite3.connect(str(path), timeout=0, isolation_level=None)
-    # As the runtime holds object databases: no -shm file, and the -wal is
-    # checkpointed and removed when the connection closes.
-    conn.execute("PRAGMA locking_mode=EXCLUSIVE")
-    conn.execute("PRAGMA synchronous=FULL")
+    try:
+        # As the runtime holds object databases: no -shm file, and the -wal is
+        # checkpointed and removed when the connection closes.
+        conn.execute("PRAGMA locking_mode=EXCLUSIVE")
+        conn.execute("PRAGMA synchronous=FULL")
+    except BaseException:
+        conn.close()
+        raise
     return conn
 
 
@@ -78,12 +82,14 @@ def requeue_offline(
         raise DataDirectoryError(f"{data} is not a nursery_jobs data directory"
                                  " (no catalog.sqlite3)")
     with _runtime_lock(data):
-        catalog = _writable(data / "catalog.sqlite3")
+        with _translated(f"the catalog of {data}"):
+            catalog = _writable(data / "catalog.sqlite3")
         try:
-            row = catalog.execute(
-                "SELECT file FROM nj_objects WHERE namespace = ? AND object_id = ?",
-                (namespace, object_id),
-            ).fetchone()
+            with _translated(f"the catalog of {data}"):
+                row = catalog.execute(
+                    "SELECT file FROM nj_objects WHERE namespace = ? AND object_id = ?",
+                    (namespace, object_id),
+                ).fetchone()
             if row is None:
                 raise UnknownObjectError(f"no object {namespace}/{object_id} in {data}")
             path = data / "objects" / str(row[0])
@@ -91,19 +97,30 @@ def requeue_offline(
                 raise UnknownObjectError(
                     f"the database of {namespace}/{object_id} ({path.name}) is missing"
                 )
-            db = _writable(path)
+            with _translated(f"the database of {namespace}/{object_id}"):
+                db = _writable(path)
             try:
-                return _requeue_in(db, catalog, namespace, object_id, job_id, owner, now)
-            except sqlite3.OperationalError as exc:
-                if "locked" in str(exc):
-                    raise ObjectInUseError(
-                        f"the database of {namespace}/{object_id} is in use by another process"
-                    ) from None
-                raise
+                with _translated(f"the database of {namespace}/{object_id}"):
+                    return _requeue_in(db, catalog, namespace, object_id, job_id, owner, now)
             finally:
                 db.close()
         finally:
             catalog.close()
+
+
+@contextlib.contextmanager
+def _translated(what: str) -> Iterator[None]:
+    """SQLite's errors on a file, typed: in use by another process, or damaged (in a
+    transaction that rolls back: nothing is requeued)."""
+    try:
+        yield
+    except sqlite3.OperationalError as exc:
+        if "locked" in str(exc) or "busy" in str(exc):
+            raise ObjectInUseError(f"{what} is in use by another process") from None
+        raise StorageError(f"{what} cannot be read or written: {exc}; nothing was requeued"
+                           ) from exc
+    except sqlite3.DatabaseError as exc:
+        raise StorageError(f"{what} is damaged ({exc}); nothing was requeued") from exc
 
 
 # Columns a requeued row starts afresh with (their defaults), and the ones set here.

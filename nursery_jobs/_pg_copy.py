@@ -110,6 +110,7 @@ class PgObject:
 
     dormant = False  # the working copy is the object's only copy here: never closed
     can_sleep = False
+    closing = False
 
     async def sleep(self) -> bool:
         await trio.lowlevel.checkpoint()

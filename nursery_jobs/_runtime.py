@@ -266,6 +266,14 @@ class Runtime:
         state = None if host is None else host.state
         return None if state is None or state.dormant else state.conn
 
+    def database_closing(self, namespace: str, object_id: str) -> bool:
+        """Whether a dozing object's database is being closed right now (its file must
+        not be opened meanwhile: closing another descriptor of it would drop this
+        process's lock on it). Does not checkpoint."""
+        host = self._hosts.get((namespace, object_id))
+        state = None if host is None else host.state
+        return state is not None and state.closing
+
     def is_active(self, namespace: str, object_id: str) -> bool:
         """Whether the object is in memory (awake or dormant). Does not checkpoint."""
         host = self._hosts.get((namespace, object_id))

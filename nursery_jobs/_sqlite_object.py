@@ -51,6 +51,10 @@ class SqliteObject:
         self.alarm = engine.get_alarm(namespace, object_id)
 
     @property
+    def closing(self) -> bool:
+        return self._thread_done is not None
+
+    @property
     def can_sleep(self) -> bool:
         return self._reopen is not None  # (an in-memory database is never closed)
 

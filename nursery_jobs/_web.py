@@ -18,6 +18,7 @@ import json
 import logging
 import math
 import secrets
+import sqlite3
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
@@ -32,9 +33,11 @@ from trio_util import periodic
 from . import _clock
 from ._errors import NurseryJobsError
 from ._inspect import (
+    DataDirectoryError,
     DataSource,
     DeadLetterInfo,
     ObjectDetail,
+    ObjectInUseError,
     ObjectRow,
     ObjectSummary,
     RuntimeSource,
@@ -72,6 +75,10 @@ Only = Literal["all", "active", "due"]
 
 PAGE_SIZE: Final = 50
 MAX_PAGE_SIZE: Final = 500
+# Bounds of query parameters: a page number, an integer at all, rows of a kind.
+MAX_PAGE: Final = 10**9
+MAX_QUERY_INT: Final = 10**12
+MAX_ROWS: Final = 10_000
 RECENT_EVENTS: Final = 200
 MAX_BODY: Final = 16 * 1024
 OBJECT_JOB_LIMIT: Final = 500
@@ -188,6 +195,10 @@ class Dashboard:
             response = await self.handle(scope, receive)
         except HttpError as exc:
             response = _text(str(exc) + "\n", exc.status)
+        except ObjectInUseError as exc:  # (a stopped directory another process took)
+            response = _text(f"{exc}; try again once it is free\n", 503)
+        except (DataDirectoryError, sqlite3.DatabaseError) as exc:
+            response = _text(f"cannot read the data directory: {exc}\n", 503)
         except Exception:
             logger.exception("dashboard request %s %s failed", scope.get("method"),
                              scope.get("path"))
@@ -223,10 +234,10 @@ class Dashboard:
             namespace, search, only, offset, limit = self._page_args(query)
             return _json(report_json(self.source, now, namespace=namespace, search=search,
                                      only=only, offset=offset, limit=limit,
-                                     job_limit=_int(query, "jobs", 100),
-                                     letter_limit=_int(query, "letters", 100)))
+                                     job_limit=_count(query, "jobs", 100),
+                                     letter_limit=_count(query, "letters", 100)))
         if path == "/api/object":
-            detail = self._detail(query, now, _int(query, "jobs", 1000))
+            detail = self._detail(query, now, _count(query, "jobs", 1000))
             return _json(detail_json(detail))
         if path == "/api/summary":
             return _json(self.summary(now))
@@ -242,7 +253,7 @@ class Dashboard:
         if only not in ("all", "active", "due"):
             raise HttpError(400, f"only must be all, active or due, not {only!r}")
         limit = min(max(_int(query, "limit", PAGE_SIZE), 1), MAX_PAGE_SIZE)
-        offset = max(_int(query, "page", 1) - 1, 0) * limit
+        offset = min(max(_int(query, "page", 1) - 1, 0), MAX_PAGE) * limit
         return (query.get("ns") or None, query.get("q") or None, cast(Only, only), offset,
                 limit)
 
@@ -609,14 +620,33 @@ def _int(query: dict[str, str], name: str, default: int) -> int:
     if raw is None or raw == "":
         return default
     try:
-        return int(raw)
+        value = int(raw)
     except ValueError:
         raise HttpError(400, f"{name} must be an integer, not {raw!r}") from None
+    if not -MAX_QUERY_INT <= value <= MAX_QUERY_INT:  # (SQLite's integers stop at 2**63)
+        raise HttpError(400, f"{name} is out of range: {raw!r}")
+    return value
+
+
+def _count(query: dict[str, str], name: str, default: int) -> int:
+    """How many rows of a kind to show: 0 to ``MAX_ROWS`` (a negative LIMIT is no limit
+    to SQLite, and every row would be rendered on the Trio thread)."""
+    value = _int(query, name, default)
+    if not 0 <= value <= MAX_ROWS:
+        raise HttpError(400, f"{name} must be between 0 and {MAX_ROWS}, not {value}")
+    return value
 
 
 def _loopback_host(host: str) -> bool:
-    name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
-    name = name.strip("[]")
+    """Whether a Host header (``name[:port]``, ``[v6][:port]``) names this machine."""
+    if host.startswith("["):
+        name = host[1:].split("]", 1)[0]
+    else:
+        name = host.rsplit(":", 1)[0]
+    return _loopback_name(name)
+
+
+def _loopback_name(name: str) -> bool:
     if name == "localhost":
         return True
     try:
@@ -636,7 +666,9 @@ def _check_address(address: object) -> tuple[str, int]:
 
 
 def _is_loopback_bind(host: str) -> bool:
-    return _loopback_host(host)
+    """Whether the address bound is a loopback one (a bare address: ``::1`` has no port
+    to split off; it read as not loopback, which turned the Host check off)."""
+    return _loopback_name(host.strip("[]"))
 
 
 async def start_http(rt: Runtime, nursery: trio.Nursery, address: object, *,

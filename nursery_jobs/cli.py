@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sqlite3
 import sys
 import time
 from pathlib import Path
@@ -87,7 +88,13 @@ def inspect(data: str, as_json: bool) -> int:
     if isinstance(source, int):
         return source
     now = time.time()
-    report = report_json(source, now, limit=-1)
+    try:
+        report = report_json(source, now, limit=-1)
+    except ObjectInUseError as exc:
+        return _fail(str(exc), _IN_USE)
+    except sqlite3.DatabaseError as exc:
+        return _fail(f"cannot read {data}: its catalog is damaged ({exc}); a runtime"
+                     " opening the directory rebuilds it", 2)
     return _print_report(report, data, now, as_json)
 
 
@@ -140,6 +147,8 @@ def requeue(data: Path, namespace: str, object_id: str, job_id: str, owner: str)
     except ObjectInUseError as exc:
         return _fail(str(exc), _IN_USE)
     except (DataDirectoryError, UnknownObjectError, JobOwnershipError) as exc:
+        return _fail(str(exc), 2)
+    except StorageError as exc:  # (a damaged file: nothing was written)
         return _fail(str(exc), 2)
     if done is None:
         return _fail(f"no dead letter {owner}/{job_id} in {label}", 1)
