@@ -23,7 +23,7 @@ MAX_JOB_ID_LENGTH: Final = 1024
 MAX_ATTEMPTS: Final = 2**31 - 1
 
 
-def _finite(value: int | float) -> bool:
+def is_finite(value: int | float) -> bool:
     """math.isfinite, also for an int too large for a float (which is not finite here)."""
     try:
         return math.isfinite(value)
@@ -42,7 +42,7 @@ def _check_retry(instance: RetryOptions, attribute: Any, value: Any) -> None:
     elif (
         isinstance(value, bool)
         or not isinstance(value, (int, float))
-        or not _finite(value)
+        or not is_finite(value)
         or value < 0
     ):
         raise JobError(f"RetryOptions.{attribute.name} must be a finite number >= 0, got {value!r}")

@@ -15,6 +15,7 @@ import attrs
 
 from ._codec import decode_payload
 from ._errors import NurseryJobsError, RuntimeLockedError, StorageError
+from ._faults import fault_cause
 from ._inspect import (
     DataDirectoryError,
     ObjectInUseError,
@@ -110,17 +111,19 @@ def requeue_offline(
 
 @contextlib.contextmanager
 def _translated(what: str) -> Iterator[None]:
-    """SQLite's errors on a file, typed: in use by another process, or damaged (in a
+    """SQLite's errors on a file, typed by the runtime's own classifier
+    (``fault_cause``): in use by another process, or damaged or failing (in a
     transaction that rolls back: nothing is requeued)."""
     try:
         yield
-    except sqlite3.OperationalError as exc:
-        if "locked" in str(exc) or "busy" in str(exc):
-            raise ObjectInUseError(f"{what} is in use by another process") from None
-        raise StorageError(f"{what} cannot be read or written: {exc}; nothing was requeued"
-                           ) from exc
     except sqlite3.DatabaseError as exc:
-        raise StorageError(f"{what} is damaged ({exc}); nothing was requeued") from exc
+        cause = fault_cause(exc)
+        if cause == "locked":
+            raise ObjectInUseError(f"{what} is in use by another process") from None
+        if cause is None:
+            raise  # an error of the SQL itself: a bug, not the file
+        state = "is damaged" if cause == "corrupt" else "cannot be read or written"
+        raise StorageError(f"{what} {state} ({exc}); nothing was requeued") from exc
 
 
 # Columns a requeued row starts afresh with (their defaults), and the ones set here.

@@ -31,6 +31,7 @@ from ._jobs import (
     Reschedule,
     RetryOptions,
     check_job_id,
+    is_finite,
     new_job_id,
 )
 from ._queue import call_callback
@@ -77,13 +78,6 @@ def schedule_of(job: Job) -> Schedule:
 # The shortest interval every() takes: shorter would spin the object (and below the
 # float spacing of epoch times, ~2e-7 s, anchor + seconds == anchor: a slot never ahead).
 MIN_INTERVAL: Final = 0.001
-
-
-def _finite(value: float) -> bool:
-    try:
-        return math.isfinite(value)
-    except OverflowError:  # an int too large for a float
-        return False
 
 
 def _check_idempotent(value: object) -> bool:
@@ -208,7 +202,7 @@ class Scheduler(CallbackCapability):
         if isinstance(seconds, datetime.timedelta):
             seconds = seconds.total_seconds()
         if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not (
-            _finite(seconds) and seconds >= MIN_INTERVAL
+            is_finite(seconds) and seconds >= MIN_INTERVAL
         ):
             raise JobError(
                 f"every(): seconds must be a finite number >= {MIN_INTERVAL}, got {seconds!r}"
