@@ -70,10 +70,19 @@ ASYNC_CASES: dict[str, Callable[[Target], Awaitable[Any]]] = {
     "every inf": lambda t: t.scheduler.every(math.inf, "a"),
     "schedule a list": lambda t: t.scheduler.schedule([1], "a"),  # type: ignore[arg-type]
     "schedule unknown callback": lambda t: t.scheduler.schedule(5, "nope"),
+    "id with a NUL": lambda t: t.lifecycle.jobs.push("f", id="a\0b"),
+    "delay a huge int": lambda t: t.lifecycle.jobs.push("f", delay=10**400),
+    "every 1e-300": lambda t: t.scheduler.every(1e-300, "a"),
+    "every a huge int": lambda t: t.scheduler.every(10**400, "a"),
+    "schedule idempotent a str": lambda t: t.scheduler.schedule(5, "a", idempotent="no"),  # type: ignore[arg-type]
+    "queue callback a list": lambda t: t.queue.push(["a"]),  # type: ignore[arg-type]
 }
 SYNC_CASES: dict[str, Callable[[Target], Any]] = {
     "storage key an int": lambda t: t.ctx.storage.put(5, 1),  # type: ignore[arg-type]
     "storage key empty": lambda t: t.ctx.storage.put("", 1),
+    "storage key with a NUL": lambda t: t.ctx.storage.put("a\0b", 1),
+    "storage key a lone surrogate": lambda t: t.ctx.storage.put("a\udc80", 1),
+    "RetryOptions max_attempts 2**63": lambda t: nj.RetryOptions(max_attempts=2**63),
     "storage value a function": lambda t: t.ctx.storage.put("k", print),
     "set_alarm on a Lifecycle object": lambda t: t.ctx.storage.set_alarm(5),
     "Reschedule of a str": lambda t: nj.Reschedule("soon"),  # type: ignore[arg-type]
