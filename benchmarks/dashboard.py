@@ -25,8 +25,8 @@ from urllib.parse import urlsplit
 import trio
 
 import nursery_jobs as nj
-from nursery_jobs import _web
-from nursery_jobs._inspect import OfflineSource
+from nursery_jobs._ops import _web
+from nursery_jobs._ops._inspect import OfflineSource
 
 PATHS = ["/", "/?page=100", "/api/objects", "/metrics"]
 

@@ -24,7 +24,7 @@ import trio
 import trio.testing
 from trio_util import periodic
 
-from ._errors import TimeArgumentError
+from nursery_jobs._errors import TimeArgumentError
 
 # Past this drift between the anchor and the wall clock, the anchor moves. (Below it is
 # NTP slewing and the cost of reading two clocks; above it a timer would fire visibly

@@ -19,7 +19,7 @@ from zoneinfo import ZoneInfo
 
 import cattrs
 
-from ._errors import CodecError
+from nursery_jobs._errors import CodecError
 
 __all__ = ["MAX_PAYLOAD_BYTES", "converter", "decode_payload", "encode_payload"]
 

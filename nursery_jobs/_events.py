@@ -15,8 +15,8 @@ from typing import Any, Final
 import attrs
 import trio
 
-from ._clock import now
-from ._errors import describe_error, safe_repr
+from nursery_jobs._clock import now
+from nursery_jobs._errors import describe_error, safe_repr
 
 logger = logging.getLogger("nursery_jobs")
 

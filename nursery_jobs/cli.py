@@ -17,16 +17,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ._errors import JobOwnershipError, RuntimeLockedError, StorageError
-from ._inspect import (
+from nursery_jobs._errors import JobOwnershipError, RuntimeLockedError, StorageError
+from nursery_jobs._ops._inspect import (
     DataDirectoryError,
     ObjectInUseError,
     OfflineSource,
     UnknownObjectError,
     refuse_if_running,
 )
-from ._inspect_json import printable, report_json
-from ._offline import requeue_offline
+from nursery_jobs._ops._inspect_json import printable, report_json
+from nursery_jobs._ops._offline import requeue_offline
 
 # Exit codes: 1 nothing to do (no such dead letter), 2 bad input, 3 in use.
 _IN_USE = 3
@@ -61,7 +61,7 @@ def _open_stopped(data: Path) -> OfflineSource | int:
 def _inspect_postgres(dsn: str, as_json: bool) -> int:
     """``inspect`` of a PostgreSQL engine's database: one read-only snapshot, with the
     leases and hosts beside the objects. Works while hosts run (it writes nothing)."""
-    from ._inspect_pg import PgSource, hosts_json, lease_json
+    from nursery_jobs._ops._inspect_pg import PgSource, hosts_json, lease_json
 
     try:
         source = PgSource(dsn)
@@ -80,7 +80,7 @@ def _inspect_postgres(dsn: str, as_json: bool) -> int:
 
 def inspect(data: str, as_json: bool) -> int:
     """Objects, their alarms, queued jobs and dead letters. Reads only."""
-    from ._inspect_pg import is_postgres_address
+    from nursery_jobs._ops._inspect_pg import is_postgres_address
 
     if is_postgres_address(data):
         return _inspect_postgres(data, as_json)
@@ -164,7 +164,7 @@ def serve(data: Path, host: str, port: int) -> int:
         return source
     import trio
 
-    from ._web import serve_offline
+    from nursery_jobs._ops._web import serve_offline
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
                    add_help=False)
     args, rest = parser.parse_known_args(argv)
     if args.command == "bench":
-        from .bench import main as bench_main
+        from nursery_jobs.bench import main as bench_main
 
         return bench_main(rest)
     if rest:

@@ -27,12 +27,12 @@ from typing import Any, Final
 import trio
 import trio.testing
 
-from . import _clock
-from ._clock import pin_epoch as pin_epoch
-from ._errors import NurseryJobsError
-from ._inspect import DeadLetterInfo, JobInfo, RuntimeSource
-from ._object import DurableObject
-from ._runtime import Runtime, open_runtime
+from nursery_jobs import _clock
+from nursery_jobs._clock import pin_epoch as pin_epoch
+from nursery_jobs._core._object import DurableObject
+from nursery_jobs._core._runtime import Runtime, open_runtime
+from nursery_jobs._errors import NurseryJobsError
+from nursery_jobs._ops._inspect import DeadLetterInfo, JobInfo, RuntimeSource
 
 __all__ = [
     "EPOCH",

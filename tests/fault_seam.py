@@ -14,8 +14,8 @@ from typing import Any
 
 import attrs
 
-from nursery_jobs._engine_files import FilesEngine
-from nursery_jobs._faults import GuardedConnection
+from nursery_jobs._engines._faults import GuardedConnection
+from nursery_jobs._engines.files._engine import FilesEngine
 
 CODES = {"disk I/O error": 10, "database or disk is full": 13,
          "database disk image is malformed": 11, "database is locked": 5}

@@ -47,7 +47,7 @@ from typing import Any
 import trio
 
 import nursery_jobs as nj
-from nursery_jobs._engine_pg import PostgresEngine
+from nursery_jobs._engines.postgres._engine import PostgresEngine
 
 LOG_FD = -1
 SLOT = "?"

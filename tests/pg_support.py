@@ -104,7 +104,7 @@ def sql(dsn: str, query: str, params: Any = ()) -> list[tuple[Any, ...]]:
 @contextmanager
 def opened(dsn: str, now: float = 1_800_000_000.0, **kwargs: Any) -> Iterator[Any]:
     """A ``PostgresEngine`` on ``dsn``, opened at epoch ``now``, closed after."""
-    from nursery_jobs._engine_pg import PostgresEngine
+    from nursery_jobs._engines.postgres._engine import PostgresEngine
 
     engine = PostgresEngine(dsn, **kwargs)
     engine.open(now)

@@ -22,7 +22,7 @@ import trio.testing
 from conftest import EPOCH
 
 import nursery_jobs as nj
-from nursery_jobs._strikes import STRIKES_KEY
+from nursery_jobs._jobs._strikes import STRIKES_KEY
 
 HANG = 100_000
 LIMIT = 1_000_000

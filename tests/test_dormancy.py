@@ -18,7 +18,7 @@ import trio.testing
 from fault_seam import held_by_another_process
 
 import nursery_jobs as nj
-from nursery_jobs._catalog import object_file_name
+from nursery_jobs._engines.files._catalog import object_file_name
 
 HANG = 100_000
 
@@ -311,7 +311,7 @@ async def test_dormant_after_is_checked_and_none_keeps_databases_open(
 async def test_the_dashboard_reads_a_dormant_object_as_active(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    from nursery_jobs._inspect import RuntimeSource
+    from nursery_jobs._ops._inspect import RuntimeSource
 
     async with nj.open_runtime(tmp_path / "data", idle_timeout=3600, dormant_after=1) as rt:
         counter = rt.get(Counter, "c")
@@ -372,7 +372,7 @@ async def test_with_dormancy_the_default_bound_counts_open_databases_and_dozes_t
     file descriptor, so with dormancy on that bound counts open databases: past it the
     least recently used idle object dozes at once and stays resident (without dormancy
     it is evicted). An object that may not doze (its connection pinned) is evicted."""
-    import nursery_jobs._runtime as runtime_module
+    import nursery_jobs._core._runtime as runtime_module
 
     monkeypatch.setattr(runtime_module, "default_max_active", lambda: 3)
     async with nj.open_runtime(tmp_path / "data", idle_timeout=3600,
@@ -400,7 +400,7 @@ async def test_with_dormancy_the_default_bound_counts_open_databases_and_dozes_t
 async def test_without_dormancy_the_default_bound_still_evicts(
     tmp_path: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import nursery_jobs._runtime as runtime_module
+    import nursery_jobs._core._runtime as runtime_module
 
     monkeypatch.setattr(runtime_module, "default_max_active", lambda: 3)
     async with nj.open_runtime(tmp_path / "data", idle_timeout=3600) as rt:
@@ -428,7 +428,7 @@ async def test_where_objects_cannot_doze_the_default_bound_evicts_as_before(
 ) -> None:
     """The memory engine keeps its databases open for good: with dormant_after set, the
     default bound still evicts the least recently used idle object."""
-    import nursery_jobs._runtime as runtime_module
+    import nursery_jobs._core._runtime as runtime_module
 
     monkeypatch.setattr(runtime_module, "default_max_active", lambda: 3)
     async with nj.open_runtime(None, idle_timeout=3600, dormant_after=1000) as rt:

@@ -15,7 +15,7 @@ import trio.testing
 from fault_seam import held_by_another_process
 
 import nursery_jobs as nj
-from nursery_jobs._catalog import object_file_name
+from nursery_jobs._engines.files._catalog import object_file_name
 
 HANG = 100_000
 

@@ -15,8 +15,8 @@ import trio
 import trio.testing
 
 import nursery_jobs as nj
-from nursery_jobs._catalog import object_file_name
-from nursery_jobs._schema import SCHEMA_VERSION
+from nursery_jobs._engines._schema import SCHEMA_VERSION
+from nursery_jobs._engines.files._catalog import object_file_name
 
 V0_1 = Path(__file__).parent / "data" / "v0_1"  # written by release 0.1 (commit 855ebe7)
 

@@ -24,7 +24,7 @@ import trio
 import trio.testing
 
 import nursery_jobs as nj
-from nursery_jobs._flight import SLOT_SIZE, FlightRecord
+from nursery_jobs._engines.files._flight import SLOT_SIZE, FlightRecord
 
 WORKER = Path(__file__).with_name("flight_worker.py")
 ROOT = Path(__file__).parent.parent

@@ -27,8 +27,8 @@ from conftest import EPOCH
 from fault_seam import FaultPlan, faulty_engine, held_by_another_process
 
 import nursery_jobs as nj
-from nursery_jobs._alarm import LOCKED_RETRY
-from nursery_jobs._catalog import object_file_name
+from nursery_jobs._core._alarm import LOCKED_RETRY
+from nursery_jobs._engines.files._catalog import object_file_name
 
 RAN: list[tuple[str, str, float]] = []
 
@@ -414,7 +414,7 @@ def _soft_heap_limit() -> int:
 
 
 async def test_page_caches_are_bounded_per_object_and_in_all(tmp_path: Path) -> None:
-    from nursery_jobs._engine_files import OBJECT_CACHE_KIB, PAGE_CACHE_BUDGET
+    from nursery_jobs._engines.files._engine import OBJECT_CACHE_KIB, PAGE_CACHE_BUDGET
 
     before = _soft_heap_limit()
     async with nj.open_runtime(tmp_path) as rt:

@@ -12,7 +12,7 @@ from pg_support import eventually, opened, sql
 
 psycopg = pytest.importorskip("psycopg")  # the postgres extra; CI installs it (dev)
 
-from nursery_jobs import _pg_ops as ops  # noqa: E402
+from nursery_jobs._engines.postgres import _ops as ops  # noqa: E402
 
 NOW = 1_800_000_000.0
 

@@ -51,7 +51,7 @@ from pg_cluster_worker import Worker
 from pg_support import eventually, fresh_database, sql
 
 import nursery_jobs as nj
-from nursery_jobs._engine_pg import PostgresEngine
+from nursery_jobs._engines.postgres._engine import PostgresEngine
 
 WORKER = Path(__file__).with_name("pg_cluster_worker.py")
 SLOTS = ("h0", "h1", "h2")
@@ -440,7 +440,7 @@ async def test_a_lease_whose_release_failed_expires_and_its_alarm_runs(
     """An evicted object's release may fail (the server was unreachable for a moment):
     the lease must then expire by itself — not be renewed for ever with the host's
     others, which would keep every host, this one included, from running its alarm."""
-    from nursery_jobs import _pg_ops
+    from nursery_jobs._engines.postgres import _ops as _pg_ops
 
     ttl = 1.0
     Stalling.started = []

@@ -18,7 +18,7 @@ from pg_support import sql
 psycopg = pytest.importorskip("psycopg")  # the postgres extra; CI installs it (dev)
 
 import nursery_jobs as nj
-from nursery_jobs._engine_pg import PostgresEngine
+from nursery_jobs._engines.postgres._engine import PostgresEngine
 
 
 def terminate(dsn: str, pids: list[int] | None = None) -> None:
@@ -60,7 +60,7 @@ async def test_a_forwarded_call_never_gets_object_moved_from_the_holder(
     again. A call forwarded to a host whose lease is not confirmed right now (its
     renewal is late) is refused by ``admit`` there; that refusal must travel back as
     "moved", not as the call's exception."""
-    import nursery_jobs._engine_pg as engine_pg
+    import nursery_jobs._engines.postgres._engine as engine_pg
 
     monkeypatch.setattr(engine_pg, "OWNER_HINT_TTL", 60.0)  # B keeps forwarding to A
     ttl = 1.0

@@ -15,8 +15,8 @@ from pg_support import eventually, opened, sql
 psycopg = pytest.importorskip("psycopg")  # the postgres extra; CI installs it (dev)
 
 import nursery_jobs as nj
-from nursery_jobs._engine import ObjectLeasedElsewhere, engine_for
-from nursery_jobs._engine_pg import PostgresEngine
+from nursery_jobs._engines.base import ObjectLeasedElsewhere, engine_for
+from nursery_jobs._engines.postgres._engine import PostgresEngine
 from nursery_jobs._errors import EngineError, ObjectFencedError, StorageError
 
 NOW = 1_800_000_000.0
@@ -65,7 +65,7 @@ def test_addresses_route_to_the_postgres_engine(pg_dsn: str) -> None:
 
 def test_without_psycopg_the_address_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "psycopg", None)
-    monkeypatch.delitem(sys.modules, "nursery_jobs._engine_pg", raising=False)
+    monkeypatch.delitem(sys.modules, "nursery_jobs._engines.postgres._engine", raising=False)
     with pytest.raises(EngineError, match=r"pip install 'nursery_jobs\[postgres\]'"):
         engine_for("postgresql://u@h/db", synchronous="NORMAL")
 

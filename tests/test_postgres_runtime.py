@@ -13,7 +13,7 @@ from pg_support import eventually
 psycopg = pytest.importorskip("psycopg")  # the postgres extra; CI installs it (dev)
 
 import nursery_jobs as nj
-from nursery_jobs._engine_pg import PostgresEngine
+from nursery_jobs._engines.postgres._engine import PostgresEngine
 
 
 class Counter(nj.DurableObject):
@@ -174,7 +174,7 @@ async def test_a_call_to_a_dead_hosts_object_is_served_once_its_lease_expires(
 async def test_a_call_after_the_holder_released_the_object_is_served_by_the_caller(
     pg_dsn: str, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import nursery_jobs._engine_pg as engine_pg
+    import nursery_jobs._engines.postgres._engine as engine_pg
 
     # The caller's hint of where the object lives outlasts the test: only the holder's
     # answer ("moved") can send the call back to the caller.

@@ -14,16 +14,16 @@ import time
 from pathlib import Path
 from typing import Final
 
-from .._alarm_run import _DUE_BATCH
-from .._catalog import _pragmas
-from .._codec import encode_payload
-from .._engine_files import OBJECT_CACHE_KIB
-from .._job_store import DEFAULT_COMPLETION_GROUP
-from .._job_table import DUE, UPSERT, finished_delete
-from .._jobs import DEFAULT_RETRY
-from .._schema import prepare
-from .._storage import KV_PUT
-from .._transactions import _JOB
+from nursery_jobs._codec import encode_payload
+from nursery_jobs._core._storage import KV_PUT
+from nursery_jobs._core._transactions import _JOB
+from nursery_jobs._engines._schema import prepare
+from nursery_jobs._engines.files._catalog import _pragmas
+from nursery_jobs._engines.files._engine import OBJECT_CACHE_KIB
+from nursery_jobs._jobs._alarm_run import _DUE_BATCH
+from nursery_jobs._jobs._records import DEFAULT_RETRY
+from nursery_jobs._jobs._store import DEFAULT_COMPLETION_GROUP
+from nursery_jobs._jobs._table import DUE, UPSERT, finished_delete
 
 SYNCHRONOUS: Final = {"normal": "NORMAL", "full": "FULL"}
 # Pushes with a commit each, at most (as ``_harness._pushes``).

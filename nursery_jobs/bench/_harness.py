@@ -25,7 +25,7 @@ from typing import Any
 import trio
 
 import nursery_jobs as nj
-from nursery_jobs._runtime import Durability
+from nursery_jobs._core._runtime import Durability
 
 from ._floor import SYNCHRONOUS, floors
 

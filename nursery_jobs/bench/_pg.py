@@ -32,7 +32,7 @@ import psycopg
 import trio
 
 import nursery_jobs as nj
-from nursery_jobs._engine_pg import PostgresEngine, _safe_label
+from nursery_jobs._engines.postgres._engine import PostgresEngine, _safe_label
 
 from ._harness import _Progress
 from ._pg_host import HostBench, PgBenchObject

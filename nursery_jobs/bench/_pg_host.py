@@ -17,7 +17,7 @@ from typing import Any
 import trio
 
 import nursery_jobs as nj
-from nursery_jobs._engine_pg import PostgresEngine
+from nursery_jobs._engines.postgres._engine import PostgresEngine
 
 FAR: float = 3600.0  # delay of jobs that must stay queued for the whole measurement
 

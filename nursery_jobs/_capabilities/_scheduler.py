@@ -1,0 +1,367 @@
+"""The Scheduler capability: one-shot, cron and interval schedules, each one job.
+
+Recurring schedules without a caller id get an id derived from their content, so
+calling ``every()`` in ``on_start`` on every activation finds the same row (and keeps
+its anchor) instead of piling up new ones. An interval fires on its grid, ``anchor +
+k·seconds``; cron expressions are evaluated in UTC with ``cronsim``.
+"""
+
+from __future__ import annotations
+
+import builtins
+import datetime
+import hashlib
+import logging
+import math
+from collections.abc import Callable, Mapping
+from typing import Any, Final, Literal
+
+import attrs
+from cronsim import CronSim, CronSimError
+
+from nursery_jobs import _clock
+from nursery_jobs._capabilities._queue import call_callback
+from nursery_jobs._codec import content_text
+from nursery_jobs._errors import JobError, UnknownCallbackError, safe_repr
+from nursery_jobs._jobs._capability import CallbackCapability
+from nursery_jobs._jobs._records import (
+    DeadLetter,
+    Job,
+    JobContext,
+    JobOutcome,
+    Reschedule,
+    RetryOptions,
+    check_job_id,
+    is_finite,
+    new_job_id,
+)
+
+logger = logging.getLogger("nursery_jobs")
+
+Kind = Literal["delayed", "scheduled", "cron", "interval"]
+When = float | int | datetime.timedelta | datetime.datetime | str
+
+
+@attrs.frozen(kw_only=True)
+class Schedule:
+    """A stored schedule: what to call, and when it is next due.
+
+    An interval schedule runs on the grid ``anchor + k·interval`` (k >= 1), where
+    ``anchor`` is when ``every()`` created it; other kinds have no anchor.
+    """
+
+    id: str
+    callback: str
+    payload: Any
+    kind: Kind
+    time: float
+    cron: str | None
+    interval: float | None
+    anchor: float | None
+    created_at: float
+    retry: RetryOptions
+
+
+def schedule_of(job: Job) -> Schedule:
+    envelope = job.payload
+    anchor: float | None = None
+    if envelope["k"] == "interval":
+        # Rows stored before anchors existed: the grid starts at their creation.
+        anchor = envelope.get("a", job.created_at)
+    return Schedule(
+        id=job.id, callback=job.fn, payload=envelope["p"], kind=envelope["k"], time=job.time,
+        cron=envelope.get("c"), interval=envelope.get("i"), anchor=anchor,
+        created_at=job.created_at, retry=job.retry,
+    )
+
+
+# The shortest interval every() takes: shorter would spin the object (and below the
+# float spacing of epoch times, ~2e-7 s, anchor + seconds == anchor: a slot never ahead).
+MIN_INTERVAL: Final = 0.001
+
+
+def _check_idempotent(value: object) -> bool:
+    if not isinstance(value, bool):
+        raise JobError(f"idempotent must be None or a bool, got {value!r}")
+    return value
+
+
+def next_grid_slot(anchor: float, seconds: float, after: float) -> float:
+    """The first slot ``anchor + k·seconds`` (k >= 1) strictly after ``after``.
+
+    Each slot is computed from the anchor, never by adding up intervals, so rounding
+    does not accumulate: the 1,000th slot of ``every(10)`` is ``anchor + 10_000``.
+    """
+    k = max(1, math.floor((after - anchor) / seconds) + 1)
+    # The division may round either way: settle on the first slot past ``after``.
+    while anchor + k * seconds <= after:
+        k += 1
+    while k > 1 and anchor + (k - 1) * seconds > after:
+        k -= 1
+    return anchor + k * seconds
+
+
+def next_cron_time(expr: str, after: float) -> float:
+    """The first slot of cron ``expr`` strictly after epoch time ``after`` (UTC)."""
+    start = datetime.datetime.fromtimestamp(after, datetime.UTC)
+    return next(CronSim(expr, start)).timestamp()
+
+
+def check_cron(expr: str) -> str:
+    fields = expr.split()
+    if len(fields) != 5:
+        raise JobError(
+            f"cron expression {expr!r} must have 5 fields (minute hour day month weekday)"
+        )
+    try:
+        CronSim(" ".join(fields), datetime.datetime(2000, 1, 1, tzinfo=datetime.UTC))
+    except CronSimError as exc:
+        raise JobError(f"invalid cron expression {expr!r}: {exc}") from None
+    return " ".join(fields)
+
+
+class Scheduler(CallbackCapability):
+    """``Scheduler(callbacks={name: fn}, retry=None, on_error=None, id="scheduler")``.
+
+    ``fn(payload, schedule)`` may be sync or async.
+    """
+
+    kind = "Scheduler"
+
+    def __init__(
+        self,
+        callbacks: Mapping[str, Callable[[Any, Schedule], Any]],
+        *,
+        retry: RetryOptions | None = None,
+        on_error: Callable[[Exception, Schedule], Any] | None = None,
+        id: str = "scheduler",
+    ) -> None:
+        super().__init__(callbacks, retry=retry, on_error=on_error, id=id)
+
+    # -- the API ------------------------------------------------------------------------
+    async def schedule(
+        self,
+        when: When,
+        callback: str,
+        payload: Any = None,
+        *,
+        id: str | None = None,
+        retry: RetryOptions | None = None,
+        idempotent: bool | None = None,
+    ) -> Schedule:
+        """Schedule ``callback`` at ``when``: a delay in seconds, a ``timedelta``, an
+        aware ``datetime``, or a 5-field cron string (UTC). Checkpoints.
+
+        With ``id`` it is an upsert (a cron schedule whose content is unchanged keeps
+        its next time). Without one, a cron schedule is idempotent by content
+        (``idempotent=False`` opts out); a one-shot dedupes only with
+        ``idempotent=True`` (not against itself while it runs). A dedupe hit returns the
+        stored schedule and re-arms.
+        """
+        now = _clock.now()
+        cron: str | None = None
+        kind: Kind
+        if isinstance(when, str):
+            cron = check_cron(when)
+            kind, time = "cron", next_cron_time(cron, now)
+        elif isinstance(when, datetime.datetime):
+            try:
+                time = _clock.coerce_time(when, name="schedule when")
+            except (TypeError, ValueError) as exc:
+                raise JobError(str(exc)) from None
+            kind = "scheduled"
+        else:
+            try:
+                time = now + _clock.coerce_delay(when, name="schedule when")
+            except (TypeError, ValueError) as exc:
+                raise JobError(str(exc)) from None
+            kind = "delayed"
+        recurring = kind == "cron"
+        dedupe = recurring if idempotent is None else _check_idempotent(idempotent)
+        return await self._upsert(kind, time, callback, payload, id=id, retry=retry,
+                                  dedupe=dedupe, cron=cron, interval=None)
+
+    async def every(
+        self,
+        seconds: float | datetime.timedelta,
+        callback: str,
+        payload: Any = None,
+        *,
+        id: str | None = None,
+        retry: RetryOptions | None = None,
+        idempotent: bool | None = None,
+    ) -> Schedule:
+        """Run ``callback`` every ``seconds`` (> 0) on the grid ``anchor + k·seconds``,
+        where the anchor is now: first at now + seconds. After a run, the next is the
+        first grid slot after the moment it ended, so lateness and run time never shift
+        later runs; slots missed while the process was down, or while a run overran,
+        coalesce into one run. Idempotent by content unless ``idempotent=False``: a
+        dedupe hit keeps the stored schedule, anchor included. With ``id`` it is an
+        upsert: anchored anew when its content changed, kept (anchor included) when
+        not. Checkpoints."""
+        if isinstance(seconds, datetime.timedelta):
+            seconds = seconds.total_seconds()
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not (
+            is_finite(seconds) and seconds >= MIN_INTERVAL
+        ):
+            raise JobError(
+                f"every(): seconds must be a finite number >= {MIN_INTERVAL}, got {seconds!r}"
+            )
+        interval = float(seconds)
+        dedupe = True if idempotent is None else _check_idempotent(idempotent)
+        anchor = _clock.now()
+        return await self._upsert("interval", anchor + interval, callback, payload, id=id,
+                                  retry=retry, dedupe=dedupe, cron=None, interval=interval,
+                                  anchor=anchor)
+
+    async def _upsert(
+        self, kind: Kind, time: float, callback: str, payload: Any, *, id: str | None,
+        retry: RetryOptions | None, dedupe: bool, cron: str | None, interval: float | None,
+        anchor: float | None = None,
+    ) -> Schedule:
+        if not isinstance(callback, str):
+            raise JobError(f"schedule callback must be a str (its name), got {callback!r}")
+        if callback not in self.callbacks:
+            raise UnknownCallbackError(
+                f"unknown schedule callback {callback!r}: not registered on Scheduler"
+                f" {self.id!r} (registered: {sorted(self.callbacks)})"
+            )
+        if retry is not None and not isinstance(retry, RetryOptions):
+            raise JobError(f"schedule retry must be RetryOptions, got {retry!r}")
+        envelope: dict[str, Any] = {"p": payload, "k": kind}
+        if cron is not None:
+            envelope["c"] = cron
+        if interval is not None:
+            envelope["i"] = interval
+        if anchor is not None:
+            envelope["a"] = anchor
+        jobs = self.lifecycle.jobs
+        if id is not None:
+            job_id = check_job_id(id)
+            existing = jobs.get(job_id)
+            if (existing is not None and kind in ("cron", "interval")
+                    and self._same(existing, kind, callback, cron, interval, payload, retry)):
+                # Unchanged (on_start registering it on each activation): it keeps its
+                # next time and anchor. Re-timed, the slot that is due now — the one whose
+                # alarm activated the object — would be skipped, every time.
+                await jobs.rearm()
+                return schedule_of(existing)
+        elif dedupe:
+            # The content (not the time, nor the anchor) names the schedule: a second
+            # identical call finds the first row and leaves it, its grid included.
+            # content_text also refuses a bad payload here.
+            # content_text: equal payloads give one text, whatever their dicts' order or
+            # the hash seed of their sets (which differs from process to process).
+            content = content_text([kind, callback, cron, interval, payload])
+            job_id = "sched:" + hashlib.sha256(
+                content.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+            existing = jobs.get(job_id)
+            if existing is not None and not self._running(job_id, kind):
+                await jobs.rearm()  # a dedupe hit still re-arms the alarm
+                return schedule_of(existing)
+        else:
+            job_id = "sched:" + new_job_id(_clock.now())
+        job = await jobs.push(
+            callback, time=time, payload=envelope, id=job_id, retry=retry or self.retry,
+            singleflight=kind == "interval",
+        )
+        schedule = schedule_of(job)
+        self.lifecycle.emit("schedule:create", callback=callback, id=schedule.id)
+        return schedule
+
+    def _same(
+        self, job: Job, kind: Kind, callback: str, cron: str | None, interval: float | None,
+        payload: Any, retry: RetryOptions | None,
+    ) -> bool:
+        """Whether stored ``job`` is the schedule these arguments describe."""
+        stored = schedule_of(job)
+        return (stored.kind == kind and stored.callback == callback and stored.cron == cron
+                and stored.interval == interval and stored.retry == (retry or self.retry)
+                and content_text(stored.payload) == content_text(payload))
+
+    def _running(self, job_id: str, kind: Kind) -> bool:
+        """Whether ``job_id`` is a one-shot running now: its row goes when the run ends,
+        so scheduling it again from its own callback is a new run, not a dedupe hit."""
+        running = self.running
+        return (kind in ("delayed", "scheduled") and running is not None
+                and running.job.id == job_id)
+
+    def get(self, id: str) -> Schedule | None:
+        """Return schedule ``id``, or None. Does not checkpoint."""
+        job = self.lifecycle.jobs.get(id)
+        return None if job is None else schedule_of(job)
+
+    def list(self) -> list[Schedule]:
+        """Return every schedule, by next due time."""
+        return [schedule_of(job) for job in self.lifecycle.jobs.list()]
+
+    # -- dead letters ---------------------------------------------------------------
+    def dead_letters(self) -> builtins.list[DeadLetter]:  # (list: the method above)
+        """Schedules whose retries ran out, oldest first."""
+        return self.lifecycle.dead_letters()
+
+    async def requeue(self, id: str) -> Job | None:
+        """Run dead letter ``id`` again, due now, with fresh attempts."""
+        return await self.lifecycle.requeue(id)
+
+    async def discard(self, id: str) -> bool:
+        """Delete dead letter ``id``; return whether it existed. Checkpoints."""
+        return await self.lifecycle.discard(id)
+
+    async def discard_dead_letters(self, *, before: Any = None) -> int:
+        """Delete the dead letters buried before ``before`` (None: all)."""
+        return await self.lifecycle.discard_dead_letters(before=before)
+
+    async def cancel(self, id: str) -> bool:
+        """Delete schedule ``id``; return whether it existed. Checkpoints."""
+        job = self.lifecycle.jobs.get(id)
+        cancelled = await self.lifecycle.jobs.cancel(id)
+        if cancelled and job is not None:
+            self.lifecycle.emit("schedule:cancel", callback=job.fn, id=id)
+        return cancelled
+
+    # -- the capability hooks -----------------------------------------------------------
+    def _next(self, schedule: Schedule) -> JobOutcome:
+        """The outcome of a finished run: the first slot after now, or done."""
+        if schedule.kind == "interval":
+            assert schedule.interval is not None and schedule.anchor is not None
+            return Reschedule(next_grid_slot(schedule.anchor, schedule.interval, _clock.now()))
+        if schedule.kind == "cron":
+            assert schedule.cron is not None
+            return Reschedule(next_cron_time(schedule.cron, _clock.now()))
+        return None
+
+    async def on_job(self, ctx: JobContext) -> JobOutcome:
+        schedule = schedule_of(ctx.job)
+        if ctx.attempt == 1:
+            self.lifecycle.emit("schedule:execute", callback=schedule.callback, id=schedule.id)
+        else:
+            self.lifecycle.emit("schedule:retry", callback=schedule.callback, id=schedule.id,
+                                attempt=ctx.attempt, max_attempts=schedule.retry.max_attempts)
+        fn = self.callbacks.get(schedule.callback)
+        if fn is None:
+            raise UnknownCallbackError(
+                f"schedule callback {schedule.callback!r} of {schedule.id!r} is no longer"
+                " registered"
+            )
+        self.running = ctx
+        try:
+            await call_callback(fn, schedule.payload, schedule)
+        finally:
+            self.running = None
+        return self._next(schedule)
+
+    async def on_job_error(self, ctx: JobContext, error: Exception) -> JobOutcome:
+        schedule = schedule_of(ctx.job)
+        self.lifecycle.emit("schedule:error", callback=schedule.callback, id=schedule.id,
+                            error=safe_repr(error), attempts=ctx.attempt)
+        if self.on_error is not None:
+            self.running = ctx
+            try:
+                await call_callback(self.on_error, error, schedule)
+            except Exception:
+                logger.exception("on_error of Scheduler %r failed for %r", self.id, schedule.id)
+            finally:
+                self.running = None
+        # A recurring schedule goes on; a one-shot becomes a dead letter.
+        return self._next(schedule)

@@ -1,0 +1,284 @@
+"""Alarms as one unit: each active object's alarm state, the claim its owner holds,
+the backoff policies, and the timer that wakes objects.
+
+A due alarm travels: alarm index (the engine) -> ``Timer`` -> the runtime activates the
+object -> ``ObjectAlarm.handler`` runs in the object's nursery -> on failure,
+``ObjectAlarm.failed`` re-times it by the alarm's ``Backoff``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Final, Protocol
+
+import attrs
+import trio
+
+from nursery_jobs import _clock
+from nursery_jobs._errors import StorageError, safe_repr
+
+if TYPE_CHECKING:
+    from nursery_jobs._core._metrics import Metrics
+    from nursery_jobs._core._object import AlarmInfo
+    from nursery_jobs._core._transactions import ObjectTransactions
+    from nursery_jobs._engines.base import Engine, FlightSlot, ObjectState
+    from nursery_jobs._events import EventBus
+
+logger = logging.getLogger("nursery_jobs")
+
+Key = tuple[str, str]
+AlarmHandler = Callable[["AlarmInfo"], Awaitable[None]]
+
+# Due alarms fetched per timer pass, beyond those already in flight.
+_TIMER_BATCH: Final = 256
+
+
+@attrs.frozen(kw_only=True)
+class Backoff:
+    """A retry delay: ``base * 2**n`` (or ``base * (n + 1)`` when ``linear``) before
+    retry ``n + 1``, at most ``cap``; ``None`` (give up) after ``max_retries``."""
+
+    base: float
+    cap: float = math.inf
+    max_retries: int | None = None
+    linear: bool = False
+
+    def delay(self, retry: int) -> float | None:
+        """The wait before retry ``retry + 1`` (``retry`` failures so far), or None."""
+        if self.max_retries is not None and retry >= self.max_retries:
+            return None
+        grown = self.base * (retry + 1) if self.linear else self.base * 2.0 ** min(retry, 1024)
+        return min(self.cap, grown)
+
+
+# A plain object's alarm, as Durable Objects retry it: 2 s doubling, 6 retries.
+DURABLE_OBJECT_RETRY: Final = Backoff(base=2.0, max_retries=6)
+# A Lifecycle's alarm run: 2 s doubling, capped at 5 minutes, for as long as jobs remain.
+LIFECYCLE_RETRY: Final = Backoff(base=2.0, cap=300.0)
+# An alarm whose object cannot be opened or whose class is unknown: never dropped.
+ACTIVATION_RETRY: Final = Backoff(base=2.0, cap=300.0)
+# Memory-limit and crash strikes: 30 s per strike, capped at 5 minutes.
+STRIKE_DELAY: Final = Backoff(base=30.0, cap=300.0, linear=True)
+# An object file locked by another process (opening it, or opening a dormant one's
+# again): tried again this often, in Trio sleeps, before the open fails; the alarm or
+# the caller then retries with its own backoff.
+LOCKED_RETRY: Final = Backoff(base=0.05, max_retries=4)
+
+
+class AlarmClaim(Protocol):
+    """What the one owner of an object's alarm (the Lifecycle) may do with the object's
+    host: the alarm itself, the work and reset hooks, the flight slot, probation."""
+
+    def get(self) -> float | None:
+        """The alarm's time, or None."""
+
+    def set(self, time: float) -> None:
+        """Set the alarm (lower or raise it); durable when it returns."""
+
+    def delete(self) -> None: ...
+
+    def write_through(self, time: float | None) -> None:
+        """Write the alarm to the index even if the cached time says it is there."""
+
+    def working(self, *, alarm: bool = False) -> AbstractContextManager[trio.CancelScope]:
+        """Run a block as work of the object (holds off eviction; a reset cancels it)."""
+
+    def reset(self, reason: str, *, memory: bool = False) -> None:
+        """Cancel everything the object does and drop it from memory."""
+
+    @property
+    def reset_reason(self) -> str | None: ...
+
+    @property
+    def memory_reset(self) -> bool: ...
+
+    @property
+    def flight(self) -> FlightSlot | None:
+        """The flight-record slot of the alarm run in progress (None outside one)."""
+
+    @property
+    def probation(self) -> trio.Lock:
+        """Held around work under suspicion of killing the process (one at a time)."""
+
+    def crash_tokens(self) -> list[tuple[str, float]]: ...
+
+    def clear_crash_tokens(self) -> None: ...
+
+    @property
+    def transactions(self) -> ObjectTransactions:
+        """Who holds the object's database in a transaction (the group, a job, a user
+        block)."""
+
+    def destroy(self) -> None:
+        """Delete the object's data once its current work ends (its next activation
+        starts empty)."""
+
+    def on_startup(self, hook: Callable[[], Awaitable[None]]) -> None:
+        """Await ``hook`` before the first call each activation serves (until it
+        succeeds: a call it fails for gets its error, the next call tries again)."""
+
+    @property
+    def metrics(self) -> Metrics:
+        """The runtime's counters (jobs run, their durations)."""
+
+    @property
+    def ships(self) -> bool:
+        """Whether commits need ``sync`` to be durable (see ``ObjectState.ships``)."""
+
+    async def sync(self) -> None:
+        """Make every commit so far durable. Checkpoints."""
+
+
+class ObjectAlarm:
+    """One active object's alarm: time and retry count as the index holds them, a
+    version bumped by every write, what runs when it is due, and its retry policy."""
+
+    __slots__ = (
+        "_events", "_state", "_timer", "handler", "namespace", "object_id", "owner",
+        "policy", "retry", "time", "version",
+    )
+
+    def __init__(
+        self, state: ObjectState, timer: Timer, events: EventBus, namespace: str,
+        object_id: str,
+    ) -> None:
+        self._state = state
+        self._timer = timer
+        self._events = events
+        self.namespace = namespace
+        self.object_id = object_id
+        alarm = state.alarm
+        self.time: float | None = None if alarm is None else alarm[0]
+        self.retry = 0 if alarm is None else alarm[1]
+        self.version = 0
+        # What a due alarm runs (None: the object's own ``alarm`` method), and who
+        # claimed it (storage.set_alarm is then refused).
+        self.handler: AlarmHandler | None = None
+        self.owner: str | None = None
+        self.policy = DURABLE_OBJECT_RETRY
+
+    # -- the storage face (``ctx.storage.set_alarm`` and friends) ---------------------
+    def get(self) -> float | None:
+        return self.time
+
+    def set(self, time: float) -> None:
+        self.write(time, 0)
+
+    def delete(self) -> None:
+        self.write(None, 0)
+
+    def write_through(self, time: float | None) -> None:
+        self.write(time, 0, force=True)
+
+    def write(self, time: float | None, retry: int, *, force: bool = False) -> None:
+        """Set (``time``) or delete (None) the alarm, durably, and tell the timer.
+        Skips the write when the cached alarm already says so, unless ``force``."""
+        self.version += 1
+        if time == self.time and retry == self.retry and not force:
+            return
+        self._state.write_alarm(time, retry)
+        self.time = time
+        self.retry = retry
+        if time is not None:
+            self._timer.lowered(time)
+
+    def failed(self, failure: BaseException, retry: int) -> None:
+        """A run of this alarm failed: re-time it by the policy, or drop it."""
+        label = f"{self.namespace}/{self.object_id}"
+        # nj-faults hook: a storage fault (disk full, a damaged or locked file) is the
+        # platform's, not the object's: retried with backoff for good, never dropped.
+        policy = ACTIVATION_RETRY if isinstance(failure, StorageError) else self.policy
+        delay = policy.delay(retry)
+        if delay is None:
+            self._events.emit(
+                "alarm:failed", self.namespace, self.object_id, retries=retry,
+                error=safe_repr(failure),
+                _log=(logging.ERROR, "alarm of %s failed after %d retries; dropping it: %s",
+                      (label, retry, safe_repr(failure))))
+            self.write(None, 0)
+            return
+        self._events.emit(
+            "alarm:retry", self.namespace, self.object_id, retry=retry + 1, delay=delay,
+            error=safe_repr(failure),
+            _log=(logging.WARNING, "alarm of %s raised %s; retry %d in %.1f s",
+                  (label, safe_repr(failure), retry + 1, delay)))
+        self.write(_clock.now() + delay, retry + 1)
+
+
+def retry_unreachable(
+    engine: Engine, events: EventBus, namespace: str, object_id: str, event: str, why: str
+) -> None:
+    """An alarm is due but its object cannot be activated (no class, a database that
+    will not open): try again with backoff, never drop it — its jobs are still there."""
+    alarm = engine.get_alarm(namespace, object_id)
+    if alarm is None:
+        return
+    retry = alarm[1]
+    delay = ACTIVATION_RETRY.delay(retry)
+    assert delay is not None
+    events.emit(event, namespace, object_id, retry=retry + 1, delay=delay, error=why,
+                _log=(logging.ERROR, "alarm of %s/%s is due but %s; retrying in %.0f s",
+                      (namespace, object_id, why, delay)))
+    engine.set_alarm(namespace, object_id, _clock.now() + delay, retry + 1)
+
+
+class Timer:
+    """Sleeps until the earliest alarm in the engine's index and hands each due object
+    to ``deliver`` (one task per object, at most one in flight per object)."""
+
+    def __init__(self, engine: Engine, deliver: Callable[[Key], Awaitable[None]]) -> None:
+        self._engine = engine
+        self._deliver = deliver
+        self._scope: trio.CancelScope | None = None
+        self._target = math.inf
+        self.inflight: set[Key] = set()
+
+    def earliest_alarm(self) -> float:
+        """The alarm time the timer sleeps until (``inf`` if none). Does not checkpoint."""
+        return self._target
+
+    def lowered(self, time: float) -> None:
+        """An alarm was set to ``time``: wake earlier if that is sooner."""
+        if time < self._target and self._scope is not None:
+            self._target = time
+            self._scope.deadline = _clock.to_trio_time(time)
+
+    def nudge(self) -> None:
+        """Look at the index again now (an alarm may have changed behind our back)."""
+        self.lowered(-math.inf)
+
+    async def run(self, nursery: trio.Nursery) -> None:
+        engine, inflight = self._engine, self.inflight
+        while True:
+            _clock.reanchor()  # every timer wake re-anchors the wall clock (DESIGN §2)
+            now = _clock.now()
+            started = 0
+            for key in engine.due(now, len(inflight) + _TIMER_BATCH):
+                if key not in inflight:
+                    inflight.add(key)
+                    nursery.start_soon(self._delivery, key)
+                    started += 1
+            if started:
+                await trio.lowlevel.checkpoint()
+                continue
+            # Every due alarm is in flight; sleep until a later one, or until an
+            # alarm is lowered (a push, or an alarm run that ended still due).
+            target = engine.next_alarm_after(now)
+            self._target = math.inf if target is None else target
+            deadline = math.inf if target is None else _clock.to_trio_time(target)
+            with trio.CancelScope(deadline=deadline) as self._scope:
+                await trio.sleep_forever()
+            self._scope = None
+            self._target = -math.inf
+
+    async def _delivery(self, key: Key) -> None:
+        try:
+            await self._deliver(key)
+        finally:
+            self.inflight.discard(key)
+            # Still due (a YIELD, a retry now)? The index is the truth: look again.
+            self.nudge()
+

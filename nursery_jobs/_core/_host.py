@@ -1,0 +1,590 @@
+"""ObjectHost: one active object — its task, nursery, cancel scope, state and instance.
+
+The host runs calls and alarm runs as work of the object (``working``), closes its
+database when it dozes (``dormant_after``), evicts it when idle, and hands the one owner
+of its alarm an ``AlarmClaim`` (``_host_claim.HostClaim``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+import sqlite3
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
+
+import trio
+
+from nursery_jobs import _clock
+from nursery_jobs._core._alarm import (
+    LOCKED_RETRY,
+    AlarmHandler,
+    Backoff,
+    ObjectAlarm,
+    Timer,
+    retry_unreachable,
+)
+from nursery_jobs._core._host_claim import HostClaim
+from nursery_jobs._core._metrics import Metrics
+from nursery_jobs._core._object import AlarmInfo, DurableObject, ObjectContext, class_path
+from nursery_jobs._core._storage import Storage
+from nursery_jobs._core._transactions import ObjectTransactions
+from nursery_jobs._engines._faults import StorageFaultError
+from nursery_jobs._engines.base import ObjectMoved
+from nursery_jobs._errors import (
+    AlarmOwnedError,
+    ObjectFencedError,
+    ObjectResetError,
+    RpcError,
+    StorageError,
+    safe_repr,
+)
+from nursery_jobs._events import EventBus
+
+if TYPE_CHECKING:
+    from nursery_jobs._core._runtime import Stub
+    from nursery_jobs._engines.base import Engine, FlightSlot, ObjectState
+
+logger = logging.getLogger("nursery_jobs")
+
+# How long an object leaving memory waits for its last commits to ship (PostgreSQL).
+LAST_SHIP_TIMEOUT: Final = 5.0
+
+
+class HostSite(Protocol):
+    """What a host needs of its runtime."""
+
+    engine: Engine
+    timer: Timer
+    events: EventBus
+    metrics: Metrics
+    env: Any
+    idle_timeout: float
+    # Idle this long, a resident object closes its database (None: never).
+    dormant_after: float | None
+    # Held while an object closes its database: one at a time (see ObjectHost._doze).
+    dormancy: trio.Lock
+    probation: trio.Lock
+
+    def get(self, cls: type[DurableObject], object_id: str) -> Stub: ...
+    def host_closed(self, host: ObjectHost) -> None: ...
+    # A resident object's database was closed (it dozed) or opened again (it woke).
+    def database_closed(self, host: ObjectHost) -> None: ...
+    def database_opened(self, host: ObjectHost) -> None: ...
+
+
+class ObjectHost:
+    """One active object."""
+
+    __slots__ = (
+        "_alarm_work",
+        "_busy",
+        "_destroy",
+        "_doze_asked",
+        "_idle_scope",
+        "_idle_since",
+        "_leaving",
+        "_startup",
+        "_work_scopes",
+        "alarm",
+        "closed",
+        "cls",
+        "ctx",
+        "error",
+        "flight",
+        "for_alarm",
+        "instance",
+        "key",
+        "memory_reset",
+        "namespace",
+        "object_id",
+        "ready",
+        "reset_reason",
+        "scope",
+        "site",
+        "state",
+        "status",
+        "transactions",
+    )
+
+    def __init__(
+        self, site: HostSite, cls: type[DurableObject], namespace: str, object_id: str, *,
+        for_alarm: bool,
+    ) -> None:
+        self.site = site
+        self.cls = cls
+        self.namespace = namespace
+        self.object_id = object_id
+        self.key = (namespace, object_id)
+        self.for_alarm = for_alarm
+        self.status: Literal["starting", "ready", "closing", "closed"] = "starting"
+        self.ready = trio.Event()
+        self.closed = trio.Event()
+        self.error: BaseException | None = None
+        self.instance: DurableObject | None = None
+        self.ctx: ObjectContext | None = None
+        self.state: ObjectState | None = None
+        self.alarm: ObjectAlarm | None = None
+        self.flight: FlightSlot | None = None
+        self.scope = trio.CancelScope()
+        self._idle_scope = trio.CancelScope()
+        self._idle_since = math.inf  # when the last work ended
+        self._leaving = False  # asked to leave memory (evict, destroy)
+        self._doze_asked = False  # asked to doze now (the open-file bound, doze_now)
+        self._work_scopes: set[trio.CancelScope] = set()
+        self._busy = 0
+        self._destroy = False
+        self._alarm_work = 0
+        self.transactions: ObjectTransactions | None = None
+        # Run before the first call of the activation (the Lifecycle's startup).
+        self._startup: list[Callable[[], Awaitable[None]]] | None = None
+        self.reset_reason: str | None = None
+        self.memory_reset = False
+
+    @property
+    def label(self) -> str:
+        return f"{self.namespace}/{self.object_id}"
+
+    # -- the object's task --------------------------------------------------------
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        site = self.site
+        start_error: Exception | None = None
+        try:
+            try:
+                self.state = state = await site.engine.open_object(
+                    self.namespace, self.object_id, class_path(self.cls)
+                )
+            except Exception as exc:
+                if self.for_alarm:
+                    retry_unreachable(site.engine, site.events, self.namespace,
+                                      self.object_id, "alarm:retry", f"it cannot be opened: {exc}")
+                raise
+            self.alarm = ObjectAlarm(state, site.timer, site.events, self.namespace,
+                                     self.object_id)
+            with self.scope:
+                async with trio.open_nursery() as nursery:
+                    try:
+                        self.transactions = tx = ObjectTransactions(state.conn, self.label)
+                        storage = Storage(state.conn, self.alarm, tx)
+                        self.ctx = ObjectContext(
+                            id=self.object_id, namespace=self.namespace, storage=storage,
+                            nursery=nursery, env=site.env, events=site.events,
+                            stubs=site.get, claim=self._claim,
+                        )
+                        self.instance = self.cls(self.ctx)
+                        await self.instance.on_start()
+                    except Exception as exc:
+                        start_error = exc
+                        if self.for_alarm:
+                            # The alarm that activated us retries by the policy the
+                            # object's __init__ chose (a Lifecycle's, say).
+                            self.alarm.failed(exc, self.alarm.retry)
+                        nursery.cancel_scope.cancel(reason="on_start failed")
+                    else:
+                        self.status = "ready"
+                        # Start the idle clock now: an activation whose call never
+                        # runs (RpcError) would otherwise stay resident forever.
+                        self._idle_scope.deadline = self._idle_deadline()
+                        self.ready.set()
+                        task_status.started()
+                        await self._wait_until_idle()
+                        nursery.cancel_scope.cancel(reason="evicted: idle")
+        except Exception as exc:
+            if self.status == "starting":
+                raise
+            # A task the object started in its nursery crashed: the object is reset.
+            logger.exception("object %s crashed", self.label)
+            site.events.emit("object:error", self.namespace, self.object_id,
+                             error=safe_repr(exc))
+        finally:
+            await self._ship_before_close()
+            self.close()
+        if start_error is not None:
+            raise start_error
+
+    # -- idle: dozing (dormant_after) and leaving memory (idle_timeout) ------------------
+    async def _wait_until_idle(self) -> None:
+        while True:
+            with self._idle_scope:
+                await trio.sleep_forever()
+            if (not self._leaving and not self.scope.cancel_called and self._busy == 0
+                    and trio.current_time() < self._idle_since + self.site.idle_timeout):
+                # Idle for dormant_after, not yet for idle_timeout.
+                await self._doze()
+                self._doze_asked = False
+                self._idle_scope = trio.CancelScope(
+                    deadline=math.inf if self._busy else self._deadline()
+                )
+                if self._leaving:
+                    self._idle_scope.cancel(reason="evicted")
+                continue
+            # The deadline may have passed just as a call came in: stay while busy.
+            if self._busy == 0 or self.scope.cancel_called:
+                self.status = "closing"
+                return
+            self._leaving = False
+            self._idle_scope = trio.CancelScope()
+
+    def _idle_deadline(self) -> float:
+        """Work just ended: when to doze (close the database), or leave memory."""
+        self._idle_since = trio.current_time()
+        return self._deadline()
+
+    def _deadline(self) -> float:
+        """When to doze, if that is still ahead; else when to leave memory. Both count
+        from the end of the last work."""
+        after, state = self.site.dormant_after, self.state
+        if (after is not None and after < self.site.idle_timeout and state is not None
+                and not state.dormant and trio.current_time() < self._idle_since + after):
+            return self._idle_since + after
+        return self._idle_since + self.site.idle_timeout
+
+    async def _doze(self) -> None:
+        """Close the database of an object idle for ``dormant_after``; it stays resident
+        (task, instance, in-memory state) and its next work opens it again. A resident
+        object holds ~15 KiB instead of ~170 (benchmarks/timers.py). Not while it
+        has tasks of its own in its nursery, or its connection was handed out or holds
+        state of its own (``Storage.keeps_connection``). One object at a time,
+        runtime-wide: each close checkpoints its WAL with an fsync (in a worker thread,
+        ~1 ms here), and a burst of objects going idle together must not become a burst
+        of fsyncs."""
+        async with self.site.dormancy:
+            state, ctx = self.state, self.ctx
+            if (state is None or ctx is None or self._busy or self._leaving
+                    or self.scope.cancel_called or ctx.nursery.child_tasks
+                    or ctx.storage.keeps_connection()):
+                return
+            try:
+                if await state.sleep():
+                    self.site.database_closed(self)
+            except sqlite3.Error as exc:
+                logger.warning("closing the database of idle %s failed: %s", self.label, exc)
+
+    def doze_now(self) -> bool:
+        """Ask an idle object to close its database now, staying resident (the runtime's
+        open-file bound, with dormancy on). False where it may not doze (see
+        ``_doze``): the caller evicts it instead. Does not checkpoint."""
+        state, ctx = self.state, self.ctx
+        if (state is None or ctx is None or not state.can_sleep or state.dormant or self._busy
+                or self._leaving or ctx.nursery.child_tasks
+                or ctx.storage.keeps_connection()):
+            return False
+        self._doze_asked = True
+        self._idle_scope.cancel(reason="dozing: the open-file bound")
+        return True
+
+    @property
+    def doze_pending(self) -> bool:
+        """Asked to doze (``doze_now``), not yet dozed."""
+        return self._doze_asked
+
+    @property
+    def dormant(self) -> bool:
+        """Whether the object's database is closed while it stays resident."""
+        state = self.state
+        return state is not None and state.dormant
+
+    async def awaken(self) -> None:
+        """Open a dormant object's database again (~0.35 ms). A file another process
+        locked while it was closed is tried again with backoff (``LOCKED_RETRY``, as an
+        activation's open is). Called by work of the object (``working``: it holds off
+        dozing and eviction meanwhile). Checkpoints.
+
+        Raises:
+            StorageFaultError: it cannot be opened; the object stays dormant.
+        """
+        state = self.state
+        attempt = 0
+        # (The state is looked at again after each wait: a reset meanwhile closes it.)
+        while state is not None and state is self.state and state.dormant:
+            try:
+                await state.wake()
+                self.site.database_opened(self)
+                break
+            except StorageFaultError as exc:
+                delay = LOCKED_RETRY.delay(attempt) if exc.cause == "locked" else None
+                if delay is None:
+                    raise
+            await trio.sleep(delay)
+            attempt += 1
+        else:
+            await trio.lowlevel.checkpoint()
+
+    async def _ship_before_close(self) -> None:
+        """Where commits ship (PostgreSQL), ship what is committed before the working
+        copy goes: a graceful shutdown or eviction must not lose completed jobs (their
+        commits could not ship while a running job held its group open). Shielded, at
+        most ``LAST_SHIP_TIMEOUT``; a failure is logged (the next holder runs those jobs
+        again, at least once)."""
+        state = self.state
+        if state is None or not state.ships or (
+                self.reset_reason is not None and self.reset_reason.startswith("fenced")):
+            return  # (a fenced host writes nothing)
+        with trio.CancelScope(shield=True) as scope:
+            scope.deadline = trio.current_time() + LAST_SHIP_TIMEOUT
+            try:
+                await state.sync()
+            except Exception as exc:
+                logger.warning("%s: its last commits could not ship before it left memory:"
+                               " %s", self.label, exc)
+        if scope.cancelled_caught:
+            logger.warning("%s: its last commits did not ship within %.0f s", self.label,
+                           LAST_SHIP_TIMEOUT)
+
+    def close(self) -> None:
+        """Release the object's state and leave the runtime. Idempotent."""
+        if self.status == "closed":
+            return
+        self.status = "closed"
+        self.ready.set()
+        if self.state is not None:
+            self.state.close()
+            self.state = None
+        self.site.host_closed(self)
+        if self._destroy:
+            self.site.engine.destroy_object(self.namespace, self.object_id)
+            self.site.events.emit("object:destroyed", self.namespace, self.object_id)
+        self.instance = None
+        self.closed.set()
+
+    # -- work accounting ----------------------------------------------------------
+    @contextmanager
+    def working(self, *, alarm: bool = False) -> Iterator[trio.CancelScope]:
+        """Run a block as work of this object: it holds off eviction, and a reset of
+        the object cancels it (``scope.cancelled_caught`` tells). ``alarm=True`` marks
+        alarm work (an alarm run, tracked work): what the memory watchdog resets."""
+        scope = trio.CancelScope()
+        self._busy += 1
+        self._alarm_work += alarm
+        self._idle_scope.deadline = math.inf
+        self._work_scopes.add(scope)
+        try:
+            with scope:
+                yield scope
+        finally:
+            self._work_scopes.discard(scope)
+            self._busy -= 1
+            self._alarm_work -= alarm
+            if self._busy == 0:
+                if self._destroy:
+                    self._leaving = True
+                    self._idle_scope.cancel(reason="destroyed")
+                else:
+                    self._idle_scope.deadline = self._idle_deadline()
+
+    def evict(self, reason: str = "evicted") -> None:
+        """Ask an idle object to leave memory."""
+        self._leaving = True
+        self._idle_scope.cancel(reason=reason)
+
+    def destroy(self) -> None:
+        """Delete the object's data as soon as its current work ends; its next
+        activation starts empty."""
+        self._destroy = True
+        if self._busy == 0:
+            self._leaving = True
+            self._idle_scope.cancel(reason="destroyed")
+
+    @property
+    def running_alarm_work(self) -> bool:
+        return self._alarm_work > 0
+
+    @property
+    def busy(self) -> bool:
+        return self._busy > 0
+
+    def reset(self, reason: str, *, memory: bool = False) -> None:
+        """Cancel everything the object is doing and drop it from memory."""
+        if self.reset_reason is not None:
+            return
+        self.reset_reason = reason
+        self.memory_reset = memory
+        for scope in list(self._work_scopes):
+            scope.cancel(reason=reason)
+        self.scope.cancel(reason=reason)
+        if self.status != "closed":
+            self.status = "closing"
+
+    # -- calls ------------------------------------------------------------------------
+    def _method(self, name: object) -> Any:
+        if not isinstance(name, str):
+            raise RpcError(f"method name must be a str, got {type(name).__name__}")
+        label = f"{self.label}.{name}"
+        if name.startswith("_"):
+            raise RpcError(f"{label}: names starting with '_' cannot be called through a stub")
+        if name in self.cls._rpc_hidden:
+            raise RpcError(f"{label}: {name}() is a runtime hook, not callable through a stub")
+        fn = getattr(self.instance, name, None)
+        if not inspect.ismethod(fn):
+            raise RpcError(f"{label} is not a method of {self.cls.__qualname__}")
+        return fn
+
+    async def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Run method ``name`` in the object. Checkpoints.
+
+        Raises:
+            ObjectMoved: the object may have moved to another host before the method
+                ran (nothing of it ran here); the stub routes the call again.
+        """
+        fn = self._method(name)
+        if self.state is not None and self.state.ships:
+            try:
+                self.state.admit()
+            except ObjectFencedError as exc:
+                await trio.lowlevel.checkpoint()
+                raise ObjectMoved(str(exc)) from exc
+        tx = self.transactions
+        with self.working() as scope:
+            if self.dormant:
+                await self.awaken()
+            if self._startup:
+                await self.call_startup()
+            try:
+                result = fn(*args, **kwargs)
+                if inspect.isawaitable(result):
+                    result = await result
+                else:
+                    await trio.lowlevel.checkpoint()
+                # The output gate: what the caller is told has happened is durable.
+                if tx is not None and tx.group:
+                    await tx.output_gate()
+            except BaseException:
+                if tx is not None:
+                    tx.kept()  # (forget: the caller gets this exception anyway)
+                raise
+            if tx is not None and not tx.kept():
+                raise StorageError(
+                    f"{self.label}: {name}() ran, but its writes were rolled back with the"
+                    " alarm run's transaction they had joined (a job running beside the"
+                    " call, which had written, failed; or a storage fault); nothing of them"
+                    " was kept — call again"
+                )
+            await self.sync()
+        if scope.cancelled_caught:
+            raise ObjectResetError(f"{self.label} was reset during {name}()")
+        return result
+
+    def on_startup(self, hook: Callable[[], Awaitable[None]]) -> None:
+        """Run ``hook`` before the first call of this activation (and before its alarm
+        work, by the owner's choice)."""
+        if self._startup is None:
+            self._startup = []
+        self._startup.append(hook)
+
+    async def call_startup(self) -> None:
+        """Run the startup hooks (once per activation, until they succeed)."""
+        if self._startup:
+            for hook in self._startup:
+                await hook()
+            self._startup = None
+        else:
+            await trio.lowlevel.checkpoint()
+
+    async def sync(self) -> None:
+        """Make the object's commits durable on an engine that ships them (a checkpoint
+        elsewhere is not needed: every commit is durable when it returns).
+
+        Raises:
+            ObjectFencedError: another host took the object over; it is dropped here.
+        """
+        state = self.state
+        if state is not None and state.ships:
+            try:
+                await state.sync()
+            except ObjectFencedError:
+                self.fence()
+                raise
+
+    def fence(self) -> None:
+        """Another host holds the object now: stop everything here, write nothing."""
+        if self.reset_reason is None:
+            logger.warning("%s was taken over by another host; dropping it here", self.label)
+            self.site.events.emit("object:fenced", self.namespace, self.object_id)
+        self.reset("fenced: another host took the object over")
+
+    # -- the alarm ----------------------------------------------------------------
+    def _claim(self, owner: str, handler: AlarmHandler, policy: Backoff) -> HostClaim:
+        assert self.alarm is not None
+        if self.alarm.owner is not None:
+            raise AlarmOwnedError(
+                f"the alarm of {self.label} is already claimed by the {self.alarm.owner}"
+            )
+        self.alarm.owner = owner
+        self.alarm.handler = handler
+        self.alarm.policy = policy
+        return HostClaim(self)
+
+    async def run_alarm(self) -> None:
+        """Run the alarm handler as a task of the object's own nursery and wait for it:
+        a shutdown then cancels it before the object's database closes, so its cleanup
+        still has the database."""
+        assert self.ctx is not None
+        done = trio.Event()
+        # Busy from delivery on: were the idle deadline to pass before the task starts,
+        # the object would be evicted (its nursery cancelled) and the alarm would begin
+        # its work in a closing object, then be cut off at the first checkpoint.
+        self._busy += 1
+        self._idle_scope.deadline = math.inf
+        try:
+            self.ctx.nursery.start_soon(self._alarm_task, done)
+        except BaseException:
+            self._busy -= 1
+            raise
+        await done.wait()
+
+    async def _alarm_task(self, done: trio.Event) -> None:
+        self._busy -= 1  # handed over: working() below holds the object from here
+        try:
+            assert self.alarm is not None and self.instance is not None
+            alarm = self.alarm
+            retry = alarm.retry
+            if alarm.time is not None:
+                self.site.metrics.alarm_delivered(_clock.now() - alarm.time)
+            handler = alarm.handler or self.instance.alarm
+            version = alarm.version
+            failure: Exception | None = None
+            self.flight = self.site.engine.acquire_flight(self.namespace, self.object_id)
+            scope: trio.CancelScope | None = None
+            try:
+                with self.working(alarm=True) as scope:
+                    try:
+                        if self.dormant:
+                            await self.awaken()
+                        await handler(AlarmInfo(retry_count=retry, is_retry=retry > 0))
+                    except Exception as exc:
+                        failure = exc
+                    try:
+                        await self.sync()
+                    except ObjectFencedError:
+                        # Another host holds the object now; self.sync() fenced it (one
+                        # incident, object:fenced): nothing of this run is to be recorded.
+                        return
+                    except StorageError as exc:
+                        # PostgreSQL out of reach: the run's commits stay in the working
+                        # copy and ship with the next sync (the engine's ship loop
+                        # retries); the object goes on. (Raised, it crashed the object
+                        # and its working copy was thrown away.)
+                        logger.warning("%s: shipping the alarm run's writes failed; they"
+                                       " ship later: %s", self.label, exc)
+            finally:
+                if self.flight is not None:
+                    self.site.engine.release_flight(self.flight)
+                    self.flight = None
+                if (scope is not None and scope.cancel_called and self.memory_reset
+                        and alarm.handler is None):
+                    # A plain object has no breaker: a reset is a failed alarm run. Done
+                    # here, on the way out: the reset cancels the object's own scope too,
+                    # so the Cancelled goes on past this scope rather than stop at it.
+                    alarm.failed(ObjectResetError(self.reset_reason), retry)
+            assert scope is not None
+            if scope.cancelled_caught:
+                return  # reset: a Lifecycle's breaker decided what happens to its alarm
+            if failure is None:
+                if alarm.version == version:
+                    alarm.write(None, 0)
+                return
+            alarm.failed(failure, retry)
+        finally:
+            done.set()

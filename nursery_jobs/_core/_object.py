@@ -1,0 +1,121 @@
+"""DurableObject, the context an object is built with, and the namespace registry."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import attrs
+
+if TYPE_CHECKING:
+    import trio
+
+    from nursery_jobs._core._alarm import AlarmClaim, AlarmHandler, Backoff
+    from nursery_jobs._core._runtime import Stub
+    from nursery_jobs._core._storage import Storage
+    from nursery_jobs._events import EventBus
+
+# namespace -> class, filled as DurableObject subclasses are defined, so an alarm can
+# re-activate an evicted object without the application naming its class first.
+_REGISTRY: dict[str, type[DurableObject]] = {}
+
+
+@attrs.frozen(kw_only=True)
+class AlarmInfo:
+    """Passed to ``DurableObject.alarm``: how many times this alarm has been retried."""
+
+    retry_count: int
+    is_retry: bool
+
+
+class DurableObject:
+    """Base class of durable objects. Subclass it and add async methods.
+
+    Set ``namespace = "name"`` on a class to choose its namespace; the default is
+    ``module.QualName``. Instances live while the object is active and are dropped
+    on eviction: keep what matters in ``self.ctx.storage``.
+    """
+
+    namespace: ClassVar[str] = "nursery_jobs.DurableObject"
+    # Hooks the runtime calls that a stub must not (names with "_" are refused anyway).
+    _rpc_hidden: ClassVar[frozenset[str]] = frozenset({"on_start", "alarm"})
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        explicit = cls.__dict__.get("namespace")
+        if explicit is None:
+            cls.namespace = f"{cls.__module__}.{cls.__qualname__}"
+        elif not isinstance(explicit, str) or not explicit:
+            raise TypeError(f"{cls.__qualname__}.namespace must be a non-empty str")
+        _REGISTRY[cls.namespace] = cls
+
+    def __init__(self, ctx: ObjectContext) -> None:
+        self.ctx = ctx
+
+    async def on_start(self) -> None:
+        """Runs on every activation, before any call or alarm."""
+
+    async def alarm(self, info: AlarmInfo) -> None:
+        """Runs when the alarm set with ``storage.set_alarm`` is due."""
+
+
+class ObjectContext:
+    """What an object knows about itself: ``id``, ``namespace``, ``storage``,
+    ``nursery`` (the object's own), ``env`` and ``events``."""
+
+    __slots__ = ("_claim", "_stubs", "env", "events", "id", "namespace", "nursery", "storage")
+
+    def __init__(
+        self,
+        *,
+        id: str,
+        namespace: str,
+        storage: Storage,
+        nursery: trio.Nursery,
+        env: Any,
+        events: EventBus,
+        stubs: Callable[[type[DurableObject], str], Stub],
+        claim: Callable[[str, AlarmHandler, Backoff], AlarmClaim],
+    ) -> None:
+        self.id = id
+        self.namespace = namespace
+        self.storage = storage
+        self.nursery = nursery
+        self.env = env
+        self.events = events
+        self._stubs = stubs
+        self._claim = claim
+
+    def get(self, cls: type[DurableObject], object_id: str) -> Stub:
+        """Return a stub for another object of the same runtime."""
+        return self._stubs(cls, object_id)
+
+    def claim_alarm(self, owner: str, handler: AlarmHandler, policy: Backoff) -> AlarmClaim:
+        """Hand the object's alarm to one owner (the Lifecycle): ``handler`` runs when it
+        is due, a failed run is retried by ``policy``, and ``storage.set_alarm`` is
+        refused from now on. Once per activation.
+
+        Raises:
+            AlarmOwnedError: the alarm is already claimed.
+        """
+        return self._claim(owner, handler, policy)
+
+
+def resolve_namespace(namespace: str, class_path: str | None) -> type[DurableObject] | None:
+    """Find the class of a namespace: the registry, else import its recorded path."""
+    cls = _REGISTRY.get(namespace)
+    if cls is not None or not class_path:
+        return cls
+    module, _, qualname = class_path.partition(":")
+    try:
+        obj: Any = importlib.import_module(module)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError):
+        return _REGISTRY.get(namespace)
+    return obj if isinstance(obj, type) and issubclass(obj, DurableObject) else None
+
+
+def class_path(cls: type[DurableObject]) -> str:
+    return f"{cls.__module__}:{cls.__qualname__}"

@@ -1,0 +1,508 @@
+"""The runtime: an engine, the alarm timer, stubs, and one ObjectHost per active object.
+
+A due alarm travels: the engine's alarm index -> ``Timer`` -> ``Runtime._deliver``
+(activates the object if needed) -> ``ObjectHost.run_alarm`` -> the object's alarm
+handler. The runtime knows nothing of the Lifecycle: a Lifecycle object simply claims
+its own alarm (``ctx.claim_alarm``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import resource
+import sqlite3
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any, Final, Literal
+
+import attrs
+import psutil
+import trio
+
+from nursery_jobs import _clock
+from nursery_jobs._core._alarm import Key, Timer, retry_unreachable
+from nursery_jobs._core._host import ObjectHost
+from nursery_jobs._core._metrics import Metrics
+from nursery_jobs._core._object import DurableObject, resolve_namespace
+from nursery_jobs._core._stall import StallWatch
+from nursery_jobs._engines.base import Engine, ObjectLeasedElsewhere, ObjectMoved, engine_for
+from nursery_jobs._engines.files._catalog import check_object_id
+from nursery_jobs._errors import (
+    ObjectFencedError,
+    ObjectResetError,
+    RpcError,
+    RuntimeClosedError,
+    lone_interrupt,
+)
+from nursery_jobs._events import EventBus
+
+logger = logging.getLogger("nursery_jobs")
+
+Durability = Literal["normal", "full"]
+_SYNCHRONOUS: Final = {"normal": "NORMAL", "full": "FULL"}
+# Alarm runs (activation included) allowed at once across the runtime.
+_MAX_CONCURRENT_ALARMS: Final = 64
+# How often the memory watchdog samples the probe (when memory_limit is set).
+MEMORY_CHECK_INTERVAL: Final = 0.1
+
+
+def default_max_active() -> int:
+    """How many objects may be resident by default: what the open-file limit allows."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 100_000
+    return max(16, (soft - 256) // 2)
+
+
+def process_rss() -> int:
+    """The default memory probe: this process's resident set size, in bytes."""
+    return int(psutil.Process().memory_info().rss)
+
+
+@attrs.frozen(kw_only=True)
+class RuntimeStatistics:
+    """A snapshot of the runtime's state, from ``Runtime.statistics()``."""
+
+    active_objects: int
+    alarms_in_flight: int
+    pending_alarms: int
+    events_dropped: int
+
+
+_STUB_TOKEN: Final = object()  # what only Runtime.get passes
+
+
+class Stub:
+    """A handle on an object by id; calls activate it. ``await stub.m(...)`` is
+    ``await stub.call("m", ...)``."""
+
+    __slots__ = ("_cls", "_id", "_ns", "_rt")
+
+    def __init__(
+        self, rt: Runtime, cls: type[DurableObject], object_id: str, *, _token: object = None
+    ) -> None:
+        if _token is not _STUB_TOKEN:
+            raise TypeError("stubs are made by the runtime: use rt.get(cls, object_id)")
+        self._rt = rt
+        self._cls = cls
+        self._ns = cls.namespace
+        self._id = object_id
+
+    def __repr__(self) -> str:
+        return f"<Stub {self._ns}/{self._id!r}>"
+
+    async def call(self, name: str, /, *args: Any, **kwargs: Any) -> Any:
+        """Call method ``name`` on the object, activating it if needed. Checkpoints."""
+        for _ in range(2):
+            try:
+                host = await self._rt._activate(self._cls, self._ns, self._id)
+            except ObjectLeasedElsewhere as moved:  # hook(pg): another host holds it
+                return await moved.forward_call(self._cls, self._id, name, args, kwargs,
+                                                self.call)
+            try:
+                return await host.call(name, args, kwargs)
+            except ObjectMoved as moved:
+                # (hook(pg)) This host's lease lapsed before the method ran: the object
+                # was dropped here; route the call again — once.
+                error = moved
+        raise ObjectFencedError(f"{self._ns}/{self._id}: {error}") from error
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+
+        async def remote(*args: Any, **kwargs: Any) -> Any:
+            return await self.call(name, *args, **kwargs)
+
+        remote.__name__ = name
+        return remote
+
+
+class Runtime:
+    """Owns the engine, the timer and the active objects. Made by ``open_runtime``."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        env: Any,
+        idle_timeout: float,
+        max_active: int | None,
+        durability: Durability,
+        memory_limit: int | None = None,
+        memory_probe: Callable[[], float] | None = None,
+        dormant_after: float | None = None,
+    ) -> None:
+        self.engine = engine
+        self.memory_limit = memory_limit
+        self.memory_probe = memory_probe or process_rss
+        self.env = env
+        self.idle_timeout = idle_timeout
+        self.dormant_after = dormant_after
+        self.dormancy = trio.Lock()
+        # Unbounded would run out of file descriptors: by default keep resident what
+        # the open-file limit allows (two per object, a margin for everything else).
+        self.max_active = default_max_active() if max_active is None else max_active
+        # With dormancy on, that default bound counts open databases only: a dormant
+        # object holds no file descriptor (see _evict_over_limit).
+        self._bounds_open = max_active is None and dormant_after is not None
+        self.durability = durability
+        self.events = EventBus()
+        self.metrics = Metrics(self.events)
+        self.http_url: str | None = None  # where the dashboard listens (open_runtime http=)
+        self.timer = Timer(engine, self._deliver)
+        self._hosts: OrderedDict[Key, ObjectHost] = OrderedDict()
+        # The hosts whose database is open (or opening), least recently used first.
+        self._open: OrderedDict[Key, ObjectHost] = OrderedDict()
+        self._nursery: trio.Nursery | None = None
+        self._limiter = trio.CapacityLimiter(_MAX_CONCURRENT_ALARMS)
+        self._closing = False
+        # Work under suspicion of killing the process runs one at a time (the
+        # Lifecycle holds it around jobs with crash strikes).
+        self.probation = trio.Lock()
+
+    @property
+    def path(self) -> Any:
+        """The data directory of a files engine (None for other engines)."""
+        return getattr(self.engine, "path", None)
+
+    # -- objects ------------------------------------------------------------------
+    def get(self, cls: type[DurableObject], object_id: str) -> Stub:
+        """Return a stub for object ``object_id`` of class ``cls``. No I/O; does not
+        checkpoint."""
+        if not (isinstance(cls, type) and issubclass(cls, DurableObject)):
+            raise TypeError(f"get() needs a DurableObject subclass, got {cls!r}")
+        return Stub(self, cls, check_object_id(object_id), _token=_STUB_TOKEN)
+
+    def host_closed(self, host: ObjectHost) -> None:
+        if self._hosts.get(host.key) is host:
+            del self._hosts[host.key]
+        self.database_closed(host)
+
+    def database_closed(self, host: ObjectHost) -> None:
+        if self._open.get(host.key) is host:
+            del self._open[host.key]
+
+    def database_opened(self, host: ObjectHost) -> None:
+        self._open[host.key] = host
+        self._evict_over_limit()
+
+    async def _activate(
+        self, cls: type[DurableObject], namespace: str, object_id: str, *,
+        for_alarm: bool = False,
+    ) -> ObjectHost:
+        """Return the object's ready host, starting it (and ``on_start``) if needed."""
+        key = (namespace, object_id)
+        while True:
+            if self._closing or self._nursery is None:
+                raise RuntimeClosedError(
+                    f"the runtime is closed; cannot reach {namespace}/{object_id}"
+                )
+            host = self._hosts.get(key)
+            if host is None:
+                host = ObjectHost(self, cls, namespace, object_id, for_alarm=for_alarm)
+                self._hosts[key] = host
+                self._open[key] = host
+                self._evict_over_limit()
+                try:
+                    await self._nursery.start(host.run)
+                except BaseException as exc:
+                    host.error = exc
+                    raise
+                # Not returned as it is: a stalled loop (a job holding the Trio thread
+                # past idle_timeout) may have evicted it before this task resumed, and
+                # its nursery would refuse the alarm run (found by benchmarks/timers.py,
+                # idle_timeout 0.2 s). The loop below looks at its status again.
+                continue
+            if host.status == "ready":
+                self._hosts.move_to_end(key)
+                if key in self._open:
+                    self._open.move_to_end(key)
+                return host
+            if host.status == "starting":
+                await host.ready.wait()
+                if host.error is not None:
+                    raise host.error
+            else:
+                await host.closed.wait()
+
+    def _evict_over_limit(self) -> None:
+        if self._bounds_open:
+            # The open-file limit's bound, with dormancy on: past it the least recently
+            # used idle objects doze at once (one that may not doze leaves memory).
+            excess = len(self._open) - self.max_active
+            for host in list(self._open.values()):
+                if excess <= 0:
+                    break
+                if host.doze_pending:
+                    excess -= 1
+                elif host.status == "ready" and not host.busy:
+                    if not host.doze_now():
+                        host.evict("evicted: max_active (the open-file limit)")
+                    excess -= 1
+            return
+        if self.max_active is None or len(self._hosts) <= self.max_active:
+            return
+        excess = len(self._hosts) - self.max_active
+        for host in self._hosts.values():  # least recently used first
+            if excess == 0:
+                break
+            if host.status == "ready" and not host.busy:
+                host.evict("evicted: max_active")
+                excess -= 1
+
+    # -- inspection (the dashboard, nursery_jobs.testing) --------------------------------
+    def active_objects(self) -> list[Key]:
+        """(namespace, object id) of every active object. Does not checkpoint."""
+        return [key for key, host in self._hosts.items() if host.status == "ready"]
+
+    def active_database(self, namespace: str, object_id: str) -> sqlite3.Connection | None:
+        """The open database of an active object (read it on the Trio thread), or None:
+        not active, or dormant (its file is closed; read that). Does not checkpoint."""
+        host = self._hosts.get((namespace, object_id))
+        state = None if host is None else host.state
+        return None if state is None or state.dormant else state.conn
+
+    def database_closing(self, namespace: str, object_id: str) -> bool:
+        """Whether a dozing object's database is being closed right now (its file must
+        not be opened meanwhile: closing another descriptor of it would drop this
+        process's lock on it). Does not checkpoint."""
+        host = self._hosts.get((namespace, object_id))
+        state = None if host is None else host.state
+        return state is not None and state.closing
+
+    def is_active(self, namespace: str, object_id: str) -> bool:
+        """Whether the object is in memory (awake or dormant). Does not checkpoint."""
+        host = self._hosts.get((namespace, object_id))
+        return host is not None and host.state is not None
+
+    def active_instance(self, namespace: str, object_id: str) -> DurableObject | None:
+        """The instance of an active object, or None. Does not checkpoint."""
+        host = self._hosts.get((namespace, object_id))
+        return None if host is None else host.instance
+
+    async def activate(self, cls: type[DurableObject], object_id: str) -> DurableObject:
+        """Activate an object (running its startup) and return its instance."""
+        host = await self._activate(cls, cls.namespace, check_object_id(object_id))
+        # As work of the object: it stays resident, and awake, meanwhile (a dormant
+        # one is opened first: the startup reads its database; the caller uses the
+        # instance at once).
+        with host.working() as scope:
+            await host.awaken()
+            await host.call_startup()
+        instance = host.instance
+        if scope.cancelled_caught or instance is None:
+            raise ObjectResetError(f"{host.label} was reset while it was being activated")
+        return instance
+
+    @property
+    def closing(self) -> bool:
+        """Whether the runtime is shutting down (or has shut down)."""
+        return self._closing
+
+    def statistics(self) -> RuntimeStatistics:
+        """Return a snapshot of the runtime's state. Does not checkpoint."""
+        return RuntimeStatistics(
+            active_objects=len(self._hosts),
+            alarms_in_flight=len(self.timer.inflight),
+            pending_alarms=self.engine.alarm_count(),
+            events_dropped=self.events.dropped,
+        )
+
+    # -- what the engine may ask (EngineSite) ----------------------------------------
+    def earliest_alarm(self) -> float:
+        return self.timer.earliest_alarm()
+
+    def wake_timer(self) -> None:
+        self.timer.nudge()
+
+    async def run_call(
+        self, namespace: str, object_id: str, name: str, args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        cls = resolve_namespace(namespace, self.engine.class_path(namespace))
+        if cls is None:
+            raise RpcError(f"no class is registered for namespace {namespace!r} on this host")
+        host = await self._activate(cls, namespace, object_id)
+        return await host.call(name, args, kwargs)
+
+    def fenced(self, namespace: str, object_id: str) -> None:
+        host = self._hosts.get((namespace, object_id))
+        if host is not None:
+            host.fence()
+
+    def _clock_adjusted(self, drift: float) -> None:
+        """The wall-clock anchor moved: the timer's deadline (on Trio's clock) is stale."""
+        self.timer.nudge()
+        self.events.emit("clock:adjusted", "", "", drift=drift)
+
+    # -- alarms -------------------------------------------------------------------
+    async def _deliver(self, key: Key) -> None:
+        """Activate the object of a due alarm (if needed) and run its alarm."""
+        namespace, object_id = key
+        async with self._limiter:
+            cls = resolve_namespace(namespace, self.engine.class_path(namespace))
+            if cls is None:
+                retry_unreachable(
+                    self.engine, self.events, namespace, object_id, "alarm:orphaned",
+                    f"no class is registered for namespace {namespace!r}; define or import it",
+                )
+                return
+            try:
+                host = await self._activate(cls, namespace, object_id, for_alarm=True)
+            except RuntimeClosedError:
+                return  # shutting down: the alarm stays as it is for the next run
+            except Exception:
+                return  # the host re-timed its alarm (ObjectHost.run)
+            await host.run_alarm()
+
+    async def _memory_watchdog(self) -> None:
+        """Sample memory; over the limit, reset every object whose alarm work runs."""
+        assert self.memory_limit is not None
+        while True:
+            await trio.sleep(MEMORY_CHECK_INTERVAL)
+            used = self.memory_probe()
+            if used <= self.memory_limit:
+                continue
+            victims = [h for h in self._hosts.values()
+                       if h.status == "ready" and h.running_alarm_work]
+            if not victims:
+                continue
+            logger.error("memory %d > limit %d: resetting %d object(s) running alarm work",
+                         used, self.memory_limit, len(victims))
+            for host in victims:
+                host.reset(f"memory limit exceeded ({used:.0f} > {self.memory_limit})",
+                           memory=True)
+
+    def _close(self) -> None:
+        for host in list(self._hosts.values()):
+            host.close()
+        self.engine.close()
+
+
+@asynccontextmanager
+async def open_runtime(
+    path: str | os.PathLike[str] | Engine | None = None,
+    *,
+    env: Any = None,
+    idle_timeout: float = 60.0,
+    dormant_after: float | None = None,
+    max_active: int | None = None,
+    durability: Durability = "normal",
+    memory_limit: int | None = None,
+    memory_probe: Callable[[], float] | None = None,
+    http: tuple[str, int] | None = None,
+    http_writes: bool = False,
+    lease_ttl: float | None = None,
+    pool_size: int | None = None,
+) -> AsyncIterator[Runtime]:
+    """Open a runtime on data directory ``path`` (None: everything in memory; or an
+    ``Engine``). A ``scheme://`` address no engine serves raises ``EngineError``.
+
+    With a ``postgresql://`` address this process is a host of that database's cluster
+    (DESIGN section 9): ``lease_ttl`` (seconds, default 10) and ``pool_size`` (default 8)
+    go to its ``PostgresEngine``; they are refused for any other location.
+
+    Leaving the block stops the timer, cancels in-flight work and closes every
+    database. Raises ``RuntimeLockedError`` if another runtime holds ``path``.
+
+    An object idle for ``idle_timeout`` seconds leaves memory. With ``dormant_after``
+    (seconds, shorter than ``idle_timeout``; a data directory only), an object idle
+    that long stays resident but closes its database (~15 KiB instead of ~170 per
+    object); its next call or alarm opens it again (~0.35 ms, which that call or alarm
+    waits for). Off by default: an object touched every few dozen seconds then pays a
+    reopen each time. An object whose connection was handed out (``storage.db``,
+    ``storage.conn``) or given state (PRAGMA, ATTACH, TEMP), or that runs tasks of its
+    own in its nursery, keeps its database open.
+
+    With ``memory_limit`` (bytes), a watchdog samples ``memory_probe()`` (default:
+    the process's RSS) every 0.1 s; over the limit, every object whose alarm work is
+    running is reset, and its Lifecycle's circuit breaker records a strike.
+    """
+    if memory_limit is not None and (
+        isinstance(memory_limit, bool) or not isinstance(memory_limit, (int, float))
+        or not (memory_limit > 0 and math.isfinite(memory_limit))
+    ):
+        raise ValueError(f"memory_limit must be a number of bytes > 0, got {memory_limit!r}")
+    if memory_probe is not None and not callable(memory_probe):
+        raise TypeError(f"memory_probe must be a callable returning bytes, got {memory_probe!r}")
+    if not isinstance(idle_timeout, (int, float)) or isinstance(idle_timeout, bool) or not (
+        idle_timeout > 0 and math.isfinite(idle_timeout)
+    ):
+        raise ValueError(
+            f"idle_timeout must be a finite number of seconds > 0, got {idle_timeout!r}"
+        )
+    if dormant_after is not None and (
+        not isinstance(dormant_after, (int, float)) or isinstance(dormant_after, bool)
+        or not (dormant_after > 0 and math.isfinite(dormant_after))
+    ):
+        raise ValueError(
+            f"dormant_after must be None or a finite number of seconds > 0, got"
+            f" {dormant_after!r}"
+        )
+    if max_active is not None and (
+        not isinstance(max_active, int) or isinstance(max_active, bool) or max_active < 1
+    ):
+        raise ValueError(f"max_active must be None or an int >= 1, got {max_active!r}")
+    if durability not in _SYNCHRONOUS:
+        raise ValueError(f"durability must be 'normal' or 'full', got {durability!r}")
+    cluster = {name: value for name, value in (("lease_ttl", lease_ttl),
+                                               ("pool_size", pool_size)) if value is not None}
+    engine = engine_for(path, synchronous=_SYNCHRONOUS[durability], **cluster)
+    rt = Runtime(engine, env=env, idle_timeout=float(idle_timeout), max_active=max_active,
+                 durability=durability, memory_limit=memory_limit, memory_probe=memory_probe,
+                 dormant_after=None if dormant_after is None else float(dormant_after))
+    engine.open(_clock.now())
+    body_error: BaseException | None = None
+    try:
+        try:
+            async with trio.open_nursery() as nursery:
+                rt._nursery = nursery
+                nursery.start_soon(rt.timer.run, nursery)
+                nursery.start_soon(engine.serve, rt)
+                nursery.start_soon(_clock.run_anchor, rt._clock_adjusted)
+                nursery.start_soon(StallWatch(rt.events).run)
+                if memory_limit is not None:
+                    nursery.start_soon(rt._memory_watchdog)
+                try:
+                    if http is not None:
+                        from nursery_jobs._ops._web import start_http
+
+                        await start_http(rt, nursery, http, writes=http_writes)
+                    yield rt
+                except BaseException as exc:
+                    body_error = exc
+                    raise
+                finally:
+                    rt._closing = True
+                    nursery.cancel_scope.cancel(reason="runtime closing")
+        except BaseExceptionGroup as group:
+            # The body's own error (or Ctrl-C) reaches the caller as itself, not
+            # wrapped in the runtime's nursery group; anything else stays grouped.
+            if body_error is not None and _only(group, body_error):
+                raise body_error from None
+            # Ctrl-C that landed in a runtime task (under load) reaches the caller plain.
+            if (interrupt := lone_interrupt(group)) is not None:
+                raise interrupt from None
+            raise
+    finally:
+        rt._closing = True
+        rt._close()
+
+
+def _only(group: BaseExceptionGroup[BaseException], error: BaseException) -> bool:
+    """Whether ``group`` holds nothing but ``error`` and Cancelled, at any depth.
+
+    (Not ``group.subgroup(pred)``: it tests ``pred`` on the group itself first, and
+    the group is never ``error``, so it always came back whole.)
+    """
+    for exc in group.exceptions:
+        if exc is error or isinstance(exc, trio.Cancelled):
+            continue
+        if isinstance(exc, BaseExceptionGroup) and _only(exc, error):
+            continue
+        return False
+    return True

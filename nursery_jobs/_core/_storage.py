@@ -1,0 +1,197 @@
+"""One object's storage: its SQLite database, a key-value table and its one alarm."""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+import weakref
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Final, Protocol
+
+import sqlite_utils
+
+from nursery_jobs._clock import coerce_time
+from nursery_jobs._codec import decode_payload, encode_payload
+from nursery_jobs._errors import AlarmOwnedError, StorageError, StorageKeyError
+
+if TYPE_CHECKING:
+    import datetime
+
+    from nursery_jobs._core._transactions import ObjectTransactions
+
+# storage.put (named: the benchmark's floor runs the same text).
+KV_PUT: Final = (
+    "INSERT INTO nj_kv (key, value) VALUES (?, ?) ON CONFLICT DO UPDATE SET value = excluded.value"
+)
+# Statements that give the connection state of its own, which a dormant object's
+# reopened database would not have (after any leading blanks and comments).
+_PER_CONNECTION = re.compile(
+    r"(?:\s+|--[^\n]*(?:\n|$)|/\*.*?(?:\*/|$))*(?:PRAGMA|ATTACH|DETACH|CREATE\s+TEMP)",
+    re.IGNORECASE | re.DOTALL,
+)
+# State of the connection that can be seen in it, however it was made: TEMP tables,
+# views, triggers (``temp.name`` too) and attached databases.
+_CONNECTION_STATE: Final = (
+    "SELECT EXISTS (SELECT 1 FROM temp.sqlite_master)"
+    " OR EXISTS (SELECT 1 FROM pragma_database_list WHERE name NOT IN ('main', 'temp'))"
+)
+
+
+class AlarmSlot(Protocol):
+    """What storage needs from the host to keep an object's alarm."""
+
+    owner: str | None  # who claimed the alarm (storage.set_alarm is then refused)
+
+    def get(self) -> float | None: ...
+    def set(self, time: float) -> None: ...
+    def delete(self) -> None: ...
+
+
+class Storage:
+    """``ctx.storage``: the object's own database. Every call is synchronous.
+
+    SQLite runs inline on the Trio thread, so storage calls never interleave with
+    other tasks; the statement is cheaper than a thread hop.
+    """
+
+    __slots__ = ("_alarm", "_conn", "_cursors", "_db", "_tx", "pinned")
+
+    def __init__(
+        self, conn: sqlite3.Connection, alarm: AlarmSlot, transactions: ObjectTransactions
+    ) -> None:
+        self._conn = conn
+        self._db: sqlite_utils.Database | None = None
+        self._alarm = alarm
+        self._tx = transactions
+        # Whether the connection was handed out (``conn``, ``db``) or given state of its
+        # own (a PRAGMA, ATTACH, a TEMP table): the object then keeps its database open
+        # while it is resident, since a dormant object's database is reopened afresh.
+        self.pinned = False
+        # Cursors ``execute`` handed out that are still alive (see ``keeps_connection``).
+        self._cursors: weakref.WeakSet[sqlite3.Cursor] = weakref.WeakSet()
+
+    # -- SQL --------------------------------------------------------------------
+    @property
+    def conn(self) -> sqlite3.Connection:
+        """The object's raw ``sqlite3`` connection (it then stays open while the
+        object is resident: it never goes dormant)."""
+        self.pinned = True
+        return self._conn
+
+    @property
+    def db(self) -> sqlite_utils.Database:
+        """The object's database through sqlite-utils (file and memory engines). The
+        object then keeps it open while resident (it never goes dormant), so what you
+        set on it (functions, pragmas) lasts the activation."""
+        _refuse_raw_sql(self._conn, "storage.db")  # hook(pg)
+        self.pinned = True
+        if self._db is None:
+            self._db = sqlite_utils.Database(self._conn, execute_plugins=False)
+        return self._db
+
+    def execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> sqlite3.Cursor:
+        """Run one SQL statement on the object's database (committed unless inside
+        :meth:`transaction`, or a job: a job's writes commit with its outcome). A
+        statement that sets state of the connection itself (PRAGMA, ATTACH, a TEMP
+        table) keeps the database open while the object is resident."""
+        _refuse_raw_sql(self._conn, "storage.execute()")
+        self._tx.check_write()
+        if not self.pinned and _PER_CONNECTION.match(sql):
+            self.pinned = True
+        cursor = self._conn.execute(sql, params)
+        self._cursors.add(cursor)
+        return cursor
+
+    def keeps_connection(self) -> bool:
+        """Whether the connection must stay open while the object is resident: it was
+        handed out or given state of its own (``pinned``; TEMP objects and attached
+        databases are also looked for), or a cursor of ``execute`` is still alive (its
+        statement would hold the file's lock past a close). Does not checkpoint."""
+        if self.pinned or self._cursors:
+            return True
+        return bool(self._conn.execute(_CONNECTION_STATE).fetchone()[0])
+
+    @contextmanager
+    def transaction(self) -> Iterator[Storage]:
+        """Commit every write inside the block together, or none if it raises.
+
+        Nested blocks (and blocks inside a job) are savepoints. While the block is open
+        only its task may write: a write from another task (one that ran while the
+        block awaited) raises ``StorageError``; ``jobs.push`` and friends wait for the
+        block to end instead.
+        """
+        with self._tx.user_block():
+            yield self
+
+    # -- key-value --------------------------------------------------------------
+    def get(self, key: str, default: Any = None) -> Any:
+        """Return the value stored under ``key``, or ``default``."""
+        row = self._conn.execute("SELECT value FROM nj_kv WHERE key = ?", (_key(key),)).fetchone()
+        return default if row is None else decode_payload(row[0])
+
+    def put(self, key: str, value: Any) -> None:
+        """Store ``value`` (through the payload codec) under ``key``."""
+        text = encode_payload(value)
+        self._tx.check_write()
+        self._conn.execute(KV_PUT, (_key(key), text))
+
+    def delete(self, key: str) -> bool:
+        """Delete ``key``; return whether it existed."""
+        self._tx.check_write()
+        return self._conn.execute("DELETE FROM nj_kv WHERE key = ?", (_key(key),)).rowcount > 0
+
+    def list(self, prefix: str = "") -> dict[str, Any]:
+        """Return every key starting with ``prefix`` and its value, in key order."""
+        rows = self._conn.execute(
+            "SELECT key, value FROM nj_kv WHERE key >= ? AND substr(key, 1, ?) = ? ORDER BY key",
+            (prefix, len(prefix), _key(prefix, allow_empty=True)),
+        )
+        return {key: decode_payload(value) for key, value in rows}
+
+    # -- the alarm --------------------------------------------------------------
+    def get_alarm(self) -> float | None:
+        """Return the time of the object's alarm, or None."""
+        return self._alarm.get()
+
+    def set_alarm(self, time: float | datetime.datetime) -> None:
+        """Set (replace) the object's one alarm; durable when it returns."""
+        if self._alarm.owner is not None:
+            raise AlarmOwnedError(
+                f"the {self._alarm.owner} owns this object's alarm; push a job instead of "
+                "calling storage.set_alarm()"
+            )
+        self._alarm.set(coerce_time(time))
+
+    def delete_alarm(self) -> None:
+        """Cancel the object's alarm."""
+        if self._alarm.owner is not None:
+            raise AlarmOwnedError(
+                f"the {self._alarm.owner} owns this object's alarm; cancel its jobs instead"
+            )
+        self._alarm.delete()
+
+
+def _refuse_raw_sql(conn: sqlite3.Connection, what: str) -> None:  # hook(pg)
+    engine = getattr(conn, "refuses_raw_sql", None)
+    if engine is not None:
+        raise StorageError(
+            f"{what}: raw SQL on the object's own tables belongs to the file engine; under"
+            f" {engine} use the storage KV, jobs and capabilities"
+        )
+
+
+def _key(key: object, *, allow_empty: bool = False) -> str:
+    if not isinstance(key, str):
+        raise StorageKeyError(f"storage key must be a str, got {type(key).__name__}")
+    if not key and not allow_empty:
+        raise StorageKeyError("storage key must be a non-empty string")
+    if "\x00" in key:
+        # (PostgreSQL text cannot hold it: a working copy would never ship again.)
+        raise StorageKeyError(f"storage key {key!r} holds a NUL character")
+    if not key.isascii():
+        try:
+            key.encode("utf-8")
+        except UnicodeEncodeError:
+            raise StorageKeyError(f"storage key {key!r} holds a lone surrogate") from None
+    return key

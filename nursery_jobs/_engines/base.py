@@ -1,0 +1,258 @@
+"""The engine seam: where objects' state and the alarm index live.
+
+A runtime reaches its data only through an ``Engine``; an object's host reaches its
+object's state only through the ``ObjectState`` the engine opened for it. Engines:
+
+- files (``_engine_files.FilesEngine``): a data directory — ``catalog.sqlite3`` (objects
+  registry, alarm index, crash tokens), one SQLite file per object, the flight record;
+- memory (``_engine_files.MemoryEngine``, ``path=None``): the same, in memory;
+- PostgreSQL (``_engine_pg.PostgresEngine``, section 9 of the design): working copies
+  in memory, shipped per commit, leases fenced by an epoch.
+
+Every object's working database is a ``sqlite3.Connection`` with the schema of
+``_schema``: the Lifecycle, Queue, Scheduler and Agent run unchanged on any engine.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from nursery_jobs._errors import EngineError, NurseryJobsError
+
+if TYPE_CHECKING:
+    from nursery_jobs._core._object import DurableObject
+    from nursery_jobs._events import EventBus
+
+
+class ObjectMoved(NurseryJobsError):
+    """A call found, before its method ran, that this host may have lost the object
+    (engines with several hosts): the object was dropped here, and the stub routes the
+    call again. Never reaches a caller."""
+
+
+class ObjectLeasedElsewhere(NurseryJobsError):
+    """``open_object`` found the object leased by another live host (engines with
+    several hosts): the stub call goes there instead, through ``forward``."""
+
+    def __init__(
+        self, label: str, owner: str,
+        forward: Callable[..., Awaitable[Any]],
+    ) -> None:
+        super().__init__(f"{label} is held by host {owner}")
+        self.owner = owner
+        # forward(cls, object_id, name, args, kwargs, again) -> the call's result;
+        # ``again`` is the stub call, for an object that moved before the call ran.
+        self.forward = forward
+
+    async def forward_call(
+        self, cls: type[DurableObject], object_id: str, name: str, args: tuple[Any, ...],
+        kwargs: dict[str, Any], again: Callable[..., Awaitable[Any]],
+    ) -> Any:
+        return await self.forward(cls, object_id, name, args, kwargs, again)
+
+
+class FlightSlot(Protocol):
+    """Where one alarm run notes the work it is doing, so that a process death is
+    attributed to that work (crash strikes). Writing must survive SIGKILL and cost
+    microseconds."""
+
+    def record(self, token: str, started: float) -> None:
+        """Note the work about to start.
+
+        Raises:
+            ObjectFencedError: (engines with leases) the object's lease is not known to
+                hold any more: the work must not start; the object is fenced.
+        """
+
+    def clear(self) -> None: ...
+
+
+class ObjectState(Protocol):
+    """One active object's state, as its engine opened it."""
+
+    @property
+    def ships(self) -> bool:
+        """Whether commits become durable only with ``sync`` (an engine that ships
+        them elsewhere); False where every commit is durable when it returns."""
+
+    @property
+    def conn(self) -> sqlite3.Connection:
+        """The object's working database (autocommit; ``_schema`` applied)."""
+
+    @property
+    def alarm(self) -> tuple[float, int] | None:
+        """(time, retry count) of the object's alarm when it was opened."""
+
+    def write_alarm(self, time: float | None, retry: int) -> None:
+        """Set (or with None, delete) the object's alarm in the alarm index. Durable
+        when it returns (files) or with the next ``sync`` (engines that ship)."""
+
+    def crash_tokens(self) -> list[tuple[str, float]]:
+        """(token, started) of the work this object was doing when a process died."""
+
+    def clear_crash_tokens(self) -> None:
+        """The object has accounted for its crash tokens: forget them."""
+
+    def admit(self) -> None:
+        """Before a call runs: raise ``ObjectFencedError`` if this host may have lost
+        the object (a lease not known to hold; the object is then dropped here). A
+        no-op where nothing else can take it. Does not checkpoint."""
+
+    async def sync(self) -> None:
+        """Make every commit so far durable (the output gate). Checkpoints.
+
+        Raises:
+            ObjectFencedError: another host took the object over; nothing was written.
+        """
+
+    @property
+    def dormant(self) -> bool:
+        """Whether the database is closed while the object stays resident."""
+
+    @property
+    def can_sleep(self) -> bool:
+        """Whether ``sleep`` can ever close it (a file of a data directory can)."""
+
+    @property
+    def closing(self) -> bool:
+        """Whether a ``sleep``'s close is still running (in a worker thread): the file
+        must not be touched meanwhile."""
+
+    async def sleep(self) -> bool:
+        """Close the database of an idle object that stays resident; False (nothing
+        closed) where it cannot be (in memory, a working copy, a transaction open).
+        Checkpoints."""
+
+    async def wake(self) -> None:
+        """Open a dormant object's database again, in place (the same ``conn``); a
+        no-op when it is open. Checkpoints.
+
+        Raises:
+            StorageFaultError: it cannot be opened; it stays dormant.
+        """
+
+    def close(self) -> None:
+        """Roll back any open transaction and release the database."""
+
+
+class Engine(Protocol):
+    """Where a runtime keeps objects, their databases, alarms and crash tokens."""
+
+    @property
+    def label(self) -> str:
+        """What to call this engine's data in messages: a path or an address."""
+
+    def open(self, now: float) -> None:
+        """Take the data (the directory lock), recover what a dead process left (its
+        flight record becomes crash tokens, and their objects wake at ``now``)."""
+
+    def close(self) -> None:
+        """Release everything; idempotent."""
+
+    async def serve(self, site: EngineSite) -> None:
+        """The engine's background work (checkpoints, leases, forwarded calls); runs
+        until cancelled."""
+
+    # -- objects --------------------------------------------------------------------
+    async def open_object(self, namespace: str, object_id: str, class_path: str) -> ObjectState:
+        """Register the object (once) and open its working database. Checkpoints."""
+
+    def destroy_object(self, namespace: str, object_id: str) -> None:
+        """Delete the object's database, registry row, alarm and crash tokens."""
+
+    def class_path(self, namespace: str) -> str | None:
+        """The ``module:QualName`` recorded for a namespace, if any."""
+
+    # -- the alarm index (the timer's side) -----------------------------------------------
+    def due(self, now: float, limit: int) -> list[tuple[str, str]]:
+        """Up to ``limit`` (namespace, object_id) whose alarm is due at ``now``,
+        earliest first."""
+
+    def next_alarm_after(self, now: float) -> float | None:
+        """The earliest alarm later than ``now``, or None."""
+
+    def get_alarm(self, namespace: str, object_id: str) -> tuple[float, int] | None:
+        """(time, retry count) of an object's alarm, or None."""
+
+    def set_alarm(self, namespace: str, object_id: str, time: float, retry: int) -> None:
+        """Set the alarm of an object that is not active (it could not be activated)."""
+
+    def alarm_count(self) -> int: ...
+
+    # -- the flight record --------------------------------------------------------------
+    def acquire_flight(self, namespace: str, object_id: str) -> FlightSlot | None:
+        """A slot for one alarm run of the object, or None if all are taken."""
+
+    def release_flight(self, slot: FlightSlot) -> None: ...
+
+
+class EngineSite(Protocol):
+    """What an engine may ask of the runtime that opened it."""
+
+    events: EventBus  # nj-faults hook: where an engine reports storage faults
+
+    def earliest_alarm(self) -> float:
+        """The time the timer sleeps until (``inf`` when no alarm is pending)."""
+
+    def wake_timer(self) -> None:
+        """Look at the alarm index again now (another host changed it)."""
+
+    async def run_call(
+        self, namespace: str, object_id: str, name: str, args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        """Run a call forwarded from another host on the object here, as a local stub
+        call would (activating it if needed); its exception propagates."""
+
+    def fenced(self, namespace: str, object_id: str) -> None:
+        """Another host took the object over: cancel its scope and drop it, now."""
+
+
+def engine_for(
+    location: str | os.PathLike[str] | Engine | None, *, synchronous: str, **cluster: Any
+) -> Engine:
+    """The engine a runtime opens for ``location``: None → memory, a path → files, an
+    ``Engine`` as given. A ``scheme://`` address no engine serves raises ``EngineError``
+    (a path must never become a directory named ``postgresql:``). ``cluster`` options
+    (``lease_ttl``, ``pool_size``) are for a ``postgresql://`` address only."""
+    from nursery_jobs._engines.files._engine import FilesEngine, MemoryEngine
+
+    if cluster and not (
+        isinstance(location, str) and location.partition("://")[0].lower()
+        in ("postgresql", "postgres")
+    ):
+        raise ValueError(
+            f"{', '.join(sorted(cluster))} apply to a postgresql:// address only, not to"
+            f" {location!r}"
+        )
+    if location is None:
+        return MemoryEngine(synchronous=synchronous)
+    if isinstance(location, (str, os.PathLike)):
+        text = os.fspath(location)
+        if not isinstance(text, str):
+            raise EngineError(f"a data directory must be a str path, got {location!r}")
+        scheme, sep, _ = text.partition("://")
+        if sep and scheme.lower() in ("postgresql", "postgres"):
+            try:
+                from nursery_jobs._engines.postgres._engine import PostgresEngine
+            except ImportError as exc:
+                raise EngineError(
+                    f"a {scheme}:// address needs the PostgreSQL engine's driver ({exc}):"
+                    " pip install 'nursery_jobs[postgres]'"
+                ) from exc
+            return PostgresEngine(text, synchronous=synchronous, **cluster)
+        if sep and scheme and "/" not in scheme:
+            raise EngineError(
+                f"no engine for {scheme + '://'!r} addresses ({text[:80]!r}): give a data"
+                " directory path, None for memory, or an Engine object"
+            )
+        return FilesEngine(text, synchronous=synchronous)
+    for member in ("open_object", "due", "open", "close"):
+        if not callable(getattr(location, member, None)):
+            raise EngineError(
+                f"open_runtime() takes a path, None or an Engine, got {location!r}"
+            )
+    return location

@@ -1,0 +1,293 @@
+"""Calls across hosts: a stub call for an object another live host leases travels as a
+row of ``nj_calls`` plus a notification on the owner's channel; the owner runs it as a
+local stub call and answers the same way. Arguments and results go through the payload
+codec; an exception raised by the call travels pickled (an ``RpcError`` naming it when it
+cannot).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import logging
+import pickle
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Final
+
+import trio
+
+from nursery_jobs._codec import decode_payload, encode_payload
+from nursery_jobs._engines.base import ObjectLeasedElsewhere, ObjectMoved
+from nursery_jobs._errors import NurseryJobsError, RpcError, StorageError, describe_error
+
+if TYPE_CHECKING:
+    from nursery_jobs._core._object import DurableObject
+    from nursery_jobs._engines.base import EngineSite
+    from nursery_jobs._engines.postgres._ops import Conn
+
+logger = logging.getLogger("nursery_jobs")
+
+# How often a waiting caller checks that the host it called still holds the object.
+CHECK_INTERVAL: Final = 1.0
+_DONE: Final = ("ok", "error", "moved")
+# An answer that cannot be written is tried again: 0.1 s doubling, capped at 5 s, ~5 min.
+ANSWER_ATTEMPTS: Final = 70
+ANSWER_RETRY_BASE: Final = 0.1
+ANSWER_RETRY_CAP: Final = 5.0
+
+
+def _transport_error(label: str, target: str, exc: Exception, *, sent: bool) -> Exception:
+    """A failure of PostgreSQL while forwarding a call, as a typed error: before the
+    call was sent, nothing ran (``StorageError``); after, it may have (``RpcError``)."""
+    if isinstance(exc, NurseryJobsError):
+        return exc
+    if not sent:
+        return StorageError(f"{label}: cannot forward the call to host {target}: PostgreSQL"
+                            f" refused it ({describe_error(exc)}); nothing ran")
+    return RpcError(f"{label}: lost touch with PostgreSQL while host {target} had the call;"
+                    f" it may or may not have run ({describe_error(exc)})")
+POLL: Final = -1  # (on the incoming channel) look for calls whose notification was missed
+
+Db = Callable[..., Awaitable[Any]]
+
+
+def channel(host_id: str) -> str:
+    """The notification channel of a host (calls to it, answers to its calls)."""
+    return "nj_h_" + hashlib.sha256(host_id.encode()).hexdigest()[:24]
+
+
+# -- statements (worker threads) -------------------------------------------------------
+def _send(conn: Conn, me: str, target: str, namespace: str, object_id: str,
+          class_path: str, name: str, payload: str | None) -> int:
+    (call_id, _) = conn.execute(
+        "WITH c AS (INSERT INTO nj_calls (target, caller, namespace, object_id, class_path,"
+        " name, payload) VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING id)"
+        " SELECT id, pg_notify(%s, 'c' || id) FROM c",
+        (target, me, namespace, object_id, class_path, name, payload, channel(target)),
+    ).fetchone()
+    return int(call_id)
+
+
+def _check(conn: Conn, call_id: int, namespace: str, object_id: str,
+           target: str) -> tuple[str | None, bool]:
+    row = conn.execute("SELECT state FROM nj_calls WHERE id = %s", (call_id,)).fetchone()
+    (alive,) = conn.execute(
+        "SELECT count(*) FROM nj_objects WHERE namespace = %s AND object_id = %s"
+        " AND owner = %s AND lease_until >= now()", (namespace, object_id, target),
+    ).fetchone()
+    return (None if row is None else str(row[0])), bool(alive)
+
+
+def _withdraw(conn: Conn, call_id: int) -> bool:
+    return conn.execute(
+        "DELETE FROM nj_calls WHERE id = %s AND state = 'pending' RETURNING 1", (call_id,)
+    ).fetchone() is not None
+
+
+def _collect(conn: Conn, call_id: int) -> tuple[str, str | None] | None:
+    row = conn.execute(
+        "DELETE FROM nj_calls WHERE id = %s AND state = ANY(%s) RETURNING state, result",
+        (call_id, list(_DONE)),
+    ).fetchone()
+    return None if row is None else (str(row[0]), row[1])
+
+
+def _take(conn: Conn, me: str, call_id: int) -> tuple[Any, ...] | None:
+    row = conn.execute(
+        "UPDATE nj_calls SET state = 'running' WHERE id = %s AND target = %s"
+        " AND state = 'pending'"
+        " RETURNING caller, namespace, object_id, class_path, name, payload", (call_id, me),
+    ).fetchone()
+    return None if row is None else tuple(row)
+
+
+def _answer(conn: Conn, call_id: int, caller: str, state: str, result: str | None) -> None:
+    conn.execute(
+        "WITH a AS (UPDATE nj_calls SET state = %s, result = %s WHERE id = %s RETURNING id)"
+        " SELECT pg_notify(%s, 'r' || id) FROM a",
+        (state, result, call_id, channel(caller)),
+    )
+
+
+def _pending(conn: Conn, me: str) -> list[int]:
+    return [int(r[0]) for r in conn.execute(
+        "SELECT id FROM nj_calls WHERE target = %s AND state = 'pending'", (me,)
+    )]
+
+
+def _dump_error(exc: BaseException, label: str) -> str:
+    try:
+        data = pickle.dumps(exc)
+        pickle.loads(data)
+    except Exception:
+        data = pickle.dumps(RpcError(f"{label} raised {type(exc).__qualname__}: {exc}"))
+    return base64.b64encode(data).decode()
+
+
+def _load_error(text: str | None, label: str) -> BaseException:
+    try:
+        exc = pickle.loads(base64.b64decode(text or ""))
+    except Exception as load_error:
+        return RpcError(f"{label} raised an exception this host cannot load: {load_error}")
+    if not isinstance(exc, BaseException):
+        return RpcError(f"{label}: the answer is not an exception")
+    return exc
+
+
+class CallRouter:
+    """The calls one host forwards and the calls it serves."""
+
+    def __init__(self, me: str, db: Db, holds: Callable[[str, str], bool]) -> None:
+        self._me = me
+        self._db = db
+        self._holds = holds  # (namespace, object_id): does this host hold the lease?
+        self._waiting: dict[int, trio.Event] = {}
+        # Answers that arrived before their caller was waiting (a fast owner answers
+        # while the caller's insert is still returning from its thread).
+        self._early: set[int] = set()
+        self.incoming_send, self._incoming = trio.open_memory_channel[int](1_000_000)
+
+    def answered(self, call_id: int) -> None:
+        event = self._waiting.get(call_id)
+        if event is not None:
+            event.set()
+        elif len(self._early) < 100_000:
+            self._early.add(call_id)
+
+    async def forward(
+        self, target: str, cls: type[DurableObject], object_id: str, name: str,
+        args: tuple[Any, ...], kwargs: dict[str, Any], again: Callable[..., Awaitable[Any]],
+        class_path: str,
+    ) -> Any:
+        """Run ``name(*args, **kwargs)`` on the object at host ``target`` and return its
+        result (or raise its exception). ``again`` is the stub call, for when the object
+        moved before the call ran. Checkpoints.
+
+        Raises:
+            RpcError: the host holding the object stopped answering after it took the
+                call (it may or may not have run).
+        """
+        namespace = cls.namespace
+        label = f"{namespace}/{object_id}.{name}()"
+        payload = encode_payload([list(args), kwargs])
+        try:
+            call_id = await self._db(_send, self._me, target, namespace, object_id,
+                                     class_path, name, payload)
+        except Exception as exc:
+            raise _transport_error(label, target, exc, sent=False) from exc
+        event = trio.Event()
+        self._waiting[call_id] = event
+        if call_id in self._early:
+            self._early.discard(call_id)
+            event.set()
+        retry = False
+        try:
+            while not event.is_set():
+                with trio.move_on_after(CHECK_INTERVAL):
+                    await event.wait()
+                if event.is_set():
+                    break
+                try:
+                    state, alive = await self._db(_check, call_id, namespace, object_id,
+                                                  target)
+                except Exception as exc:
+                    raise _transport_error(label, target, exc, sent=True) from exc
+                if state in _DONE:
+                    break
+                if state is None:
+                    raise RpcError(f"{label}: the call to host {target} was lost")
+                if not alive:
+                    if state == "pending" and await self._db(_withdraw, call_id):
+                        retry = True  # never started: call wherever the object is now
+                        break
+                    raise RpcError(
+                        f"{label}: host {target} took the call, then lost the object's"
+                        " lease; the call may or may not have run"
+                    )
+        except BaseException:
+            # Cancelled (or failed): withdraw the call if it has not started; one
+            # already running runs on (cancelling the caller cancels the wait only).
+            with trio.move_on_after(2, shield=True):
+                try:
+                    await self._db(_withdraw, call_id)
+                except Exception:
+                    logger.debug("could not withdraw call %s", call_id, exc_info=True)
+            raise
+        finally:
+            self._waiting.pop(call_id, None)
+        if retry:
+            return await again(name, *args, **kwargs)
+        try:
+            answer = await self._db(_collect, call_id)
+        except Exception as exc:
+            raise _transport_error(label, target, exc, sent=True) from exc
+        if answer is None:
+            raise RpcError(f"{label}: the answer of host {target} was lost")
+        state, result = answer
+        if state == "ok":
+            return decode_payload(result)
+        if state == "moved":
+            return await again(name, *args, **kwargs)
+        raise _load_error(result, label)
+
+    async def serve(self, site: EngineSite, classes: dict[str, str]) -> None:
+        """Run the calls forwarded to this host, each in a task of its own."""
+        async with trio.open_nursery() as nursery:
+            async for call_id in self._incoming:
+                if call_id == POLL:
+                    nursery.start_soon(self._poll_logged)
+                else:
+                    nursery.start_soon(self._run, site, classes, call_id)
+
+    async def _poll_logged(self) -> None:
+        try:
+            await self.poll()
+        except Exception as exc:
+            logger.warning("cannot look for forwarded calls: %s", exc)
+
+    async def poll(self) -> None:
+        """Pick up calls whose notification was missed (a reconnecting listener)."""
+        for call_id in await self._db(_pending, self._me):
+            self.incoming_send.send_nowait(call_id)
+
+    async def _run(self, site: EngineSite, classes: dict[str, str], call_id: int) -> None:
+        try:
+            row = await self._db(_take, self._me, call_id)
+        except Exception:
+            logger.warning("cannot take forwarded call %s", call_id, exc_info=True)
+            return
+        if row is None:
+            return  # withdrawn, or taken already
+        caller, namespace, object_id, class_path, name, payload = row
+        classes.setdefault(namespace, class_path)
+        label = f"{namespace}/{object_id}.{name}()"
+        state, result = "ok", None
+        if not self._holds(namespace, object_id):
+            # Released since the caller looked (or the caller's hint of where it lives
+            # is stale): the caller activates it, as it does any object nobody holds,
+            # rather than this host taking it back.
+            state = "moved"
+        else:
+            try:
+                envelope: Any = decode_payload(payload)
+                args, kwargs = envelope
+                value = await site.run_call(namespace, object_id, name, tuple(args),
+                                            dict(kwargs))
+                result = encode_payload(value)
+            except (ObjectLeasedElsewhere, ObjectMoved):
+                # (ObjectMoved: this host's lease lapsed before the method ran; nothing
+                # of it ran here.) The caller routes the call again.
+                state = "moved"
+            except Exception as exc:
+                state, result = "error", _dump_error(exc, label)
+        # The caller waits for this answer while this host holds the object: it is
+        # written again until it lands (the result is in memory), not dropped.
+        for attempt in range(ANSWER_ATTEMPTS):
+            try:
+                await self._db(_answer, call_id, caller, state, result)
+                return
+            except Exception:
+                logger.warning("cannot answer forwarded call %s (%s); trying again",
+                               call_id, label, exc_info=attempt == 0)
+            await trio.sleep(min(ANSWER_RETRY_CAP, ANSWER_RETRY_BASE * 2**attempt))
+        logger.error("gave up answering forwarded call %s (%s)", call_id, label)

@@ -1,0 +1,238 @@
+"""An object's working copy under the PostgreSQL engine: an in-memory SQLite database
+with the object schema, loaded from PostgreSQL at activation, whose commits are shipped
+back by ``sync`` as one fenced transaction each.
+
+Change capture: TEMP triggers record the key of every row a write touches into
+``temp.nj_changed`` (a rollback takes the record back with the write). ``sync`` reads the
+current version of each changed row — an upsert, or a delete where it is gone — and
+ships them with the alarm, in one statement that first checks the lease's epoch.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections import defaultdict
+from collections.abc import Awaitable, Callable
+
+import attrs
+import trio
+
+from nursery_jobs._engines._schema import prepare
+from nursery_jobs._engines.postgres._schema import ROW_TABLES, TABLES_BY_NAME, capture_sql
+from nursery_jobs._errors import ObjectFencedError, StorageError
+
+Key = tuple[str, str]
+
+
+class WorkingCopy(sqlite3.Connection):
+    """The working database's connection class: storage refuses raw SQL on it."""
+
+    refuses_raw_sql = "the PostgreSQL engine"  # read by _storage (hook(pg))
+
+
+@attrs.define
+class Change:
+    """What one ``sync`` ships."""
+
+    namespace: str
+    object_id: str
+    epoch: int
+    keys: list[tuple[str, str]]
+    upserts: list[tuple[str, str, str]]
+    deletes: list[tuple[str, str]]
+    alarm: tuple[float | None, int] | None  # None: the alarm did not change
+    clear_crashes: bool
+
+
+def load_copy(
+    label: str, rows: list[tuple[str, str]]
+) -> sqlite3.Connection:
+    """A working copy holding ``rows`` ((table, JSON row)), with change capture on."""
+    conn = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False,
+                           factory=WorkingCopy)
+    conn.execute("PRAGMA cache_size=-8192")
+    prepare(conn, label=label)
+    grouped: dict[str, list[list[object]]] = defaultdict(list)
+    for tbl, data in rows:
+        grouped[tbl].append(json.loads(data))
+    conn.execute("BEGIN")
+    for tbl, values in grouped.items():
+        table = TABLES_BY_NAME.get(tbl)
+        if table is None:
+            conn.execute("ROLLBACK")
+            raise StorageError(f"{label}: stored rows of unknown table {tbl!r}")
+        conn.executemany(table.insert, values)
+    conn.execute("COMMIT")
+    conn.execute(
+        "CREATE TEMP TABLE nj_changed (tbl TEXT NOT NULL, key TEXT NOT NULL,"
+        " PRIMARY KEY (tbl, key)) WITHOUT ROWID"
+    )
+    for table in ROW_TABLES:
+        for statement in capture_sql(table):
+            conn.execute(statement)
+    return conn
+
+
+class PgObject:
+    """One active object's state under the PostgreSQL engine (an ``ObjectState``)."""
+
+    __slots__ = (
+        "_admit", "_clear_crashes", "_closed", "_lock", "_on_alarm_cb", "_on_close",
+        "_pending_alarm",
+        "_ship", "_shipped_changes", "_tokens", "alarm", "conn", "epoch", "key", "label",
+    )
+    ships = True
+
+    def __init__(
+        self, key: Key, epoch: int, conn: sqlite3.Connection,
+        alarm: tuple[float, int] | None, tokens: list[tuple[str, float]], *,
+        ship: Callable[[Change], Awaitable[bool]],
+        on_close: Callable[[PgObject], None],
+        on_alarm: Callable[[PgObject, float | None, int], None],
+        admit: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.key = key
+        self._admit = admit
+        self.label = f"{key[0]}/{key[1]}"
+        self.epoch = epoch
+        self.conn = conn
+        self.alarm = alarm
+        self._tokens = tokens
+        self._ship = ship
+        self._on_close = on_close
+        self._on_alarm_cb = on_alarm
+        self._pending_alarm: tuple[float | None, int] | None = None
+        self._clear_crashes = False
+        self._closed = False
+        self._lock = trio.Lock()
+        self._shipped_changes = conn.total_changes
+
+    dormant = False  # the working copy is the object's only copy here: never closed
+    can_sleep = False
+    closing = False
+
+    async def sleep(self) -> bool:
+        await trio.lowlevel.checkpoint()
+        return False
+
+    async def wake(self) -> None:
+        await trio.lowlevel.checkpoint()
+
+    def admit(self) -> None:
+        """Before a call runs: is this host's lease known to hold (``ObjectState``)?"""
+        self._admit()
+
+    @property
+    def changed(self) -> bool:
+        """Whether something may wait to ship (a cheap check, no query)."""
+        return not self._closed and (
+            self.conn.total_changes != self._shipped_changes
+            or self._pending_alarm is not None or self._clear_crashes
+        )
+
+    def write_alarm(self, time: float | None, retry: int) -> None:
+        self._pending_alarm = (time, retry)
+        self._on_alarm_cb(self, time, retry)
+
+    def crash_tokens(self) -> list[tuple[str, float]]:
+        return list(self._tokens)
+
+    def clear_crash_tokens(self) -> None:
+        if self._tokens:
+            self._tokens = []
+            self._clear_crashes = True
+
+    def _snapshot(self) -> Change | None:
+        conn = self.conn
+        keys = conn.execute("SELECT tbl, key FROM temp.nj_changed").fetchall()
+        if not keys and self._pending_alarm is None and not self._clear_crashes:
+            return None
+        upserts: list[tuple[str, str, str]] = []
+        deletes: list[tuple[str, str]] = []
+        by_table: dict[str, list[str]] = defaultdict(list)
+        for tbl, key in keys:
+            by_table[tbl].append(key)
+        for tbl, table_keys in by_table.items():
+            table = TABLES_BY_NAME[tbl]
+            found = set()
+            for row in conn.execute(
+                f"{table.select} WHERE {table.key} IN"
+                " (SELECT key FROM temp.nj_changed WHERE tbl = ?)", (tbl,)
+            ):
+                found.add(row[0])
+                upserts.append((tbl, row[0], json.dumps(row[1:])))
+            deletes.extend((tbl, key) for key in table_keys if key not in found)
+        conn.execute("DELETE FROM temp.nj_changed")
+        change = Change(
+            namespace=self.key[0], object_id=self.key[1], epoch=self.epoch, keys=keys,
+            upserts=upserts, deletes=deletes, alarm=self._pending_alarm,
+            clear_crashes=self._clear_crashes,
+        )
+        self._pending_alarm = None
+        self._clear_crashes = False
+        return change
+
+    def _restore(self, change: Change) -> None:
+        """A ship failed in transport: what it carried ships with the next sync."""
+        if self._closed:
+            return
+        self.conn.executemany(
+            "INSERT OR IGNORE INTO temp.nj_changed (tbl, key) VALUES (?, ?)", change.keys
+        )
+        if self._pending_alarm is None:
+            self._pending_alarm = change.alarm
+        self._clear_crashes = self._clear_crashes or change.clear_crashes
+
+    def _take(self) -> Change | None:
+        """The committed changes not yet shipped (None: none, or a transaction is open,
+        whose changes are not committed). Does not checkpoint."""
+        if self._closed or self.conn.in_transaction:
+            return None
+        change = self._snapshot()
+        self._shipped_changes = self.conn.total_changes
+        return change
+
+    async def sync(self) -> None:
+        """Ship every commit so far to PostgreSQL in one fenced transaction. Checkpoints.
+
+        Raises:
+            ObjectFencedError: another host took the object over; nothing was written.
+            StorageError: PostgreSQL could not be reached (the changes ship next time).
+        """
+        # What is committed now is taken before the lock (a checkpoint): a job may open
+        # its group meanwhile, and the caller's commit (the output gate's, just before)
+        # would then wait for that group — after the caller was told it was durable.
+        change = self._take()
+        async with self._lock:  # one ship at a time, in the order they were taken
+            if self._closed:
+                if change is not None:
+                    self._restore(change)
+                return
+            if change is None:
+                change = self._take()
+            if change is None:
+                # Nothing, or a transaction is open (the alarm run's group, a user block):
+                # only what is committed ships, with the next sync after that commit.
+                await trio.lowlevel.checkpoint()
+                return
+            try:
+                shipped = await self._ship(change)
+            except StorageError:
+                self._restore(change)
+                raise
+            if not shipped:
+                raise ObjectFencedError(
+                    f"{self.label}: another host took the object over (lease epoch"
+                    f" {self.epoch} is gone); this host's writes were refused"
+                )
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        conn = self.conn
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        conn.close()
+        self._on_close(self)

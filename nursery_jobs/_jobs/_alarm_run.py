@@ -1,0 +1,407 @@
+"""The alarm run of a Lifecycle object: what its due alarm does.
+
+fallback alarm -> startup if cold -> backup alarm -> each due job in run order
+(priority, time, push sequence), re-read before it runs -> host ``on_alarm()`` -> alarm
+for the next due job. Each job's start is recorded in the flight record before it runs,
+so a crash is never mistaken for a job that never ran; a failure is the job's (an
+attempt, a durable backoff, a dead letter), a reset or a shutdown is not.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import math
+import random
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Final
+
+import trio
+
+from nursery_jobs import _clock
+from nursery_jobs._errors import describe_error, safe_repr
+from nursery_jobs._jobs._capability import Capability
+from nursery_jobs._jobs._records import (
+    HOST,
+    Job,
+    JobContext,
+    JobOutcome,
+    coerce_outcome,
+    job_context,
+)
+from nursery_jobs._jobs._table import Cursor, JobRow
+
+if TYPE_CHECKING:
+    from nursery_jobs._jobs._lifecycle import Lifecycle
+
+logger = logging.getLogger("nursery_jobs")
+
+# The fallback alarm of a run: if the run dies, the object wakes again this soon.
+FALLBACK_ALARM: Final = 30.0
+BACKLOG_WARNING: Final = 10
+# Jobs dispatched between forced checkpoints, so one busy object cannot starve others.
+_CHECKPOINT_EVERY: Final = 32
+# Due rows read per query in an alarm run (re-read whenever a mutation intervenes).
+_DUE_BATCH: Final = 64
+_START: Final[Cursor] = (-(2**31), -math.inf, -1)
+
+
+class AlarmRun:
+    """One alarm run in progress: what ``track_alarm_work`` attaches work to."""
+
+    __slots__ = ("active", "epoch", "job", "lifecycle", "started", "time", "tracked")
+
+    def __init__(self, lifecycle: Lifecycle) -> None:
+        self.lifecycle = lifecycle
+        self.epoch = _clock.epoch()  # nj.now() == epoch + trio.current_time()
+        # trio.current_time() itself, two calls shorter (read twice per job).
+        self.time = trio.lowlevel.current_clock().current_time
+        self.active = True
+        self.job: Job | None = None
+        self.started = 0.0
+        self.tracked = False
+
+
+current_run: contextvars.ContextVar[AlarmRun | None] = contextvars.ContextVar(
+    "nursery_jobs_alarm_run", default=None
+)
+
+
+def error_text(error: BaseException) -> str:
+    return describe_error(error)
+
+
+class AlarmRunner:
+    """Runs a Lifecycle's alarm: the dispatch loop, job failures, the slow-dispatch
+    watch. One per Lifecycle."""
+
+    def __init__(self, lifecycle: Lifecycle, rng: random.Random) -> None:
+        self._lc = lifecycle
+        self._store = lifecycle.store
+        self._claim = lifecycle.claim
+        self._metrics = lifecycle.claim.metrics
+        self._namespace = lifecycle.ctx.namespace
+        self._rng = rng
+        self._watch_scope: trio.CancelScope | None = None
+        self._watch_job: Job | None = None
+        self._watch_deadline = math.inf
+
+    async def __call__(self, info: Any) -> None:
+        lc, store = self._lc, self._store
+        run = AlarmRun(lc)
+        token = current_run.set(run)
+        try:
+            now = _clock.now()
+            fallback = store.next_alarm_time()
+            if fallback is not None:
+                store.set_alarm(max(fallback, now + FALLBACK_ALARM))
+            if not lc.started:
+                await lc.start()
+                now = _clock.now()
+                if store.has_due(now):
+                    store.set_alarm(now + FALLBACK_ALARM)  # the backup alarm
+            if not store.disabled:
+                await self._run_due(run, now)
+            on_alarm = getattr(lc.host, "on_alarm", None)
+            if on_alarm is not None:
+                await on_alarm()
+        except trio.Cancelled:
+            store.flush()  # the jobs that completed stay completed
+            if self._claim.memory_reset and not lc.breaker.tripped:
+                await lc.observe_reset(None, self._claim.reset_reason)
+            if self._claim.reset_reason is None:
+                # A graceful shutdown is no failure: what was due stays due, so the
+                # object wakes as soon as a runtime opens the path again.
+                store.rearm()
+            raise
+        except Exception:
+            await self._outside_user_blocks()
+            store.flush()  # the jobs that completed stay completed
+            if store.next_alarm_time() is None:
+                logger.exception("alarm run of %s failed; no jobs remain", lc.label)
+                return
+            raise  # the runtime retries the run with backoff while jobs remain
+        finally:
+            run.active = False
+            current_run.reset(token)
+            self._unwatch()
+        if not lc.tracked:
+            lc.breaker.clear()  # a clean, quiescent alarm run
+        await self._outside_user_blocks()
+        store.rearm()
+
+    async def _outside_user_blocks(self) -> None:
+        """Before the run's last commit and re-arm: wait for a ``storage.transaction()``
+        of another task that is still open (a call's, tracked work's). With it open the
+        group cannot commit, nor the alarm rise above it — and after the run nothing
+        else would commit or re-arm (a stub call's output gate commits, but does not
+        re-arm; tracked work has no output gate)."""
+        if self._store.tx.foreign_user_block():
+            await self._store.wait_for_user_block()
+
+    async def _run_due(self, run: AlarmRun, now: float) -> None:
+        store = self._store
+        for owner, count in store.due_counts(now):
+            if count >= BACKLOG_WARNING:
+                self._lc.emit("job:backlog_warning", owner=owner, count=count,
+                              _log=(logging.WARNING, "%s: %d due jobs of %r in one alarm",
+                                    (self._lc.label, count, owner)))
+        cursor = _START
+        ran: set[str] = set()
+        readmitted: set[str] = set()
+        # Each owner's handler, looked up once per run.
+        handlers: dict[str, tuple[Any, Callable[..., Awaitable[Any]] | None]] = {}
+        batch: list[JobRow] = []
+        index = 0
+        read_at = -1
+        dispatched = 0
+        while not store.disabled:
+            if read_at != store.version:
+                # A push, reschedule or cancel may have changed the rows, perhaps ahead
+                # of the cursor (a higher-priority queue item, due now): read again from
+                # the top; ``ran`` keeps what already ran from running twice.
+                cursor, index = _START, len(batch)
+                if read_at != -1:
+                    now = _clock.now()
+            if index == len(batch):
+                batch = store.due_batch(now, cursor, _DUE_BATCH)
+                index, read_at = 0, store.version
+                if not batch:
+                    return
+            row = batch[index]
+            index += 1
+            job = row.job
+            cursor = (-job.priority, job.time, row.seq)
+            if job.id in ran:
+                continue  # replaced or yielded during this run: it runs at the next alarm
+            ran.add(job.id)
+            if job.singleflight and row.running_since is not None:
+                age = _clock.now() - row.running_since
+                if age < job.hung_timeout:
+                    logger.debug("skipping job %r: a run of it is in progress", job.id)
+                    continue
+                self._lc.emit("job:hung_reset", id=job.id, owner=job.owner, fn=job.fn, age=age,
+                              _log=(logging.WARNING,
+                                    "forcing reset of hung job %r of %s (running for %.1f s)",
+                                    (job.id, self._lc.label, age)))
+            handler = handlers.get(job.owner)
+            if handler is None:
+                handler = handlers[job.owner] = self._handler(job.owner)
+            owner, on_job = handler
+            if on_job is None:
+                self._drop(job)
+                superseded = False
+            elif row.crash_strikes:
+                superseded = await self._on_probation(run, row, owner, on_job)
+            else:
+                superseded = await self._run_job(run, row, owner, on_job)
+            if superseded and job.id not in readmitted:
+                # Replaced during its own run: the replacement keeps the job's place in
+                # line, so it runs next in this pass (once; after that, next alarm).
+                readmitted.add(job.id)
+                ran.discard(job.id)
+            dispatched += 1
+            if dispatched % _CHECKPOINT_EVERY == 0:
+                await trio.lowlevel.checkpoint()
+
+    def _handler(self, owner_id: str) -> tuple[Any, Callable[..., Awaitable[Any]] | None]:
+        if owner_id == HOST:
+            return self._lc.host, getattr(self._lc.host, "on_job", None)
+        cap = self._lc.capability(owner_id)
+        if cap is None or type(cap).on_job is Capability.on_job:
+            return cap, None
+        return cap, cap.on_job
+
+    def _drop(self, job: Job) -> None:
+        """A job whose owner has no handler: logged and deleted."""
+        self._store.drop(job)
+        self._lc.emit(
+            "job:dropped", id=job.id, owner=job.owner, fn=job.fn,
+            _log=(logging.ERROR, "no installed capability or host handler for job %r"
+                  " (owner %r, fn %r) of %s; dropping it",
+                  (job.id, job.owner, job.fn, self._lc.label)))
+
+    async def _on_probation(
+        self, run: AlarmRun, row: JobRow, owner: Any, on_job: Callable[..., Awaitable[Any]]
+    ) -> bool:
+        """Run a job with crash strikes, one at a time per runtime ("probation"). A job
+        that kills its process is a suspect after its first death; the jobs that were
+        running beside it are suspects too, and with the same strikes they fall due again
+        at the same moment. Were they to run beside it again, they would die with it
+        again and be sealed with it. On probation no death can take two suspects: the
+        others finish and are cleared."""
+        version = self._store.version
+        async with self._claim.probation:
+            if self._store.version != version:
+                # Pushed, re-timed or cancelled while it waited: run what is there.
+                fresh = self._store.row(row.job.id)
+                if fresh is None or fresh.job.time > _clock.now():
+                    return False
+                row = fresh
+            return await self._run_job(run, row, owner, on_job)
+
+    async def _run_job(
+        self, run: AlarmRun, row: JobRow, owner: Any, on_job: Callable[..., Awaitable[Any]]
+    ) -> bool:
+        """Run one job; return whether a same-id push, reschedule or cancel superseded
+        its outcome."""
+        store, job = self._store, row.job
+        if store.tx.user_task is not None:
+            # A call's storage.transaction() is open (it awaited inside): the job must
+            # not write into a block that may still roll back — and the row read before
+            # may be one the block is about to roll back: read it again after.
+            await store.wait_for_user_block()
+            fresh = store.row(job.id)
+            if fresh is None or fresh.job.time > _clock.now():
+                return False
+            row, job = fresh, fresh.job
+        clock = run.time()  # one clock read per job: both clocks derive from it
+        started = run.epoch + clock
+        # Record what runs before it runs, where a SIGKILL cannot erase it (a memory
+        # write, not a commit): a death is then attributed to this job.
+        flight = self._claim.flight
+        if flight is not None:
+            flight.record(job.id, started)
+        store.begin_run(row)  # the group transaction and the job's savepoint
+        run.job, run.started, run.tracked = job, started, False
+        ctx = job_context(job, row.attempts + 1)
+        self._watch(job, clock)
+        try:
+            outcome = coerce_outcome(await on_job(ctx))
+        except trio.Cancelled as exc:
+            if trio.current_effective_deadline() != -math.inf:
+                # A Cancelled the job made itself, not a cancellation of its scope: the
+                # job's own failure.
+                await self._job_failed(run, owner, ctx, exc, clock)
+                return store.superseded
+            # Shutdown or reset: a platform failure uses up no attempt. The job's
+            # writes go (it runs again); the jobs that completed stay completed.
+            store.fail()
+            store.flush()
+            if self._claim.memory_reset:
+                await self._lc.observe_reset(job, self._claim.reset_reason)
+            raise
+        except MemoryError as exc:
+            store.fail()
+            store.flush()
+            await self._lc.memory_error(job, exc)
+        except (KeyboardInterrupt, SystemExit) as exc:
+            # The job asked the process to stop: it may, once — with a crash strike for
+            # the job first, so a job that does it every time is sealed, never a loop.
+            store.fail()
+            store.flush()
+            self._lc.strike_job(job.id, started, why=f"it raised {type(exc).__name__}")
+            raise
+        except BaseException as exc:
+            await self._job_failed(run, owner, ctx, exc, clock)
+        else:
+            self._watch_job = None
+            self._metrics.job_ran(self._namespace, job.owner, run.time() - clock, True)
+            if store.tx.user_task is not None:
+                # The outcome must not land in another task's block that may roll back.
+                await store.wait_for_user_block()
+            store.finish(job, outcome, keep_marker=outcome is not None
+                         and self._lc.keeps_marker(run, job))
+        finally:
+            if store.tx.job_task is not None:  # (something above was cut off)
+                store.tx.end_job(keep=False)
+            if flight is not None:
+                flight.clear()
+            run.job = None
+            store.end_run()
+        return store.superseded
+
+    async def _job_failed(
+        self, run: AlarmRun, owner: Any, ctx: JobContext, error: BaseException, clock: float
+    ) -> None:
+        """What the job raised is its own failure: an attempt, a retry, a dead letter."""
+        if self._store.tx.user_task is not None:
+            await self._store.wait_for_user_block()  # (as for a clean outcome)
+        self._watch_job = None
+        self._metrics.job_ran(self._namespace, ctx.job.owner, run.time() - clock, False)
+        self._store.fail()
+        await self._failed(owner, ctx, error, keep_marker=self._lc.keeps_marker(run, ctx.job))
+
+    async def _failed(
+        self, owner: Any, ctx: JobContext, error: BaseException, *, keep_marker: bool
+    ) -> None:
+        store, job, label = self._store, ctx.job, self._lc.label
+        if store.superseded:
+            return  # pushed, re-timed or cancelled during the run: that change wins
+        if ctx.attempt < job.retry.max_attempts:
+            bound = job.retry.backoff_bound(ctx.attempt)
+            delay = self._rng.uniform(0.0, bound) if job.retry.jitter else bound
+            store.retry_later(job.id, _clock.now() + delay, ctx.attempt)
+            self._lc.emit("job:retry", id=job.id, owner=job.owner, fn=job.fn,
+                          attempt=ctx.attempt, max_attempts=job.retry.max_attempts, delay=delay,
+                          error=safe_repr(error),
+                          _log=(logging.WARNING,
+                                "job %r of %s failed (attempt %d of %d): %s; retrying in %.3f s",
+                                (job.id, label, ctx.attempt, job.retry.max_attempts,
+                                 safe_repr(error), delay)))
+            return
+        outcome: JobOutcome = None
+        on_job_error = None if job.owner == HOST else getattr(owner, "on_job_error", None)
+        if on_job_error is not None:
+            try:
+                outcome = coerce_outcome(await on_job_error(ctx, error))
+            except Exception:
+                logger.exception("on_job_error of %r failed for job %r", job.owner, job.id)
+            if store.tx.foreign_user_block():
+                # It awaited: the outcome must not land in another task's block that may
+                # roll back (as for a clean outcome, _run_job).
+                await store.wait_for_user_block()
+            if store.superseded:
+                return
+        if outcome is not None:
+            store.finish(job, outcome, keep_marker=keep_marker)
+            return
+        if store.bury(job.id, error_text(error), "failed", attempts=ctx.attempt) is not None:
+            self._lc.emit("job:dead_letter", id=job.id, owner=job.owner, fn=job.fn,
+                          attempts=ctx.attempt, error=error_text(error),
+                          _log=(logging.ERROR, "job %r of %s failed after %d attempts: %s",
+                                (job.id, label, ctx.attempt, safe_repr(error))))
+
+    # -- slow dispatch --------------------------------------------------------------
+    # The watchdog's deadline is moved only when it must come earlier; a stale, later
+    # deadline just wakes it once to look (setting a deadline per job cost ~5 µs).
+    def _watch(self, job: Job, clock: float) -> None:
+        """Watch ``job``, started at Trio time ``clock``."""
+        self._watch_job = job
+        self._watch_deadline = deadline = clock + job.hung_timeout
+        scope = self._watch_scope
+        if scope is None:
+            # Made here, not in the task: jobs that never checkpoint would otherwise
+            # each start a watchdog before the first one runs.
+            self._watch_scope = trio.CancelScope(deadline=deadline)
+            self._lc.ctx.nursery.start_soon(self._slow_dispatch_watchdog)
+        elif deadline < scope.deadline:
+            scope.deadline = deadline
+
+    def _unwatch(self) -> None:
+        """The alarm run is over: the watchdog ends (an idle object keeps no task in its
+        nursery, so it can doze); the next run's first job starts another."""
+        self._watch_job = None
+        if self._watch_scope is not None:
+            self._watch_scope.cancel(reason="alarm run over")
+
+    async def _slow_dispatch_watchdog(self) -> None:
+        while True:
+            scope = self._watch_scope
+            assert scope is not None
+            with scope:
+                await trio.sleep_forever()
+            job = self._watch_job
+            if job is not None and trio.current_time() >= self._watch_deadline:
+                self._lc.emit(
+                    "job:slow_dispatch", id=job.id, owner=job.owner, fn=job.fn,
+                    threshold=job.hung_timeout,
+                    _log=(logging.WARNING,
+                          "job %r (fn %r) of %s has run longer than its hung_timeout"
+                          " of %.1f s", (job.id, job.fn, self._lc.label, job.hung_timeout)))
+                job = self._watch_job = None
+            if job is None:
+                self._watch_scope = None  # nothing to watch: the next job starts a watchdog
+                return
+            # Another job runs now: watch it.
+            self._watch_scope = trio.CancelScope(deadline=self._watch_deadline)

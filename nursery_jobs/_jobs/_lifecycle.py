@@ -1,0 +1,328 @@
+"""The Lifecycle: claims an object's alarm and runs its jobs through capabilities.
+
+``Lifecycle.install(obj)`` claims the object's alarm (``ctx.claim_alarm``), opens its
+``JobStore`` and hands the alarm run to an ``AlarmRunner``. Startup (crash strikes,
+then each capability's ``on_start``) runs once per activation.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from typing import Any, Final
+
+import trio
+
+from nursery_jobs._core._alarm import LIFECYCLE_RETRY
+from nursery_jobs._core._object import DurableObject
+from nursery_jobs._errors import CapabilityError, safe_repr
+from nursery_jobs._jobs._alarm_run import AlarmRun, AlarmRunner, current_run
+from nursery_jobs._jobs._capability import Capability
+from nursery_jobs._jobs._records import HOST, DeadLetter, Job, check_before, check_job_id
+from nursery_jobs._jobs._store import DEFAULT_COMPLETION_GROUP, DEFAULT_DEAD_LETTER_LIMIT, JobStore
+from nursery_jobs._jobs._strikes import (
+    MemoryBreaker,
+    MemoryLimitContext,
+    recover_crashes,
+    strike_now,
+)
+from nursery_jobs._jobs._views import capability_view, jobs_view
+
+logger = logging.getLogger("nursery_jobs")
+
+# Full-jitter backoff draws from this unless ``Lifecycle.install(rng=...)`` is given.
+_DEFAULT_RNG: Final = random.Random()
+
+
+class Lifecycle:
+    """The job queue of one object. Create it with ``Lifecycle.install(self)`` in the
+    object's ``__init__``; it then owns the object's alarm."""
+
+    def __init__(
+        self,
+        host: DurableObject,
+        *,
+        max_alarm_memory_limit_strikes: int = 3,
+        completion_group: int = DEFAULT_COMPLETION_GROUP,
+        rng: random.Random | None = None,
+        dead_letter_limit: int = DEFAULT_DEAD_LETTER_LIMIT,
+    ) -> None:
+        if not isinstance(host, DurableObject):
+            raise TypeError(f"Lifecycle.install() needs a DurableObject, got {host!r}")
+        if (
+            isinstance(max_alarm_memory_limit_strikes, bool)
+            or not isinstance(max_alarm_memory_limit_strikes, int)
+            or max_alarm_memory_limit_strikes < 1
+        ):
+            raise ValueError(
+                "max_alarm_memory_limit_strikes must be an int >= 1, got "
+                f"{max_alarm_memory_limit_strikes!r}"
+            )
+        if isinstance(completion_group, bool) or not isinstance(completion_group, int) or (
+            completion_group < 1
+        ):
+            raise ValueError(f"completion_group must be an int >= 1, got {completion_group!r}")
+        if isinstance(dead_letter_limit, bool) or not isinstance(dead_letter_limit, int) or (
+            dead_letter_limit < 1
+        ):
+            raise ValueError(f"dead_letter_limit must be an int >= 1, got {dead_letter_limit!r}")
+        if rng is not None and not isinstance(rng, random.Random):
+            raise TypeError(f"rng must be a random.Random, got {rng!r}")
+        ctx = host.ctx
+        self.host = host
+        self.ctx = ctx
+        self.label = f"{ctx.namespace}/{ctx.id}"
+        self.max_alarm_memory_limit_strikes = max_alarm_memory_limit_strikes
+        self._runner: AlarmRunner | None = None
+        self.claim = ctx.claim_alarm("Lifecycle", self._alarm_run, LIFECYCLE_RETRY)
+        self.store = JobStore(self.claim.transactions.conn, self.claim, self.claim.transactions,
+                              completion_group=completion_group,
+                              dead_letter_limit=dead_letter_limit,
+                              on_dropped=self._dead_letter_dropped)
+        self.jobs = jobs_view(self.store, HOST)
+        self.breaker = MemoryBreaker(self.store, max_alarm_memory_limit_strikes, self.label,
+                                     self.emit)
+        self._runner = AlarmRunner(self, rng or _DEFAULT_RNG)
+        self._capabilities: dict[str, Capability] = {}
+        self.started = False
+        self._starting: trio.Event | None = None
+        # Tracked alarm work in progress: (job id, started) -> how many tasks.
+        self.tracked: dict[tuple[str, float], int] = {}
+        # Startup (crash strikes, capabilities' on_start, re-arming the alarm from the
+        # queue) runs before the first call too, not only when an alarm wakes us.
+        self.claim.on_startup(self.start)
+
+    @classmethod
+    def install(
+        cls,
+        host: DurableObject,
+        max_alarm_memory_limit_strikes: int = 3,
+        *,
+        completion_group: int = DEFAULT_COMPLETION_GROUP,
+        rng: random.Random | None = None,
+        dead_letter_limit: int = DEFAULT_DEAD_LETTER_LIMIT,
+    ) -> Lifecycle:
+        """Create the Lifecycle of ``host`` and hand it the object's alarm.
+
+        ``completion_group`` bounds how many completed jobs a process death may re-run
+        (their outcomes are committed together); 1 commits each completion. ``rng``
+        draws the retry jitter (seed one for reproducible tests). At most
+        ``dead_letter_limit`` dead letters are kept; past it the oldest is dropped with a
+        ``job:dead_letter_dropped`` event.
+        """
+        return cls(host, max_alarm_memory_limit_strikes=max_alarm_memory_limit_strikes,
+                   completion_group=completion_group, rng=rng,
+                   dead_letter_limit=dead_letter_limit)
+
+    def __repr__(self) -> str:
+        return f"<Lifecycle {self.label}>"
+
+    async def _alarm_run(self, info: Any) -> None:
+        assert self._runner is not None
+        await self._runner(info)
+
+    # -- capabilities ---------------------------------------------------------------
+    def use(self, *capabilities: Capability) -> Lifecycle:
+        """Install capabilities (before startup). Returns self for chaining."""
+        if self.started:
+            raise CapabilityError(f"{self!r}: capabilities must be added before startup")
+        for cap in capabilities:
+            if not isinstance(cap, Capability):
+                raise TypeError(f"use() takes Capability instances, got {cap!r}")
+            cap_id = cap._capability_id()
+            if not isinstance(cap_id, str) or not cap_id or cap_id == HOST:
+                raise CapabilityError(
+                    f"capability {cap!r} needs a non-empty id other than {HOST!r}"
+                )
+            if cap_id in self._capabilities:
+                raise CapabilityError(
+                    f"{self!r}: a capability with id {cap_id!r} is already installed"
+                )
+            self._capabilities[cap_id] = cap
+            cap.lifecycle = capability_view(self, cap_id)
+            cap.host = self.host
+        return self
+
+    @property
+    def capabilities(self) -> dict[str, Capability]:
+        return dict(self._capabilities)
+
+    def capability(self, cap_id: str) -> Capability | None:
+        return self._capabilities.get(cap_id)
+
+    # -- startup --------------------------------------------------------------------
+    async def start(self) -> None:
+        """Recover from a crash (crash strikes), then run each capability's
+        ``on_start``. Runs once per activation; later calls return at once."""
+        if self.started:
+            await trio.lowlevel.checkpoint()
+            return
+        if self._starting is not None:
+            await self._starting.wait()
+            if not self.started:
+                await self.start()
+            return
+        self._starting = starting = trio.Event()
+        try:
+            sealed = recover_crashes(self.store, self.claim, self.max_alarm_memory_limit_strikes,
+                                     self.label, self.emit)
+            for cap in self._capabilities.values():
+                await cap.on_start()
+            self.started = True
+            for job in sealed:
+                await self.call_memory_hooks(
+                    MemoryLimitContext(sealed=True, next_time=None, executing=job,
+                                       purged_recovery_loop_jobs=[])
+                )
+        finally:
+            self._starting = None
+            starting.set()
+        self.store.rearm()
+
+    # -- the alarm --------------------------------------------------------------------
+    async def rearm_alarm(self) -> None:
+        """Set the alarm for the next due job as the queue stands, writing it through
+        to the runtime's alarm index even if it seems to be there. Checkpoints."""
+        await trio.lowlevel.checkpoint()
+        self.store.rearm(write_through=True)
+
+    async def disable_alarms(self) -> None:
+        """Turn the alarm off for good (teardown; durable across activations) and stop
+        the current run after its job. Jobs stay. Checkpoints."""
+        await trio.lowlevel.checkpoint()
+        self.store.disable()
+
+    # -- long work --------------------------------------------------------------------
+    def track_alarm_work(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> bool:
+        """Start ``fn(*args)`` in the object's nursery under the current alarm run.
+
+        Returns False (and starts nothing) outside an alarm run or ``on_alarm``. The
+        work keeps the object resident; a single-flight job that started it counts as
+        running until the work ends. Does not checkpoint.
+        """
+        run = current_run.get()
+        if run is None or not run.active or run.lifecycle is not self:
+            return False
+        job, started = run.job, run.started
+        if job is not None:
+            if not run.tracked:
+                # The job counts as running until its work ends (single-flight, and a
+                # death meanwhile is a crash strike of this job).
+                self.store.set_marker(job.id, started)
+            run.tracked = True
+            key = (job.id, started)
+            self.tracked[key] = self.tracked.get(key, 0) + 1
+        self.ctx.nursery.start_soon(self._tracked_work, fn, args, job, started)
+        return True
+
+    def keeps_marker(self, run: AlarmRun, job: Job) -> bool:
+        """Whether the job's running marker must stay after this run: its tracked work
+        goes on, started by this run or an earlier one (a heartbeat that found the work
+        running must not erase what a crash during it is attributed by)."""
+        if not self.tracked:
+            return run.tracked
+        return run.tracked or any(key[0] == job.id for key in self.tracked)
+
+    async def _tracked_work(
+        self, fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...], job: Job | None,
+        started: float,
+    ) -> None:
+        claim = self.claim
+        try:
+            with claim.working(alarm=True):
+                try:
+                    await fn(*args)
+                except trio.Cancelled:
+                    # Work that hits the memory limit counts against the job that
+                    # started it.
+                    if claim.memory_reset and (job is not None or not self.breaker.tripped):
+                        await self.observe_reset(job, claim.reset_reason)
+                    raise
+                except MemoryError as exc:
+                    await self.memory_error(job, exc)
+                except Exception as exc:
+                    logger.exception("tracked work %r of %s failed", fn, self.label)
+                    self.emit("alarm:tracked_work_failed", job=None if job is None else job.id,
+                              error=safe_repr(exc))
+        finally:
+            if job is not None:
+                key = (job.id, started)
+                left = self.tracked[key] - 1
+                if left:
+                    self.tracked[key] = left
+                else:
+                    del self.tracked[key]
+                    if self.store.clear_marker(job.id, started):
+                        self.store.rearm()
+
+    def strike_job(self, job_id: str, started: float, *, why: str) -> None:
+        """Give a job a crash strike now (it is about to take the process down)."""
+        strike_now(self.store, job_id, started, self.max_alarm_memory_limit_strikes,
+                   self.label, self.emit, why=why)
+
+    # -- memory limits ------------------------------------------------------------------
+    async def memory_error(self, job: Job | None, error: MemoryError) -> None:
+        """A ``MemoryError`` escaped alarm work: reset the object as the watchdog would."""
+        self.claim.reset(f"MemoryError in the alarm work of {self.label}: {safe_repr(error)}",
+                         memory=True)
+        await self.observe_reset(job, self.claim.reset_reason)
+        await trio.lowlevel.checkpoint()  # the reset cancels this task here
+
+    async def observe_reset(self, executing: Job | None, error: str | None) -> None:
+        """This object was reset for memory while ``executing`` ran: strike, move or
+        seal, re-arm, then tell the capabilities and the host (shielded, bounded)."""
+        context = self.breaker.observe(executing, error or "memory limit")
+        self.store.rearm()
+        with trio.move_on_after(10, shield=True):
+            await self.call_memory_hooks(context)
+
+    async def call_memory_hooks(self, ctx: MemoryLimitContext) -> None:
+        for cap in self._capabilities.values():
+            hook = getattr(cap, "on_memory_limit", None)
+            if hook is not None:
+                try:
+                    await hook(ctx)
+                except Exception:
+                    logger.exception("on_memory_limit of %r failed", cap)
+        hook = getattr(self.host, "on_alarm_memory_limit", None)
+        if hook is not None:
+            try:
+                await hook(ctx)
+            except Exception:
+                logger.exception("on_alarm_memory_limit of %s failed", self.label)
+
+    # -- dead letters -----------------------------------------------------------------
+    def dead_letters(self) -> list[DeadLetter]:
+        """Every dead letter of this object (all owners), oldest first."""
+        return self.store.dead_letters(None)
+
+    async def requeue(self, id: str, *, owner: str = HOST) -> Job | None:
+        """Put dead letter ``id`` of ``owner`` back in the queue, due now, with fresh
+        attempts. Returns the job, or None if there is no such dead letter."""
+        job_id = check_job_id(id)
+        await trio.lowlevel.checkpoint()
+        return self.store.requeue(owner, job_id)
+
+    async def discard(self, id: str, *, owner: str = HOST) -> bool:
+        """Delete dead letter ``id`` of ``owner``; return whether it existed.
+        Checkpoints."""
+        job_id = check_job_id(id)
+        await trio.lowlevel.checkpoint()
+        return self.store.discard(owner, job_id)
+
+    async def discard_dead_letters(self, *, before: Any = None) -> int:
+        """Delete every dead letter of this object (all owners) buried before ``before``
+        (epoch seconds or aware datetime; None: all). Returns how many. Checkpoints."""
+        cutoff = check_before(before)
+        await trio.lowlevel.checkpoint()
+        return self.store.discard_dead_letters(None, cutoff)
+
+    def _dead_letter_dropped(self, owner: str, job_id: str) -> None:
+        self.emit("job:dead_letter_dropped", owner=owner, id=job_id,
+                  limit=self.store.dead_letter_limit)
+
+    # -- diagnostics ------------------------------------------------------------------
+    def emit(self, type: str, **data: Any) -> None:
+        """Publish a diagnostics event from this object. Does not checkpoint."""
+        self.ctx.events.emit(type, self.ctx.namespace, self.ctx.id, **data)

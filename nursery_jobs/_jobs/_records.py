@@ -1,0 +1,270 @@
+"""Job records, retry options, outcomes, and the validation of job arguments."""
+
+from __future__ import annotations
+
+import datetime
+import enum
+import itertools
+import math
+import uuid
+from typing import Any, Final
+
+import attrs
+
+from nursery_jobs import _clock
+from nursery_jobs._core._alarm import Backoff
+from nursery_jobs._errors import JobError, JobOwnershipError
+
+HOST: Final = "host"
+MAX_JOB_ID_LENGTH: Final = 1024
+
+
+# Attempts a job may have (stored as a SQLite integer, which would overflow past 2**63).
+MAX_ATTEMPTS: Final = 2**31 - 1
+
+
+def is_finite(value: int | float) -> bool:
+    """math.isfinite, also for an int too large for a float (which is not finite here)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
+def _check_retry(instance: RetryOptions, attribute: Any, value: Any) -> None:
+    if attribute.name == "max_attempts":
+        if isinstance(value, bool) or not isinstance(value, int) or not (
+            1 <= value <= MAX_ATTEMPTS
+        ):
+            raise JobError(
+                f"RetryOptions.max_attempts must be an int in [1, {MAX_ATTEMPTS}], got {value!r}"
+            )
+    elif (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not is_finite(value)
+        or value < 0
+    ):
+        raise JobError(f"RetryOptions.{attribute.name} must be a finite number >= 0, got {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class RetryOptions:
+    """How often a failing job is retried: ``max_attempts`` counts the first run; the
+    wait before attempt n+1 is uniform in [0, min(max_delay, base_delay * 2**(n-1)))."""
+
+    max_attempts: int = attrs.field(default=3, validator=_check_retry)
+    base_delay: float = attrs.field(default=0.1, validator=_check_retry)
+    max_delay: float = attrs.field(default=3.0, validator=_check_retry)
+    jitter: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
+    """With ``jitter=False`` the wait is exactly the bound (the Agent's 1, 2, 4 ... s)."""
+
+    def backoff_bound(self, attempt: int) -> float:
+        """Upper bound of the wait after failed attempt ``attempt`` (1-based)."""
+        bound = Backoff(base=self.base_delay, cap=self.max_delay).delay(attempt - 1)
+        assert bound is not None
+        return bound
+
+
+DEFAULT_RETRY: Final = RetryOptions()
+
+
+@attrs.frozen(kw_only=True, slots=False)  # (a __dict__: rows become Jobs fast, _job_table)
+class Job:
+    """A job as stored: who owns it, what to run, when, and how."""
+
+    id: str
+    owner: str
+    fn: str
+    time: float
+    payload: Any
+    retry: RetryOptions
+    singleflight: bool
+    hung_timeout: float
+    exclusive: bool
+    recovery_loop: bool
+    created_at: float
+    priority: int = 0
+    """Among due jobs, a higher priority runs first (the Queue's ``priority``)."""
+
+
+@attrs.frozen(kw_only=True, slots=False)  # (attrs builds a __dict__ class's faster: one per run)
+class JobContext:
+    """Passed to ``on_job``: the job and which attempt this is (1-based, durable)."""
+
+    job: Job
+    attempt: int
+
+
+_new_object = object.__new__
+
+
+def checked_job(
+    id: str, owner: str, fn: str, time: float, payload: Any, retry: RetryOptions,
+    singleflight: bool, hung_timeout: float, exclusive: bool, recovery_loop: bool,
+    created_at: float, priority: int,
+) -> Job:
+    """A ``Job`` of fields already checked (by a push's argument checks, or read back
+    from our own table), built without attrs' frozen ``__init__``: one
+    ``object.__setattr__`` per field cost ~1 µs on the push and dispatch paths."""
+    job = _new_object(Job)
+    job.__dict__.update(
+        id=id, owner=owner, fn=fn, time=time, payload=payload, retry=retry,
+        singleflight=singleflight, hung_timeout=hung_timeout, exclusive=exclusive,
+        recovery_loop=recovery_loop, created_at=created_at, priority=priority,
+    )
+    return job
+
+
+def job_context(job: Job, attempt: int) -> JobContext:
+    """A run's ``JobContext``, built without attrs' frozen ``__init__`` (one
+    ``object.__setattr__`` per field: 0.86 -> 0.35 µs, on the dispatch path)."""
+    ctx = _new_object(JobContext)
+    fields = ctx.__dict__
+    fields["job"] = job
+    fields["attempt"] = attempt
+    return ctx
+
+
+@attrs.frozen(kw_only=True)
+class DeadLetter:
+    """A job that ended without success: spent retries, or sealed by the breaker."""
+
+    job: Job
+    error: str
+    attempts: int
+    reason: str
+    time: float
+
+
+def _reschedule_time(value: float | datetime.datetime) -> float:
+    try:
+        return _clock.coerce_time(value, name="Reschedule.time")
+    except (TypeError, ValueError) as exc:
+        raise JobError(str(exc)) from None
+
+
+@attrs.frozen
+class Reschedule:
+    """Outcome: keep the job and run it again at ``time`` (epoch seconds or aware
+    datetime)."""
+
+    time: float = attrs.field(converter=_reschedule_time)
+
+
+class _Yield(enum.Enum):
+    YIELD = "yield"
+
+    def __repr__(self) -> str:
+        return "nj.YIELD"
+
+
+YIELD: Final = _Yield.YIELD
+"""Outcome: the job stays due and the object wakes again at once (after other due jobs)."""
+
+JobOutcome = Reschedule | _Yield | None
+MAX_PRIORITY: Final = 1000
+
+# Column order of every SELECT that builds a JobRow.
+def check_job_id(job_id: object, *, name: str = "id") -> str:
+    if not isinstance(job_id, str):
+        raise JobError(f"job {name} must be a str, got {type(job_id).__name__}")
+    if not job_id.strip():
+        raise JobError(f"job {name} must be a non-blank string, got {job_id!r}")
+    if len(job_id) > MAX_JOB_ID_LENGTH:
+        raise JobError(
+            f"job {name} {job_id[:40]!r}... is longer than {MAX_JOB_ID_LENGTH} characters"
+        )
+    try:
+        job_id.encode("utf-8")
+    except UnicodeEncodeError:
+        raise JobError(f"job {name} {job_id!r} holds a lone surrogate") from None
+    if "\x00" in job_id:
+        raise JobError(f"job {name} {job_id!r} holds a NUL character")
+    return job_id
+
+
+# Generated ids sort by creation: time in microseconds, a per-process counter and a
+# per-process random tag. Jobs mostly complete in push order, so their deletions touch
+# neighbouring pages of the id index; random UUIDs touched a new page each (measured:
+# a group commit of 64 completions went from ~1 ms to ~0.2 ms).
+_ID_TAG: Final = uuid.uuid4().hex[:8]
+_id_counter = itertools.count()
+
+
+def new_job_id(now: float) -> str:
+    """A new job id for a push at epoch time ``now``."""
+    return f"{int(now * 1e6):014x}{next(_id_counter) & 0xFFFFFF:06x}{_ID_TAG}"
+
+
+def resolve_time(time: object, delay: object, now: float, *, job: str) -> float:
+    if time is not None and delay is not None:
+        raise JobError(f"job {job!r}: give time or delay, not both")
+    if time is not None:
+        try:
+            return _clock.coerce_time(time, name=f"job {job!r}: time")
+        except (TypeError, ValueError) as exc:
+            raise JobError(str(exc)) from None
+    if delay is not None:
+        try:
+            return now + _clock.coerce_delay(delay, name=f"job {job!r}: delay")
+        except (TypeError, ValueError) as exc:
+            raise JobError(str(exc)) from None
+    return now
+
+
+def check_fn(fn: object) -> str:
+    if not isinstance(fn, str) or not fn:
+        raise JobError(f"job fn must be a non-empty str, got {fn!r}")
+    return fn
+
+
+def check_hung_timeout(value: object, *, job: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+        math.isfinite(value) and value >= 0
+    ):
+        raise JobError(f"job {job!r}: hung_timeout must be a finite number >= 0, got {value!r}")
+    return float(value)
+
+
+def check_retry(retry: object, *, job: str) -> RetryOptions:
+    if retry is None:
+        return DEFAULT_RETRY
+    if not isinstance(retry, RetryOptions):
+        raise JobError(f"job {job!r}: retry must be RetryOptions, got {retry!r}")
+    return retry
+
+
+def coerce_outcome(outcome: object) -> JobOutcome:
+    """Return a valid outcome or raise ``JobError`` naming what was returned."""
+    if outcome is None or outcome is YIELD or isinstance(outcome, Reschedule):
+        return outcome
+    raise JobError(f"invalid job outcome {outcome!r}: return None, nj.Reschedule(time) or nj.YIELD")
+
+
+def ownership_error(owner: str, holder: str, job_id: str) -> JobOwnershipError:
+    return JobOwnershipError(
+        f"job id {job_id!r} already belongs to {holder!r}; {owner!r} cannot push, replace"
+        " or cancel it (job ids are scoped to their owner)"
+    )
+
+
+def check_before(before: object) -> float | None:
+    """A ``before=`` cutoff: None, epoch seconds or an aware datetime."""
+    if before is None:
+        return None
+    try:
+        return _clock.coerce_time(before, name="before")
+    except (TypeError, ValueError) as exc:
+        raise JobError(str(exc)) from None
+
+
+def check_priority(priority: object, *, job: str) -> int:
+    if isinstance(priority, bool) or not isinstance(priority, int) or not (
+        -MAX_PRIORITY <= priority <= MAX_PRIORITY
+    ):
+        raise JobError(
+            f"job {job!r}: priority must be an int in [-{MAX_PRIORITY}, {MAX_PRIORITY}],"
+            f" got {priority!r}"
+        )
+    return priority

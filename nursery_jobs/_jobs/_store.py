@@ -1,0 +1,440 @@
+"""JobStore: the one writer of an object's ``nj_jobs`` and dead letters.
+
+It applies the outcomes of runs in the group transaction (``_transactions``) together
+with the jobs' own writes, and keeps the object's alarm consistent with the queue: the
+alarm is lowered before a row commits (an early wake is harmless, a lost one is not)
+and raised only after. Outcomes are applied as they happen, so every read sees them.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from typing import TYPE_CHECKING, Final, cast
+
+import attrs
+
+from nursery_jobs import _clock
+from nursery_jobs._codec import encode_payload
+from nursery_jobs._core._transactions import atomic
+from nursery_jobs._errors import JobOwnershipError
+from nursery_jobs._jobs._records import DeadLetter, Job, JobOutcome, Reschedule, ownership_error
+from nursery_jobs._jobs._table import Cursor, JobRow, JobTable
+
+if TYPE_CHECKING:
+    from nursery_jobs._core._alarm import AlarmClaim
+    from nursery_jobs._core._transactions import ObjectTransactions
+
+# Completed jobs whose outcome may wait for one commit: a process death re-runs at most
+# this many completed jobs per object (at-least-once). 1 commits every completion.
+DEFAULT_COMPLETION_GROUP: Final = 64
+_ALARMS_DISABLED: Final = "alarms_disabled"
+# What ``writing`` returns inside a transaction: the writes join it.
+_JOINED: Final = nullcontext()
+# Dead letters kept per object; past it the oldest go (job:dead_letter_dropped).
+DEFAULT_DEAD_LETTER_LIMIT: Final = 10_000
+
+
+class JobStore:
+    """The jobs and dead letters of one object, and the alarm they imply."""
+
+    __slots__ = (
+        "_alarm", "_done", "_dropped", "_replay", "completion_group", "conn",
+        "dead_letter_limit", "disabled", "running_id",
+        "running_seq", "superseded", "table", "tx", "version",
+    )
+
+    def __init__(
+        self, conn: sqlite3.Connection, alarm: AlarmClaim, transactions: ObjectTransactions, *,
+        completion_group: int, dead_letter_limit: int = DEFAULT_DEAD_LETTER_LIMIT,
+        on_dropped: Callable[[str, str], None] = lambda owner, job_id: None,
+    ) -> None:
+        self.conn = conn
+        self.table = JobTable(conn)
+        self.tx = transactions
+        transactions.staged = self.table  # finished jobs' deletes wait for the group
+        transactions.blocks = self  # a rolled-back block's mutations are forgotten
+        self._alarm = alarm
+        self.completion_group = completion_group
+        self.dead_letter_limit = dead_letter_limit
+        self._dropped = on_dropped
+        # Jobs finished in the open group transaction (committed every completion_group).
+        self._done = 0
+        # Queue mutations the running job made (pushes, cancels, re-times): commands that
+        # win even if the job then fails, so they are made again after its rollback.
+        self._replay: list[tuple[int, Callable[[], object]]] = []
+        # The job running now: a mutation of its id supersedes its outcome.
+        self.running_id: str | None = None
+        self.running_seq = -1
+        self.superseded = False
+        # Bumped by every mutation through the API: an alarm run re-reads due rows then.
+        self.version = 0
+        # Alarms disabled for good (``Lifecycle.disable_alarms``, durable): the alarm
+        # is left alone.
+        self.disabled = bool(self.table.meta(_ALARMS_DISABLED))
+
+    # -- the group transaction ------------------------------------------------------
+    # A job's writes and its outcome commit together: the alarm run opens the group and
+    # the job's savepoint before the job runs (``begin_run``); a clean run releases the
+    # savepoint and applies the outcome in the group (``finish``), a failed one rolls
+    # the savepoint back (``fail``). A death before the group commits loses the jobs'
+    # writes with their outcomes: their re-runs find the storage as it was.
+    def begin_run(self, row: JobRow) -> None:
+        if self._replay:
+            self._replay.clear()
+        self.tx.begin_job()
+        self.running_id, self.running_seq, self.superseded = row.job.id, row.seq, False
+
+    def end_run(self) -> None:
+        self.running_id = None
+
+    def finish(self, job: Job, outcome: JobOutcome, *, keep_marker: bool) -> None:
+        """The running job ran clean: keep its writes and apply its outcome in the group;
+        commit the group when it is full. A same-id push, reschedule or cancel during
+        the run supersedes the outcome (the job's writes stay).
+
+        Raises:
+            StorageError: the outcome could not be recorded; the group was rolled back
+                (the job's writes with it), so its jobs run again.
+        """
+        table = self.table
+        try:
+            self.tx.end_job(keep=True)
+            if not self.conn.in_transaction:  # (the group was committed during the job)
+                self.tx.open_group()
+            if self.superseded:
+                table.clean(job.id)
+            elif outcome is None:
+                # By push sequence (the rowid), not id: no index search. Safe because the
+                # row cannot have been replaced (that would have superseded the run).
+                table.finished(self.running_seq)
+            else:
+                time = outcome.time if isinstance(outcome, Reschedule) else job.time  # YIELD
+                table.later(self.running_seq, time, keep_marker)
+        except BaseException:
+            # Kept without its outcome, the job's writes would be made again by its
+            # re-run (found by the fault sweep: a failed RELEASE or DELETE here).
+            self._abort()
+            raise
+        self._done += 1
+        if self._done >= self.completion_group:
+            self.flush()
+
+    def fail(self) -> None:
+        """The running job raised or was cancelled: undo its storage writes — but not
+        the queue mutations it made through the API (``lifecycle.jobs``), which win."""
+        # Only what was made under the savepoint being rolled back is undone, so only
+        # that is made again (a mutation before an early release already stands).
+        generation = self.tx.job_generation if self.tx.job_savepoint else None
+        try:
+            self.tx.end_job(keep=False)
+        except BaseException:
+            self._abort()  # (as in finish: the writes must not outlive the run)
+            raise
+        for made_in, again in self._replay:
+            if made_in == generation:
+                again()
+        self._replay.clear()
+
+    def _abort(self) -> None:
+        """Roll the group back after a failure to record a run (see ``finish``)."""
+        self._done = 0
+        self._replay.clear()
+        self.tx.abort_group()
+
+    # -- storage.transaction() blocks (the ``BlockWatcher`` of ``_transactions``) --------
+    def mark(self) -> tuple[str | None, bool, int]:
+        return self.running_id, self.superseded, len(self._replay)
+
+    def undo(self, mark: object) -> None:
+        """A block rolled back: a push, cancel or re-time of the running job's id made in
+        it did not happen (the job's outcome stands), nor is a mutation made in it made
+        again if the job fails. (Another task cannot write while a block is open.)"""
+        running_id, superseded, replayed = cast("tuple[str | None, bool, int]", mark)
+        if running_id == self.running_id:
+            self.superseded = superseded
+            del self._replay[replayed:]
+
+    def _mutation(self, again: Callable[[], object]) -> None:
+        """Remember a queue mutation made under the running job's savepoint — by the job,
+        or by another task whose write joined it (a call, tracked work ending) — to make
+        again if the job fails: a push, cancel or re-time wins whoever made it."""
+        tx = self.tx
+        if tx.job_savepoint:
+            self._replay.append((tx.job_generation, again))
+
+    def writing(self, *, replayed: bool = False) -> AbstractContextManager[None]:
+        """``with store.writing():`` one transaction for the writes in the block — or,
+        inside the group or a user block, part of that transaction. ``replayed``: what
+        the block writes is remembered (``_mutation``) and made again should a running
+        job's savepoint it joins roll back, so its task has nothing to be told. (Not a
+        generator: see ``atomic``.)"""
+        self.tx.check_write(replayed=replayed)
+        if self.conn.in_transaction:
+            return _JOINED
+        return atomic(self.conn)
+
+    def flush(self) -> None:
+        """Commit the group transaction now (unless a user block is open). Does not
+        checkpoint."""
+        self.tx.commit_group()
+        if not self.tx.group:
+            self._done = 0
+
+    def _touch(self, job_id: str) -> None:
+        """A mutation through the API is about to change ``job_id``."""
+        self.version += 1
+        if job_id == self.running_id:
+            self.superseded = True
+
+    # -- reads (outcomes are applied in the group: reads see them) -------------------
+    def row(self, job_id: str) -> JobRow | None:
+        return self.table.row(job_id)
+
+    def rows(self, owner: str | None = None) -> list[JobRow]:
+        return self.table.rows(owner)
+
+    def dead_letters(self, owner: str | None) -> list[DeadLetter]:
+        return self.table.dead_letters(owner)
+
+    def meta(self, key: str) -> int:
+        return self.table.meta(key)
+
+    def due_batch(self, now: float, after: Cursor, limit: int) -> list[JobRow]:
+        """The alarm run's read: due rows after ``after`` in run order."""
+        return self.table.next_due(now, after, limit)
+
+    def due_counts(self, now: float) -> list[tuple[str, int]]:
+        return self.table.due_counts(now)
+
+    def has_due(self, now: float) -> bool:
+        return self.table.has_due(now)
+
+    def next_alarm_time(self) -> float | None:
+        return self.table.next_alarm_time(_clock.now())
+
+    # -- mutations through the API -------------------------------------------------
+    def push(self, job: Job, payload_text: str | None, *, stable_id: bool) -> Job:
+        """Insert ``job`` or replace the same owner's job of its id; durable (with the
+        alarm lowered) when it returns, unless inside a user transaction.
+
+        Raises:
+            JobOwnershipError: another owner holds the id.
+        """
+        replaced = False
+        with self.writing(replayed=True):
+            if stable_id:
+                holder = self.table.owner_of(job.id)
+                if holder is not None and holder != job.owner:
+                    raise ownership_error(job.owner, holder, job.id)
+                replaced = holder is not None
+                self._touch(job.id)
+            self._lower_alarm(job.time, job.exclusive, job.id)
+            self.table.upsert(job, payload_text)
+            self._mutation(lambda: self.table.upsert(job, payload_text))
+        if replaced:
+            stored = self.table.row(job.id)
+            if stored is not None:
+                job = attrs.evolve(job, created_at=stored.job.created_at)
+        if (replaced or job.exclusive) and not self.conn.in_transaction:
+            self.rearm()  # committed: now the alarm may also rise
+        return job
+
+    def cancel(self, owner: str, job_id: str) -> bool:
+        in_transaction = self.conn.in_transaction
+        with self.writing(replayed=True):
+            deleted = self.table.delete(owner, job_id)
+            if deleted:
+                self._touch(job_id)
+                self._mutation(lambda: self.table.delete(owner, job_id))
+        # Inside storage.transaction() the alarm must not be raised: a rollback would
+        # bring the job back with the alarm above it (an early wake is harmless).
+        if deleted and not in_transaction:
+            self.rearm()
+        return deleted
+
+    def reschedule(self, owner: str, job_id: str, when: float) -> bool:
+        in_transaction = self.conn.in_transaction
+        with self.writing(replayed=True):
+            row = self.table.row(job_id)
+            if row is None or row.job.owner != owner:
+                return False
+            self._touch(job_id)
+            self._lower_alarm(when, row.job.exclusive, job_id)
+            self.table.retime(owner, job_id, when)
+            self._mutation(lambda: self.table.retime(owner, job_id, when))
+        if not in_transaction:  # as in cancel: never raise the alarm before a commit
+            self.rearm()
+        return True
+
+    def requeue(self, owner: str, job_id: str) -> Job | None:
+        """Move dead letter ``job_id`` of ``owner`` back into the queue, due now."""
+        with self.writing(replayed=True):
+            # Checked before anything is written: inside the group, nothing would undo
+            # the letter's delete if the refusal came after it.
+            letter = self.table.dead_letter(owner, job_id)
+            if letter is None:
+                return None
+            holder = self.table.owner_of(job_id)
+            if holder == owner:
+                raise JobOwnershipError(
+                    f"cannot requeue {job_id!r}: a job of that id is queued again (pushed"
+                    " since it became a dead letter); requeue it once that one has run, or"
+                    " cancel that one first"
+                )
+            if holder is not None:
+                raise ownership_error(owner, holder, job_id)
+            self.table.unbury(owner, job_id)
+            job = attrs.evolve(letter.job, time=_clock.now())
+            self._touch(job_id)
+            self._lower_alarm(job.time, job.exclusive, job.id)
+            text = encode_payload(job.payload)
+            self.table.upsert(job, text)
+
+            def again() -> None:
+                self.table.unbury(owner, job_id)
+                self.table.upsert(job, text)
+
+            self._mutation(again)
+        return job
+
+    # -- what the alarm run and the breaker write ------------------------------------
+    def drop(self, job: Job) -> None:
+        """Delete a job nobody can run (its owner is gone)."""
+        with self.writing():
+            self.table.delete(job.owner, job.id)
+
+    def retry_later(self, job_id: str, time: float, attempts: int) -> None:
+        """A failed attempt with attempts left: re-time it and record the attempt,
+        committed at once (with the group) so attempts survive restarts."""
+        with self.writing():
+            self.table.retry_later(job_id, time, attempts)
+        self.flush()
+
+    def bury(
+        self, job_id: str, error: str, reason: str, *, attempts: int | None = None
+    ) -> Job | None:
+        """Move a job into the dead letters; returns it, or None if it is gone."""
+        with self.writing():
+            row = self.table.row(job_id)
+            if row is None:
+                return None
+            self.table.bury(row, error, reason, _clock.now(),
+                            attempts=row.attempts if attempts is None else attempts)
+            dropped = self.table.drop_oldest_dead_letters(self.dead_letter_limit)
+        self.flush()
+        for owner, dropped_id in dropped:
+            self._dropped(owner, dropped_id)
+        return row.job
+
+    def discard(self, owner: str | None, job_id: str) -> bool:
+        """Delete dead letter ``job_id`` (of ``owner``, or any owner with None)."""
+        with self.writing():
+            return self.table.discard(owner, job_id)
+
+    def discard_dead_letters(self, owner: str | None, before: float | None) -> int:
+        """Delete the dead letters (of ``owner``) buried before ``before`` (all: None)."""
+        with self.writing():
+            return self.table.discard_before(owner, before)
+
+    def defer(self, job_id: str, time: float) -> None:
+        """Move a job to ``time`` and clear its running marker (a reset)."""
+        with self.writing():
+            self.table.conn.execute(
+                "UPDATE nj_jobs SET time = ?, running_since = NULL WHERE id = ?", (time, job_id)
+            )
+
+    def defer_recovery_loops(self, time: float) -> None:
+        """Move every ``recovery_loop`` job due by ``time`` to ``time``."""
+        self.table.conn.execute(
+            "UPDATE nj_jobs SET time = ?, running_since = NULL"
+            " WHERE recovery_loop = 1 AND time <= ?",
+            (time, time),
+        )
+
+    def bury_recovery_loops(self, error: str, reason: str) -> list[Job]:
+        buried = []
+        for row in self.table.rows():
+            if row.job.recovery_loop:
+                self.table.bury(row, error, reason, _clock.now(), attempts=row.attempts)
+                buried.append(row.job)
+        return buried
+
+    def set_meta(self, key: str, value: int) -> None:
+        self.table.set_meta(key, value)
+
+    def strike(self, job_id: str, started: float, time: float) -> bool:
+        with self.writing():
+            return self.table.strike(job_id, started, time)
+
+    def running_markers(self) -> list[JobRow]:
+        return self.table.running()
+
+    def set_marker(self, job_id: str, started: float) -> None:
+        with self.writing():
+            self.table.set_marker(job_id, started)
+
+    def clear_marker(self, job_id: str, started: float) -> bool:
+        """Tracked work of job ``job_id`` (started at ``started``) has ended."""
+        with self.writing(replayed=True):
+            cleared = self.table.clear_marker(job_id, started)
+            self._mutation(lambda: self.table.clear_marker(job_id, started))
+            return cleared
+
+    # -- the alarm --------------------------------------------------------------------
+    def _lower_alarm(self, time: float, exclusive: bool, job_id: str) -> None:
+        """Before a write commits: lower the alarm to ``time`` if it is later — never
+        raise it (a rollback would leave a pending job behind a raised alarm). Raising
+        it to an exclusive job's time is ``rearm``'s, after the commit."""
+        if self.disabled:
+            return
+        current = self._alarm.get()
+        if current is not None and time >= current:
+            return  # (most pushes of a batch: no query for exclusive jobs)
+        if not exclusive and self.table.first_exclusive_time(excluding=job_id) is not None:
+            return  # an exclusive job alone decides when the object wakes
+        self._alarm.set(time)
+
+    def rearm(self, *, write_through: bool = False) -> None:
+        """Set the alarm for the next due job as the queue stands (after committing the
+        group: the alarm may only rise above what is committed). Does not checkpoint."""
+        self.flush()
+        if self.disabled or self.tx.group:
+            # Not committed (a user block is open): never raise the alarm above what
+            # may roll back; the run's end re-arms it.
+            return
+        time = self.table.next_alarm_time(_clock.now())
+        if write_through:
+            self._alarm.write_through(time)
+        elif time is None:
+            self._alarm.delete()
+        elif self._alarm.get() != time:
+            self._alarm.set(time)
+
+    async def durable(self) -> None:
+        """After a mutation: make it durable where the engine ships commits (a no-op,
+        without a checkpoint, where every commit is durable already)."""
+        if self._alarm.ships and not self.conn.in_transaction:
+            await self._alarm.sync()
+
+    async def wait_for_user_block(self) -> None:
+        """Wait until no user block of another task is open (a push from a call must
+        not land in a block that may still roll back). Checkpoints."""
+        await self.tx.wait_for_user_block()
+
+    def set_alarm(self, time: float) -> None:
+        """Set the alarm to ``time`` outright (the fallback and backup alarms)."""
+        if not self.disabled:
+            self._alarm.set(time)
+
+    def disable(self) -> None:
+        """Turn the alarm off for good (teardown): durable, so a later activation does
+        not re-arm it from the jobs that remain."""
+        with self.writing(replayed=True):
+            self.table.set_meta(_ALARMS_DISABLED, 1)
+            # Made again if the job that asked fails: it acts at once (the alarm goes
+            # now), so it must stand as durably as it acts.
+            self._mutation(lambda: self.table.set_meta(_ALARMS_DISABLED, 1))
+        self.disabled = True
+        self._alarm.delete()

@@ -1,0 +1,685 @@
+"""What an operator sees: read-only views of a data directory or a running runtime.
+
+``DataSource`` is the one seam the CLI, the dashboard and the test helpers read through.
+``OfflineSource`` reads a stopped data directory without creating a file or taking a
+lock a runtime would wait on; ``RuntimeSource`` reads a running runtime, and is the only
+code outside the core that touches the runtime's internals (keep it that way: after a
+restructure of the core, this class is what changes). ``_offline.requeue_offline`` is the one
+write: it edits a stopped data directory under the runtime's own lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import sqlite3
+import struct
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
+
+import attrs
+
+from nursery_jobs._codec import decode_payload
+from nursery_jobs._engines.files._rebuild import QUARANTINE
+from nursery_jobs._errors import NurseryJobsError, RuntimeLockedError
+
+if TYPE_CHECKING:
+    from nursery_jobs._core._runtime import Runtime
+
+State = Literal["active", "evicted", "in use", "missing", "damaged", "quarantined"]
+
+STRIKES_KEY: Final = "memory_limit_strikes"  # the breaker's row in nj_meta
+
+
+class DataDirectoryError(NurseryJobsError):
+    """A path is not a nursery_jobs data directory (no catalog)."""
+
+
+class UnknownObjectError(NurseryJobsError, LookupError):
+    """No object of that namespace and id is registered in the catalog."""
+
+
+class ObjectInUseError(NurseryJobsError):
+    """Another process holds an object's database."""
+
+
+# -- records --------------------------------------------------------------------------
+@attrs.frozen(kw_only=True)
+class ObjectRow:
+    """An object as the catalog knows it (no object database is opened for this)."""
+
+    namespace: str
+    id: str
+    file: str
+    class_path: str
+    created_at: float
+    alarm: float | None
+    alarm_retry: int
+    active: bool
+
+
+@attrs.frozen(kw_only=True)
+class ObjectPage:
+    """One page of objects, in (namespace, id) order."""
+
+    objects: list[ObjectRow]
+    total: int
+    offset: int
+    limit: int
+
+
+@attrs.frozen(kw_only=True)
+class JobInfo:
+    """A queued job. ``priority`` is None where the table has no priority column (a
+    Queue item's time then still carries its priority: shown as stored)."""
+
+    id: str
+    owner: str
+    fn: str
+    time: float
+    priority: int | None
+    attempts: int
+    max_attempts: int
+    running: bool
+    running_since: float | None
+    crash_strikes: int
+    created_at: float
+    exclusive: bool
+    singleflight: bool
+    payload: Any
+
+
+@attrs.frozen(kw_only=True)
+class DeadLetterInfo:
+    """A dead letter: the job that ended without success, and why."""
+
+    owner: str
+    id: str
+    fn: str
+    error: str
+    attempts: int
+    reason: str
+    time: float
+    payload: Any
+
+
+@attrs.frozen(kw_only=True)
+class ObjectSummary:
+    """Counts from one object's database (opened once, briefly)."""
+
+    row: ObjectRow
+    state: State
+    problem: str | None = None
+    lifecycle: bool = False
+    jobs: int = 0
+    due: int = 0
+    running: int = 0
+    max_attempts: int = 0
+    dead_letters: int = 0
+    breaker_strikes: int = 0
+
+
+@attrs.frozen(kw_only=True)
+class ObjectDetail:
+    """One object's jobs and dead letters (up to the limits asked for)."""
+
+    summary: ObjectSummary
+    jobs: list[JobInfo]
+    dead_letters: list[DeadLetterInfo]
+
+
+@attrs.frozen(kw_only=True)
+class AlarmSummary:
+    objects: int
+    alarms: int
+    due: int
+    next_alarm: float | None
+
+
+class DataSource(Protocol):
+    """What the operator's faces read. Every method is synchronous and cheap: nothing
+    here opens more object databases than the objects it is asked about."""
+
+    @property
+    def label(self) -> str: ...
+    @property
+    def live(self) -> bool: ...
+    def namespaces(self) -> list[tuple[str, int]]: ...
+    def alarm_summary(self, now: float) -> AlarmSummary: ...
+    def objects(
+        self, *, namespace: str | None = None, search: str | None = None,
+        only: Literal["all", "active", "due"] = "all", now: float = 0.0,
+        offset: int = 0, limit: int = 50,
+    ) -> ObjectPage: ...
+    def summary(self, row: ObjectRow, now: float) -> ObjectSummary: ...
+    def detail(
+        self, namespace: str, object_id: str, now: float, *, job_limit: int | None = None,
+        letter_limit: int | None = None,
+    ) -> ObjectDetail | None: ...
+
+
+# -- reading SQLite without leaving anything behind --------------------------------------
+# SQLite's POSIX lock bytes (os_unix.c): a process that has the database open holds a
+# lock in the shared range.
+_PENDING_BYTE: Final = 0x40000000
+_SHARED_FIRST: Final = _PENDING_BYTE + 2
+_SHARED_SIZE: Final = 510
+_FLOCK: Final = "hhqqi4x"  # struct flock on Linux (64-bit off_t)
+
+
+def _held_by_another_process(path: Path) -> bool:
+    """Whether another process holds a SQLite lock on ``path`` (fcntl F_GETLK).
+
+    Only for processes that have no SQLite connection of their own on the file: closing
+    this descriptor drops every POSIX lock the process holds on it.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        query = struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, _PENDING_BYTE,
+                            _SHARED_FIRST + _SHARED_SIZE - _PENDING_BYTE, 0)
+        answer = fcntl.fcntl(fd, fcntl.F_GETLK, query)
+        return bool(struct.unpack(_FLOCK, answer)[0] != fcntl.F_UNLCK)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def open_readonly(path: Path, *, probe: bool = True) -> Iterator[sqlite3.Connection]:
+    """Open a SQLite database for reading without creating a file beside it and
+    without waiting on a lock (``ObjectInUseError`` at once instead).
+
+    A cleanly closed database has no ``-wal``: read it as immutable (no locks, no
+    files). One with a ``-wal`` (its process died) would need a ``-shm`` beside it, and
+    a read-only connection would create one or rewrite the one there: the pair is
+    copied aside and read there instead.
+    """
+    wal = Path(f"{path}-wal")
+    if not wal.exists():
+        conn = sqlite3.connect(f"file:{_uri(path)}?mode=ro&immutable=1", uri=True,
+                               timeout=0, isolation_level=None)
+        try:
+            yield conn
+        finally:
+            conn.close()
+        return
+    if probe and _held_by_another_process(path):
+        raise ObjectInUseError(f"{path} is in use by another process")
+    with tempfile.TemporaryDirectory(prefix="nursery-jobs-read-") as tmp:
+        copy = Path(tmp) / "db.sqlite3"
+        shutil.copyfile(path, copy)
+        with contextlib.suppress(FileNotFoundError):
+            shutil.copyfile(wal, f"{copy}-wal")
+        conn = sqlite3.connect(str(copy), timeout=0, isolation_level=None)
+        try:
+            yield conn
+        finally:
+            conn.close()
+
+
+def _uri(path: Path) -> str:
+    from urllib.parse import quote
+
+    return quote(str(path.resolve()))
+
+
+def runtime_running(data: Path) -> bool:
+    """Whether a runtime holds ``data`` (its ``runtime.lock``). Creates nothing."""
+    try:
+        fd = os.open(data / "runtime.lock", os.O_RDONLY)
+    except (FileNotFoundError, NotADirectoryError):
+        return False  # (not a data directory at all: the caller says so)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # also releases the probe's own lock
+    return False
+
+
+def refuse_if_running(data: Path) -> None:
+    if runtime_running(data):
+        raise RuntimeLockedError(
+            f"{data} is in use by a running runtime: its objects' databases are locked."
+            " Stop it, or look at it live: open_runtime(..., http=('127.0.0.1', 8321))"
+            " serves its dashboard at http://127.0.0.1:8321/"
+        )
+
+
+# -- reading one object's tables --------------------------------------------------------
+_ROW_SQL = (
+    "SELECT o.namespace, o.object_id, o.file, o.class_path, o.created_at, a.time, a.retry"
+    " FROM nj_objects o LEFT JOIN nj_alarms a USING (namespace, object_id)"
+)
+
+
+def _filters(
+    namespace: str | None, search: str | None, only: str, now: float
+) -> tuple[str, list[Any]]:
+    clauses: list[str] = []
+    params: list[Any] = []
+    if namespace:
+        clauses.append("o.namespace = ?")
+        params.append(namespace)
+    if search:
+        clauses.append("instr(o.object_id, ?) > 0")
+        params.append(search)
+    if only == "due":
+        clauses.append("a.time <= ?")
+        params.append(now)
+    return (" WHERE " + " AND ".join(clauses)) if clauses else "", params
+
+
+def _object_row(row: tuple[Any, ...], active: bool) -> ObjectRow:
+    namespace, object_id, file, class_path, created_at, alarm, retry = row
+    return ObjectRow(
+        namespace=namespace, id=object_id, file=file, class_path=class_path,
+        created_at=float(created_at), alarm=None if alarm is None else float(alarm),
+        alarm_retry=int(retry or 0), active=active,
+    )
+
+
+class _CatalogReader:
+    """Catalog queries shared by both sources (on a connection they provide)."""
+
+    def _catalog(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+        raise NotImplementedError
+
+    def _is_active(self, namespace: str, object_id: str) -> bool:
+        return False
+
+    def namespaces(self) -> list[tuple[str, int]]:
+        with self._catalog() as conn:
+            return [(str(ns), int(n)) for ns, n in conn.execute(
+                "SELECT namespace, COUNT(*) FROM nj_objects GROUP BY namespace ORDER BY namespace"
+            )]
+
+    def alarm_summary(self, now: float) -> AlarmSummary:
+        with self._catalog() as conn:
+            objects = conn.execute("SELECT COUNT(*) FROM nj_objects").fetchone()[0]
+            alarms, due = conn.execute(
+                "SELECT COUNT(*), COALESCE(SUM(time <= ?), 0) FROM nj_alarms", (now,)
+            ).fetchone()
+            later = conn.execute(
+                "SELECT MIN(time) FROM nj_alarms WHERE time > ?", (now,)
+            ).fetchone()[0]
+        return AlarmSummary(objects=int(objects), alarms=int(alarms), due=int(due),
+                            next_alarm=None if later is None else float(later))
+
+    def _page(
+        self, namespace: str | None, search: str | None, only: str, now: float,
+        offset: int, limit: int,
+    ) -> ObjectPage:
+        where, params = _filters(namespace, search, only, now)
+        with self._catalog() as conn:
+            total = conn.execute(
+                "SELECT COUNT(*) FROM nj_objects o LEFT JOIN nj_alarms a"
+                f" USING (namespace, object_id){where}", params
+            ).fetchone()[0]
+            rows = conn.execute(
+                f"{_ROW_SQL}{where} ORDER BY o.namespace, o.object_id LIMIT ? OFFSET ?",
+                [*params, limit, offset],
+            ).fetchall()
+        return ObjectPage(
+            objects=[_object_row(r, self._is_active(r[0], r[1])) for r in rows],
+            total=int(total), offset=offset, limit=limit,
+        )
+
+    def _rows(self, keys: list[tuple[str, str]]) -> list[ObjectRow]:
+        with self._catalog() as conn:
+            found = []
+            for namespace, object_id in keys:
+                row = conn.execute(
+                    f"{_ROW_SQL} WHERE o.namespace = ? AND o.object_id = ?",
+                    (namespace, object_id),
+                ).fetchone()
+                if row is not None:
+                    found.append(_object_row(row, self._is_active(namespace, object_id)))
+            return found
+
+    def row(self, namespace: str, object_id: str) -> ObjectRow | None:
+        rows = self._rows([(namespace, object_id)])
+        return rows[0] if rows else None
+
+
+def _tables(conn: sqlite3.Connection) -> set[str]:
+    return {str(r[0]) for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+
+
+def _columns(conn: sqlite3.Connection, table: str) -> list[str]:
+    return [str(r[1]) for r in conn.execute(f"PRAGMA table_info({table})")]
+
+
+def _count(conn: sqlite3.Connection, row: ObjectRow, state: State, now: float,
+           running_id: str | None) -> ObjectSummary:
+    tables = _tables(conn)
+    if "nj_jobs" not in tables:
+        return ObjectSummary(row=row, state=state)
+    jobs, due, running, attempts = conn.execute(
+        "SELECT COUNT(*), COALESCE(SUM(time <= ?), 0),"
+        " COALESCE(SUM(running_since IS NOT NULL OR id IS ?), 0), COALESCE(MAX(attempts), 0)"
+        " FROM nj_jobs", (now, running_id),
+    ).fetchone()
+    letters = 0
+    if "nj_dead_letters" in tables:
+        letters = conn.execute("SELECT COUNT(*) FROM nj_dead_letters").fetchone()[0]
+    strikes = 0
+    if "nj_meta" in tables:
+        found = conn.execute("SELECT value FROM nj_meta WHERE key = ?", (STRIKES_KEY,)).fetchone()
+        strikes = 0 if found is None else int(found[0])
+    return ObjectSummary(
+        row=row, state=state, lifecycle=True, jobs=int(jobs), due=int(due),
+        running=int(running), max_attempts=int(attempts), dead_letters=int(letters),
+        breaker_strikes=strikes,
+    )
+
+
+def _payload(text: str | None) -> Any:
+    try:
+        return decode_payload(text)
+    except NurseryJobsError:
+        return "<undecodable payload>"
+
+
+def _read_jobs(conn: sqlite3.Connection, limit: int | None,
+               running_id: str | None) -> list[JobInfo]:
+    if "nj_jobs" not in _tables(conn):
+        return []
+    has_priority = "priority" in _columns(conn, "nj_jobs")
+    priority = "priority" if has_priority else "NULL"
+    order = "priority DESC, time, seq" if has_priority else "time, seq"
+    cursor = conn.execute(
+        f"SELECT id, owner, fn, time, {priority}, attempts, max_attempts, running_since,"
+        " crash_strikes, created_at, exclusive, singleflight, payload FROM nj_jobs"
+        f" ORDER BY {order} LIMIT ?", (-1 if limit is None else limit,),
+    )
+    return [
+        JobInfo(id=id, owner=owner, fn=fn, time=float(time),
+                priority=None if prio is None else int(prio), attempts=int(attempts),
+                max_attempts=int(max_attempts),
+                running=running_since is not None or id == running_id,
+                running_since=running_since, crash_strikes=int(strikes),
+                created_at=float(created), exclusive=bool(exclusive),
+                singleflight=bool(singleflight), payload=_payload(payload))
+        for (id, owner, fn, time, prio, attempts, max_attempts, running_since, strikes,
+             created, exclusive, singleflight, payload) in cursor
+    ]
+
+
+def _read_dead_letters(conn: sqlite3.Connection, limit: int | None) -> list[DeadLetterInfo]:
+    if "nj_dead_letters" not in _tables(conn):
+        return []
+    letters = []
+    for owner, id, job, error, attempts, reason, time in conn.execute(
+        "SELECT owner, id, job, error, attempts, reason, time FROM nj_dead_letters"
+        " ORDER BY time DESC LIMIT ?", (-1 if limit is None else limit,),
+    ):
+        record = _payload(job)
+        fn, payload = "?", None
+        if isinstance(record, dict):
+            fn = str(record.get("fn", "?"))
+            payload = _payload(record.get("payload"))
+        letters.append(DeadLetterInfo(owner=owner, id=id, fn=fn, error=error,
+                                      attempts=int(attempts), reason=reason,
+                                      time=float(time), payload=payload))
+    return letters
+
+
+class _ObjectReader(_CatalogReader):
+    """Reads object databases: ``_object_db`` yields a connection (or a state)."""
+
+    def _object_db(
+        self, row: ObjectRow
+    ) -> contextlib.AbstractContextManager[tuple[sqlite3.Connection | None, State, str | None]]:
+        raise NotImplementedError
+
+    def _running_id(self, row: ObjectRow) -> str | None:
+        return None
+
+    def summary(self, row: ObjectRow, now: float) -> ObjectSummary:
+        with self._object_db(row) as (conn, state, problem):
+            if conn is None:
+                return ObjectSummary(row=row, state=state, problem=problem)
+            try:
+                return _count(conn, row, state, now, self._running_id(row))
+            except sqlite3.DatabaseError as exc:
+                return ObjectSummary(row=row, state="damaged", problem=str(exc))
+
+    def detail(
+        self, namespace: str, object_id: str, now: float, *, job_limit: int | None = None,
+        letter_limit: int | None = None,
+    ) -> ObjectDetail | None:
+        row = self.row(namespace, object_id)
+        if row is None:
+            return None
+        with self._object_db(row) as (conn, state, problem):
+            if conn is None:
+                return ObjectDetail(summary=ObjectSummary(row=row, state=state, problem=problem),
+                                    jobs=[], dead_letters=[])
+            try:
+                running_id = self._running_id(row)
+                return ObjectDetail(
+                    summary=_count(conn, row, state, now, running_id),
+                    jobs=_read_jobs(conn, job_limit, running_id),
+                    dead_letters=_read_dead_letters(conn, letter_limit),
+                )
+            except sqlite3.DatabaseError as exc:
+                return ObjectDetail(
+                    summary=ObjectSummary(row=row, state="damaged", problem=str(exc)),
+                    jobs=[], dead_letters=[],
+                )
+
+
+@contextlib.contextmanager
+def _file_db(
+    path: Path, *, probe: bool
+) -> Iterator[tuple[sqlite3.Connection | None, State, str | None]]:
+    if not path.exists():
+        held = path.parent / QUARANTINE / path.name
+        if held.exists():
+            yield None, "quarantined", (f"damaged; moved to {held} — move it back to restore"
+                                        " the object (its alarm is kept)")
+        else:
+            yield None, "missing", f"no database file {path.name}"
+        return
+    with contextlib.ExitStack() as stack:
+        found: tuple[sqlite3.Connection | None, State, str | None]
+        try:
+            conn = stack.enter_context(open_readonly(path, probe=probe))
+        except ObjectInUseError as exc:
+            found = (None, "in use", str(exc))
+        except sqlite3.DatabaseError as exc:
+            found = (None, "damaged", f"{path.name}: {exc}")
+        else:
+            found = (conn, "evicted", None)
+        yield found
+
+
+class OfflineSource(_ObjectReader):
+    """A stopped data directory, read-only. Creates no file; runs nothing."""
+
+    def __init__(self, data: str | os.PathLike[str]) -> None:
+        self.data = Path(data)
+        if not (self.data / "catalog.sqlite3").is_file():
+            raise DataDirectoryError(f"{self.data} is not a nursery_jobs data directory"
+                                     " (no catalog.sqlite3)")
+
+    @property
+    def label(self) -> str:
+        return str(self.data)
+
+    @property
+    def live(self) -> bool:
+        return False
+
+    def _catalog(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+        return open_readonly(self.data / "catalog.sqlite3")
+
+    def objects(
+        self, *, namespace: str | None = None, search: str | None = None,
+        only: Literal["all", "active", "due"] = "all", now: float = 0.0,
+        offset: int = 0, limit: int = 50,
+    ) -> ObjectPage:
+        if only == "active":
+            return ObjectPage(objects=[], total=0, offset=offset, limit=limit)
+        return self._page(namespace, search, only, now, offset, limit)
+
+    def _object_db(
+        self, row: ObjectRow
+    ) -> contextlib.AbstractContextManager[tuple[sqlite3.Connection | None, State, str | None]]:
+        return _file_db(self.data / "objects" / row.file, probe=True)
+
+
+class RuntimeSource(_ObjectReader):
+    """A running runtime, read in its own process (on the Trio thread; every call is
+    synchronous and runs between the runtime's statements).
+
+    The one place outside the core that reads the runtime's internals: the catalog
+    connection, the hosts of active objects (their databases are locked exclusively,
+    so their own connection is the only way in), the in-memory databases of a
+    ``path=None`` runtime, and the id of the job an alarm run is executing. A job an
+    active object completed may show until its completion group commits.
+    """
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+
+    @property
+    def label(self) -> str:
+        return "memory" if self.rt.path is None else str(self.rt.path)
+
+    @property
+    def live(self) -> bool:
+        return True
+
+    @contextlib.contextmanager
+    def _catalog(self) -> Iterator[sqlite3.Connection]:
+        catalog = getattr(self.rt.engine, "catalog", None)
+        if catalog is None:
+            raise UnknownObjectError(
+                f"the dashboard reads the files and memory engines; {self.label} has no catalog"
+            )
+        yield catalog.conn
+
+    def _is_active(self, namespace: str, object_id: str) -> bool:
+        return self.rt.is_active(namespace, object_id)
+
+    def active_keys(self) -> list[tuple[str, str]]:
+        return self.rt.active_objects()
+
+    def objects(
+        self, *, namespace: str | None = None, search: str | None = None,
+        only: Literal["all", "active", "due"] = "all", now: float = 0.0,
+        offset: int = 0, limit: int = 50,
+    ) -> ObjectPage:
+        if only != "active":
+            return self._page(namespace, search, only, now, offset, limit)
+        keys = sorted(
+            key for key in self.rt.active_objects()
+            if (not namespace or key[0] == namespace) and (not search or search in key[1])
+        )
+        return ObjectPage(objects=self._rows(keys[offset:offset + limit]), total=len(keys),
+                          offset=offset, limit=limit)
+
+    def _host_conn(self, namespace: str, object_id: str) -> sqlite3.Connection | None:
+        return self.rt.active_database(namespace, object_id)
+
+    @contextlib.contextmanager
+    def _object_db(
+        self, row: ObjectRow
+    ) -> Iterator[tuple[sqlite3.Connection | None, State, str | None]]:
+        conn = self._host_conn(row.namespace, row.id)
+        if conn is not None:
+            yield conn, "active", None
+            return
+        if self.rt.path is not None and self.rt.is_active(row.namespace, row.id):
+            if self.rt.database_closing(row.namespace, row.id):
+                # Its close still runs (checkpointing, in a worker thread): opening the
+                # file now, then closing it, would drop this process's lock on it.
+                yield None, "active", "closing its database (dozing): look again shortly"
+                return
+            # Dormant: resident, its file closed (read as an evicted one's is).
+            with _file_db(self.rt.path / "objects" / row.file, probe=False) as found:
+                conn, state, problem = found
+                yield conn, "active" if state == "evicted" else state, problem
+            return
+        if self.rt.path is None:
+            memory = self.rt.engine.database(row.namespace, row.id)  # type: ignore[attr-defined]
+            if memory is None:
+                yield None, "missing", "no in-memory database"
+            else:
+                yield memory, "evicted", None
+            return
+        # Evicted: the file is closed, and nothing else in this process can open it
+        # while this synchronous read runs (no lock probe: see _held_by_another_process).
+        with _file_db(self.rt.path / "objects" / row.file, probe=False) as found:
+            yield found
+
+    def _lifecycle(self, namespace: str, object_id: str) -> Any:
+        from nursery_jobs._jobs._lifecycle import Lifecycle
+
+        instance = self.rt.active_instance(namespace, object_id)
+        if instance is None:
+            return None
+        for value in vars(instance).values():
+            if isinstance(value, Lifecycle):
+                return value
+        return None
+
+    def _running_id(self, row: ObjectRow) -> str | None:
+        lifecycle = self._lifecycle(row.namespace, row.id)
+        return None if lifecycle is None else lifecycle.store.running_id
+
+    # -- what the metrics and the test helpers need --------------------------------------
+    def due_jobs_in_active_objects(self, now: float) -> dict[str, int]:
+        """Due jobs per namespace, counted in the open databases of active objects (a
+        dormant one has none due: its alarm would have woken it)."""
+        counts: dict[str, int] = {}
+        for namespace, object_id in self.rt.active_objects():
+            conn = self.rt.active_database(namespace, object_id)
+            if conn is None:
+                continue
+            try:
+                due = conn.execute(
+                    "SELECT COUNT(*) FROM nj_jobs WHERE time <= ?", (now,)
+                ).fetchone()[0]
+            except sqlite3.OperationalError:
+                continue  # no Lifecycle: no job table
+            counts[namespace] = counts.get(namespace, 0) + int(due)
+        return counts
+
+    def busy(self, now: float) -> bool:
+        """Whether an alarm is in flight or due at ``now``."""
+        return bool(self.rt.timer.inflight) or bool(self.rt.engine.due(now, 1))
+
+    # -- the dashboard's write actions (only with http_writes) ---------------------------
+    async def requeue(self, namespace: str, object_id: str, owner: str, job_id: str) -> bool:
+        """Requeue a dead letter through the object's Lifecycle (activating it)."""
+        lifecycle = await self._activated_lifecycle(namespace, object_id)
+        return await lifecycle.requeue(job_id, owner=owner) is not None
+
+    async def discard(self, namespace: str, object_id: str, owner: str, job_id: str) -> bool:
+        """Delete a dead letter through the object's job table (activating it)."""
+        lifecycle = await self._activated_lifecycle(namespace, object_id)
+        return bool(await lifecycle.discard(job_id, owner=owner))
+
+    async def _activated_lifecycle(self, namespace: str, object_id: str) -> Any:
+        from nursery_jobs._core._object import resolve_namespace
+
+        cls = resolve_namespace(namespace, self.rt.engine.class_path(namespace))
+        if cls is None:
+            raise UnknownObjectError(f"no class is registered for namespace {namespace!r}")
+        await self.rt.activate(cls, object_id)
+        lifecycle = self._lifecycle(namespace, object_id)
+        if lifecycle is None:
+            raise UnknownObjectError(f"{namespace}/{object_id} has no Lifecycle")
+        return lifecycle

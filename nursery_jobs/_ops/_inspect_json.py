@@ -1,0 +1,104 @@
+"""The JSON shape of what ``_inspect`` reads: ``nursery-jobs inspect --json`` and the
+dashboard's ``/api`` print the same records, and ``printable`` escapes ids for text."""
+
+from __future__ import annotations
+
+from typing import Any, Final, Literal
+
+from nursery_jobs._ops._inspect import (
+    DataSource,
+    DeadLetterInfo,
+    JobInfo,
+    ObjectDetail,
+    ObjectSummary,
+)
+
+PREVIEW_CHARS: Final = 200  # characters of a payload shown in a report
+
+
+# -- the JSON shape (``inspect --json`` and ``/api``) ----------------------------------------
+def preview(value: Any) -> str | None:
+    if value is None:
+        return None
+    text = repr(value)
+    return text if len(text) <= PREVIEW_CHARS else text[:PREVIEW_CHARS - 1] + "…"
+
+
+def job_json(job: JobInfo) -> dict[str, Any]:
+    return {
+        "id": job.id, "owner": job.owner, "fn": job.fn, "time": job.time,
+        "priority": job.priority, "attempts": job.attempts, "max_attempts": job.max_attempts,
+        "running": job.running, "running_since": job.running_since,
+        "crash_strikes": job.crash_strikes, "created_at": job.created_at,
+        "exclusive": job.exclusive, "singleflight": job.singleflight,
+        "payload": preview(job.payload),
+    }
+
+
+def dead_letter_json(letter: DeadLetterInfo) -> dict[str, Any]:
+    return {
+        "owner": letter.owner, "id": letter.id, "fn": letter.fn, "error": letter.error,
+        "attempts": letter.attempts, "reason": letter.reason, "time": letter.time,
+        "payload": preview(letter.payload),
+    }
+
+
+def summary_json(summary: ObjectSummary) -> dict[str, Any]:
+    row = summary.row
+    return {
+        "namespace": row.namespace, "id": row.id, "state": summary.state,
+        "problem": summary.problem, "alarm": row.alarm, "alarm_retry": row.alarm_retry,
+        "created_at": row.created_at, "lifecycle": summary.lifecycle,
+        "counts": {"jobs": summary.jobs, "due": summary.due, "running": summary.running,
+                   "dead_letters": summary.dead_letters},
+        "max_attempts": summary.max_attempts, "breaker_strikes": summary.breaker_strikes,
+    }
+
+
+def detail_json(detail: ObjectDetail) -> dict[str, Any]:
+    entry = summary_json(detail.summary)
+    entry["jobs"] = [job_json(job) for job in detail.jobs]
+    entry["dead_letters"] = [dead_letter_json(letter) for letter in detail.dead_letters]
+    return entry
+
+
+def report_json(
+    source: DataSource, now: float, *, namespace: str | None = None,
+    search: str | None = None, only: Literal["all", "active", "due"] = "all",
+    offset: int = 0, limit: int = 50, job_limit: int | None = None,
+    letter_limit: int | None = None,
+) -> dict[str, Any]:
+    """A page of objects with their jobs and dead letters: what ``inspect --json``
+    prints (every object) and ``/api/objects`` answers (a page)."""
+    page = source.objects(namespace=namespace, search=search, only=only, now=now,
+                          offset=offset, limit=limit)
+    objects = []
+    for row in page.objects:
+        detail = source.detail(row.namespace, row.id, now, job_limit=job_limit,
+                               letter_limit=letter_limit)
+        if detail is not None:
+            objects.append(detail_json(detail))
+    return {"source": source.label, "live": source.live, "now": now, "total": page.total,
+            "offset": page.offset, "limit": page.limit, "objects": objects}
+
+
+def printable(text: str) -> str:
+    """``text`` with control and other unprintable characters (and backslashes)
+    escaped, so an id or an error message cannot forge lines on a terminal."""
+    if text.isprintable() and "\\" not in text:
+        return text
+    out = []
+    for ch in text:
+        if ch == "\\":
+            out.append("\\\\")
+        elif ch.isprintable():
+            out.append(ch)
+        elif ch in "\n\r\t":
+            out.append({"\n": "\\n", "\r": "\\r", "\t": "\\t"}[ch])
+        elif ord(ch) < 0x100:
+            out.append(f"\\x{ord(ch):02x}")
+        elif ord(ch) < 0x10000:
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(f"\\U{ord(ch):08x}")
+    return "".join(out)

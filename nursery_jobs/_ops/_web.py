@@ -1,0 +1,732 @@
+"""The HTTP face: a dashboard, ``/metrics`` and ``/api`` as a small ASGI app on
+hypercorn's Trio worker (the ``web`` extra). Server-rendered HTML and SVG, no
+JavaScript.
+
+Read-only unless started with ``writes=True``: then dead letters can be requeued or
+discarded with a POST that carries the server's per-process token (in the page's form)
+and, from a browser, an ``Origin`` of this server — a synchronizer token plus an origin
+check, so another site cannot forge the request. Bound to loopback, the server also
+refuses requests whose ``Host`` is not a loopback name (DNS rebinding).
+"""
+
+from __future__ import annotations
+
+import hmac
+import html
+import ipaddress
+import json
+import logging
+import math
+import secrets
+import sqlite3
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable
+from functools import partial
+from itertools import pairwise
+from typing import TYPE_CHECKING, Any, Final, Literal, cast
+from urllib.parse import parse_qs, urlencode
+
+import trio
+from trio_util import periodic
+
+from nursery_jobs import _clock
+from nursery_jobs._core._metrics import (
+    LATENESS_BUCKETS,
+    Exposition,
+    Metrics,
+    expose_metrics,
+    quantile,
+)
+from nursery_jobs._errors import NurseryJobsError
+from nursery_jobs._ops._inspect import (
+    DataDirectoryError,
+    DataSource,
+    DeadLetterInfo,
+    ObjectDetail,
+    ObjectInUseError,
+    ObjectRow,
+    ObjectSummary,
+    RuntimeSource,
+    UnknownObjectError,
+)
+from nursery_jobs._ops._inspect_json import detail_json, preview, report_json
+from nursery_jobs._ops._web_html import (
+    SAMPLE_INTERVAL,
+    SAMPLES,
+    _q,
+    _state_badge,
+    esc,
+    page,
+    svg_chart,
+    when,
+)
+
+if TYPE_CHECKING:
+    from nursery_jobs._core._runtime import Runtime
+    from nursery_jobs._events import Event
+
+logger = logging.getLogger("nursery_jobs.http")
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+Only = Literal["all", "active", "due"]
+
+PAGE_SIZE: Final = 50
+MAX_PAGE_SIZE: Final = 500
+# Bounds of query parameters: a page number, an integer at all, rows of a kind.
+MAX_PAGE: Final = 10**9
+MAX_QUERY_INT: Final = 10**12
+MAX_ROWS: Final = 10_000
+RECENT_EVENTS: Final = 200
+MAX_BODY: Final = 16 * 1024
+OBJECT_JOB_LIMIT: Final = 500
+
+
+# -- what a live runtime adds: recent events and chart samples ------------------------------
+class Recorder:
+    """Keeps the recent events and, every ``SAMPLE_INTERVAL``, a sample of the metrics
+    (for the dashboard's charts over the last minutes)."""
+
+    def __init__(self, metrics: Metrics, interval: float = SAMPLE_INTERVAL) -> None:
+        self.metrics = metrics
+        self.interval = interval
+        self.events: deque[Event] = deque(maxlen=RECENT_EVENTS)
+        self.samples: deque[tuple[float, int, list[int]]] = deque(maxlen=SAMPLES + 1)
+
+    def on_event(self, event: Event) -> None:
+        self.events.append(event)
+
+    def sample(self, now: float) -> None:
+        dispatched = sum(self.metrics.dispatched.values())
+        self.samples.append((now, dispatched, list(self.metrics.alarm_lateness.counts)))
+
+    async def run(self) -> None:
+        async for _ in periodic(self.interval):
+            self.sample(_clock.now())
+
+    def series(self) -> tuple[list[tuple[float, float]], list[tuple[float, float | None]]]:
+        """(time, jobs/s) and (time, p95 alarm lateness in s) per sample interval."""
+        rates: list[tuple[float, float]] = []
+        lateness: list[tuple[float, float | None]] = []
+        samples = list(self.samples)
+        for (t0, d0, l0), (t1, d1, l1) in pairwise(samples):
+            span = max(t1 - t0, 1e-9)
+            rates.append((t1, (d1 - d0) / span))
+            delta = [b - a for a, b in zip(l0, l1, strict=True)]
+            lateness.append((t1, quantile(LATENESS_BUCKETS, delta, 0.95)))
+        return rates, lateness
+
+
+# -- the ASGI app --------------------------------------------------------------------------
+class Response:
+    __slots__ = ("body", "headers", "status")
+
+    def __init__(self, status: int, body: str | bytes, content_type: str,
+                 headers: Iterable[tuple[str, str]] = ()) -> None:
+        self.status = status
+        self.body = body.encode() if isinstance(body, str) else body
+        self.headers = [("content-type", content_type), *headers]
+
+
+def _html(body: str, status: int = 200) -> Response:
+    return Response(status, body, "text/html; charset=utf-8")
+
+
+def _json(value: Any, status: int = 200) -> Response:
+    return Response(status, json.dumps(value, ensure_ascii=True, default=repr, indent=1),
+                    "application/json")
+
+
+def _text(body: str, status: int = 200) -> Response:
+    return Response(status, body, "text/plain; charset=utf-8")
+
+
+_SECURITY_HEADERS: Final = [
+    ("content-security-policy", "default-src 'none'; style-src 'unsafe-inline';"
+     " img-src data:; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"),
+    ("x-content-type-options", "nosniff"),
+    ("referrer-policy", "no-referrer"),
+    ("x-frame-options", "DENY"),
+    ("cache-control", "no-store"),
+]
+
+
+class HttpError(NurseryJobsError):
+    """A request the dashboard refuses (bad parameter, forbidden write)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Dashboard:
+    """The ASGI app: one ``DataSource`` (plus metrics and recent events when live)."""
+
+    def __init__(
+        self, source: DataSource, *, clock: Callable[[], float],
+        metrics: Metrics | None = None, recorder: Recorder | None = None,
+        writer: RuntimeSource | None = None, loopback_only: bool = True,
+        counters: Callable[[float], dict[str, Any]] | None = None,
+    ) -> None:
+        self.source = source
+        self.clock = clock
+        self.metrics = metrics
+        self.recorder = recorder
+        self.writer = writer
+        self.loopback_only = loopback_only
+        self.counters = counters
+        self.token = secrets.token_urlsafe(32)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["type"] != "http":
+            return
+        head = scope.get("method") == "HEAD"
+        try:
+            response = await self.handle(scope, receive)
+        except HttpError as exc:
+            response = _text(str(exc) + "\n", exc.status)
+        except ObjectInUseError as exc:  # (a stopped directory another process took)
+            response = _text(f"{exc}; try again once it is free\n", 503)
+        except (DataDirectoryError, sqlite3.DatabaseError) as exc:
+            response = _text(f"cannot read the data directory: {exc}\n", 503)
+        except Exception:
+            logger.exception("dashboard request %s %s failed", scope.get("method"),
+                             scope.get("path"))
+            response = _text("internal error (see the nursery_jobs.http log)\n", 500)
+        await send({"type": "http.response.start", "status": response.status,
+                    "headers": [(k.encode(), v.encode())
+                                for k, v in (*response.headers, *_SECURITY_HEADERS,
+                                             ("content-length", str(len(response.body))))]})
+        await send({"type": "http.response.body", "body": b"" if head else response.body})
+
+    async def handle(self, scope: Scope, receive: Receive) -> Response:
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1")
+                   for k, v in scope.get("headers", [])}
+        host = headers.get("host", "")
+        if self.loopback_only and not _loopback_host(host):
+            raise HttpError(421, f"this dashboard answers to loopback names only, not {host!r}")
+        query = {k: v[-1] for k, v in parse_qs(scope.get("query_string", b"").decode()).items()}
+        path = scope["path"]
+        method = scope["method"]
+        if method == "POST":
+            form = await self._form(receive, headers)
+            return await self.post(path, form, headers, host)
+        if method not in ("GET", "HEAD"):
+            raise HttpError(405, "method not allowed")
+        now = self.clock()
+        if path == "/":
+            return _html(self.dashboard(query, now))
+        if path == "/object":
+            return _html(self.object_page(query, now))
+        if path == "/metrics":
+            return Response(200, self.exposition(now), "text/plain; version=0.0.4; charset=utf-8")
+        if path in ("/api", "/api/objects"):
+            namespace, search, only, offset, limit = self._page_args(query)
+            return _json(report_json(self.source, now, namespace=namespace, search=search,
+                                     only=only, offset=offset, limit=limit,
+                                     job_limit=_count(query, "jobs", 100),
+                                     letter_limit=_count(query, "letters", 100)))
+        if path == "/api/object":
+            detail = self._detail(query, now, _count(query, "jobs", 1000))
+            return _json(detail_json(detail))
+        if path == "/api/summary":
+            return _json(self.summary(now))
+        if path == "/api/events":
+            return _json(self.events_json())
+        if path == "/favicon.ico":
+            return Response(204, b"", "image/x-icon")
+        raise HttpError(404, f"no page {path!r}")
+
+    # -- reading ------------------------------------------------------------------------
+    def _page_args(self, query: dict[str, str]) -> tuple[str | None, str | None, Only, int, int]:
+        only = query.get("only", "all")
+        if only not in ("all", "active", "due"):
+            raise HttpError(400, f"only must be all, active or due, not {only!r}")
+        limit = min(max(_int(query, "limit", PAGE_SIZE), 1), MAX_PAGE_SIZE)
+        offset = min(max(_int(query, "page", 1) - 1, 0), MAX_PAGE) * limit
+        return (query.get("ns") or None, query.get("q") or None, cast(Only, only), offset,
+                limit)
+
+    def _detail(self, query: dict[str, str], now: float, job_limit: int) -> ObjectDetail:
+        namespace, object_id = query.get("ns") or query.get("namespace"), query.get("id")
+        if namespace is None or object_id is None:
+            raise HttpError(400, "give ns and id")
+        detail = self.source.detail(namespace, object_id, now, job_limit=job_limit,
+                                    letter_limit=job_limit)
+        if detail is None:
+            raise HttpError(404, f"no object {namespace}/{object_id}")
+        return detail
+
+    def summary(self, now: float) -> dict[str, Any]:
+        alarms = self.source.alarm_summary(now)
+        out: dict[str, Any] = {
+            "source": self.source.label, "live": self.source.live, "now": now,
+            "objects": alarms.objects, "alarms": alarms.alarms, "alarms_due": alarms.due,
+            "next_alarm": alarms.next_alarm,
+        }
+        if self.counters is not None:
+            out.update(self.counters(now))
+        if self.metrics is not None:
+            out["totals"] = self.metrics.totals()
+        return out
+
+    def events_json(self) -> list[dict[str, Any]]:
+        if self.recorder is None:
+            return []
+        return [{"type": e.type, "namespace": e.namespace, "id": e.object_id,
+                 "time": e.time, "data": e.data} for e in reversed(self.recorder.events)]
+
+    def exposition(self, now: float) -> str:
+        out = Exposition()
+        alarms = self.source.alarm_summary(now)
+        out.gauge("objects", "Objects in the catalog, by namespace.",
+                  {(ns,): n for ns, n in self.source.namespaces()}, ("namespace",))
+        out.gauge("alarms", "Objects with an alarm set.", {(): alarms.alarms})
+        out.gauge("alarms_due", "Objects whose alarm is due now.", {(): alarms.due})
+        if self.counters is not None:
+            live = self.counters(now)
+            out.gauge("active_objects", "Objects resident in memory, by namespace.",
+                      {(ns,): n for ns, n in live["active_by_namespace"].items()},
+                      ("namespace",))
+            out.gauge("alarms_in_flight", "Alarm runs in progress.",
+                      {(): live["alarms_in_flight"]})
+            out.gauge("due_jobs", "Due jobs in the databases of active objects, by namespace.",
+                      {(ns,): n for ns, n in live["due_jobs_by_namespace"].items()},
+                      ("namespace",))
+            out.counter("events_dropped", "Events a full subscriber buffer dropped.",
+                        {(): live["events_dropped"]}, ())
+        if self.metrics is not None:
+            expose_metrics(self.metrics, out)
+        return out.text()
+
+    # -- pages ----------------------------------------------------------------------------
+    def dashboard(self, query: dict[str, str], now: float) -> str:
+        namespace, search, only, offset, limit = self._page_args(query)
+        source = self.source
+        summary = self.summary(now)
+        listing = source.objects(namespace=namespace, search=search, only=only, now=now,
+                                 offset=offset, limit=limit)
+        summaries = [source.summary(row, now) for row in listing.objects]
+        parts = [self._cards(summary, now), self._charts(now)]
+        parts.append(self._namespaces(namespace, only))
+        parts.append(self._objects_table(listing.objects, summaries, now, query, listing.total,
+                                         offset, limit))
+        parts.append(self._dead_letters_section(summaries, now, query.get("dl", "")))
+        if self.recorder is not None:
+            parts.append(self._events_section(now))
+        return page("dashboard", source, now, "".join(parts))
+
+    def _cards(self, summary: dict[str, Any], now: float) -> str:
+        cards = [("objects", f"{summary['objects']:,}")]
+        if "active" in summary:
+            cards.append(("active", f"{summary['active']:,}"))
+            cards.append(("alarm runs in flight", f"{summary['alarms_in_flight']:,}"))
+        cards.append(("alarms due now", f"{summary['alarms_due']:,}"))
+        cards.append(("next alarm", when(summary["next_alarm"], now)))
+        totals = summary.get("totals")
+        if totals:
+            cards += [("jobs run", f"{totals['dispatched']:,}"),
+                      ("failed attempts", f"{totals['failed']:,}"),
+                      ("retries", f"{totals['retried']:,}"),
+                      ("dead-lettered", f"{totals['dead_lettered']:,}"),
+                      ("crash strikes", f"{totals['crash_strikes']:,}"),
+                      ("breaker trips", f"{totals['breaker_trips']:,}")]
+        return '<div class="cards">' + "".join(
+            f'<div class="card"><div class="n">{v}</div><div class="l">{esc(k)}</div></div>'
+            for k, v in cards) + "</div>"
+
+    def _charts(self, now: float) -> str:
+        if self.recorder is None:
+            return ('<p class="muted">Charts of dispatch rate and alarm lateness need a live'
+                    " runtime: <code>open_runtime(..., http=(\"127.0.0.1\", 8321))</code>.</p>")
+        rates, lateness = self.recorder.series()
+        span = self.recorder.interval * SAMPLES
+        return (
+            '<div class="charts">'
+            f'<div class="chart"><h3>Dispatch rate</h3>'
+            f'{svg_chart(list(rates), now=now, span=span, unit="jobs/s", bars=True)}</div>'
+            f'<div class="chart"><h3>Alarm lateness (p95)</h3>'
+            f'{svg_chart(lateness, now=now, span=span, unit="ms", scale=1000.0)}</div></div>'
+        )
+
+    def _namespaces(self, current: str | None, only: str) -> str:
+        namespaces = self.source.namespaces()
+        total = sum(n for _, n in namespaces)
+        chips = [f'<a class="{"on" if not current else ""}" href="/?{_q(only=only)}">all'
+                 f" ({total:,})</a>"]
+        for ns, n in namespaces[:50]:
+            chips.append(f'<a class="{"on" if ns == current else ""}"'
+                         f' href="/?{_q(ns=ns, only=only)}">{esc(ns)} ({n:,})</a>')
+        if len(namespaces) > 50:
+            chips.append(f'<span class="muted">… {len(namespaces) - 50} more</span>')
+        return f'<section><h2>Namespaces</h2><div class="chips">{"".join(chips)}</div></section>'
+
+    def _objects_table(
+        self, rows: list[ObjectRow], summaries: list[ObjectSummary], now: float,
+        query: dict[str, str], total: int, offset: int, limit: int,
+    ) -> str:
+        only = query.get("only", "all")
+        options = "".join(
+            f'<option value="{v}"{" selected" if v == only else ""}>{label}</option>'
+            for v, label in (("all", "all objects"), ("active", "active only"),
+                             ("due", "alarm due"))
+        )
+        filters = (
+            '<form class="filters" method="get" action="/">'
+            f'<input name="ns" placeholder="namespace" value="{esc(query.get("ns", ""))}">'
+            f'<input name="q" placeholder="id contains" value="{esc(query.get("q", ""))}">'
+            f'<select name="only">{options}</select>'
+            f'<input name="dl" placeholder="dead letter error contains"'
+            f' value="{esc(query.get("dl", ""))}">'
+            "<button>Filter</button></form>"
+        )
+        body = []
+        for s in summaries:
+            row = s.row
+            link = f"/object?{_q(ns=row.namespace, id=row.id)}"
+            due = f'<span class="badge b-due">{s.due}</span>' if s.due else "0"
+            dead = (f'<span class="badge b-dead">{s.dead_letters}</span>'
+                    if s.dead_letters else "0")
+            problem = f'<div class="err">{esc(s.problem)}</div>' if s.problem else ""
+            retry = (f' <span class="muted">(retry {row.alarm_retry})</span>'
+                     if row.alarm_retry else "")
+            body.append(
+                f"<tr><td>{esc(row.namespace)}</td><td><a class=mono href=\"{esc(link)}\">"
+                f"{esc(row.id)}</a>{problem}</td><td>{_state_badge(s.state)}</td>"
+                f"<td>{when(row.alarm, now)}{retry}</td><td class=num>{s.jobs}</td>"
+                f"<td class=num>{due}</td><td class=num>{s.running}</td>"
+                f"<td class=num>{s.max_attempts}</td><td class=num>{dead}</td>"
+                f"<td class=num>{s.breaker_strikes}</td></tr>"
+            )
+        if not body:
+            body.append('<tr><td colspan=10 class="muted">no objects</td></tr>')
+        page_no = offset // limit + 1
+        pages = max(math.ceil(total / limit), 1)
+        nav = []
+        base = {k: v for k, v in query.items() if k != "page"}
+        if page_no > 1:
+            nav.append(f'<a href="/?{urlencode({**base, "page": page_no - 1})}">← previous</a>')
+        nav.append(f'<span class="muted">page {page_no} of {pages:,} · {total:,} object(s)'
+                   "</span>")
+        if page_no < pages:
+            nav.append(f'<a href="/?{urlencode({**base, "page": page_no + 1})}">next →</a>')
+        return (
+            f"<section><h2>Objects</h2>{filters}<table><thead><tr><th>namespace</th><th>id</th>"
+            "<th>state</th><th>alarm</th><th class=num>jobs</th><th class=num>due</th>"
+            "<th class=num>running</th><th class=num>max attempts</th>"
+            "<th class=num>dead letters</th><th class=num>breaker strikes</th></tr></thead>"
+            f'<tbody>{"".join(body)}</tbody></table><div class="pager">{"".join(nav)}</div>'
+            "</section>"
+        )
+
+    def _dead_letters_section(self, summaries: list[ObjectSummary], now: float,
+                              needle: str) -> str:
+        rows = []
+        for s in summaries:
+            if not s.dead_letters:
+                continue
+            detail = self.source.detail(s.row.namespace, s.row.id, now, job_limit=0,
+                                        letter_limit=20)
+            if detail is None:
+                continue
+            for letter in detail.dead_letters:
+                if needle and not _matches(letter, needle):
+                    continue
+                link = f"/object?{_q(ns=s.row.namespace, id=s.row.id)}"
+                rows.append(
+                    f'<tr><td><a class=mono href="{esc(link)}">{esc(s.row.namespace)}/'
+                    f"{esc(s.row.id)}</a></td><td class=mono>{esc(letter.owner)}/"
+                    f"{esc(letter.id)}</td><td class=mono>{esc(letter.fn)}</td>"
+                    f"<td class=num>{letter.attempts}</td><td>{esc(letter.reason)}</td>"
+                    f"<td>{when(letter.time, now)}</td>"
+                    f'<td class="err">{esc(letter.error)}</td></tr>'
+                )
+        if not rows:
+            rows.append('<tr><td colspan=7 class="muted">none among these objects</td></tr>')
+        title = "Dead letters of the objects on this page"
+        if needle:
+            title += f" matching “{esc(needle)}”"
+        return (
+            f"<section><h2>{title}</h2><table><thead><tr><th>object</th><th>job</th>"
+            "<th>fn</th><th class=num>attempts</th><th>reason</th><th>when</th><th>error</th>"
+            f'</tr></thead><tbody>{"".join(rows)}</tbody></table></section>'
+        )
+
+    def _events_section(self, now: float) -> str:
+        assert self.recorder is not None
+        rows = []
+        for event in list(reversed(self.recorder.events))[:30]:
+            data = ", ".join(f"{k}={preview(v)}" for k, v in event.data.items())
+            link = f"/object?{_q(ns=event.namespace, id=event.object_id)}"
+            rows.append(
+                f"<tr><td>{when(event.time, now)}</td><td><code>{esc(event.type)}</code></td>"
+                f'<td><a class=mono href="{esc(link)}">{esc(event.namespace)}/'
+                f"{esc(event.object_id)}</a></td><td class=mono>{esc(data)}</td></tr>"
+            )
+        if not rows:
+            rows.append('<tr><td colspan=4 class="muted">no events yet</td></tr>')
+        return (
+            "<section><h2>Recent events</h2><table><thead><tr><th>when</th><th>type</th>"
+            f'<th>object</th><th>data</th></tr></thead><tbody>{"".join(rows)}</tbody></table>'
+            "</section>"
+        )
+
+    def object_page(self, query: dict[str, str], now: float) -> str:
+        detail = self._detail(query, now, OBJECT_JOB_LIMIT)
+        s = detail.summary
+        row = s.row
+        flash = ""
+        if query.get("done"):
+            flash = f'<div class="flash">{esc(query["done"])}</div>'
+        facts = [("state", _state_badge(s.state)), ("alarm", when(row.alarm, now)),
+                 ("alarm retries", str(row.alarm_retry)), ("jobs", str(s.jobs)),
+                 ("due", str(s.due)), ("running", str(s.running)),
+                 ("dead letters", str(s.dead_letters)),
+                 ("breaker strikes", str(s.breaker_strikes)),
+                 ("class", f"<code>{esc(row.class_path)}</code>"),
+                 ("created", when(row.created_at, now))]
+        cards = '<div class="cards">' + "".join(
+            f'<div class="card"><div class="n" style="font-size:16px">{v}</div>'
+            f'<div class="l">{esc(k)}</div></div>' for k, v in facts) + "</div>"
+        if s.problem:
+            cards += f'<p class="err">{esc(s.problem)}</p>'
+        jobs = []
+        for job in detail.jobs:
+            flags = " ".join(f'<span class="badge">{name}</span>'
+                             for name in ("exclusive", "singleflight") if getattr(job, name))
+            if job.running:
+                flags += ' <span class="badge b-active">running</span>'
+            if job.crash_strikes:
+                flags += f' <span class="badge b-dead">{job.crash_strikes} crash strike(s)</span>'
+            due_badge = ' <span class="badge b-due">due</span>' if job.time <= now else ""
+            priority = "" if job.priority is None else str(job.priority)
+            jobs.append(
+                f"<tr><td class=mono>{esc(job.owner)}</td><td class=mono>{esc(job.id)}</td>"
+                f"<td class=mono>{esc(job.fn)}</td><td>{when(job.time, now)}{due_badge}</td>"
+                f"<td class=num>{priority}</td><td class=num>{job.attempts} /"
+                f" {job.max_attempts}</td><td>{flags}</td>"
+                f"<td class=mono>{esc(preview(job.payload) or '')}</td></tr>"
+            )
+        if not jobs:
+            jobs.append('<tr><td colspan=8 class="muted">no queued jobs</td></tr>')
+        more = ""
+        if s.jobs > len(detail.jobs):
+            more = f'<p class="muted">showing the first {len(detail.jobs)} of {s.jobs:,} jobs</p>'
+        letters = []
+        for letter in detail.dead_letters:
+            letters.append(
+                f"<tr><td class=mono>{esc(letter.owner)}</td><td class=mono>{esc(letter.id)}"
+                f"</td><td class=mono>{esc(letter.fn)}</td><td class=num>{letter.attempts}</td>"
+                f"<td>{esc(letter.reason)}</td><td>{when(letter.time, now)}</td>"
+                f'<td class="err">{esc(letter.error)}</td><td>{self._actions(row, letter)}</td>'
+                "</tr>"
+            )
+        if not letters:
+            letters.append('<tr><td colspan=8 class="muted">no dead letters</td></tr>')
+        body = (
+            f'<p><a href="/">← all objects</a></p><h2 class=mono>{esc(row.namespace)}/'
+            f"{esc(row.id)}</h2>{flash}{cards}"
+            "<section><h2>Queued jobs</h2><table><thead><tr><th>owner</th><th>id</th>"
+            "<th>fn</th><th>due</th><th class=num>priority</th><th class=num>attempts</th>"
+            f'<th>flags</th><th>payload</th></tr></thead><tbody>{"".join(jobs)}</tbody>'
+            f"</table>{more}</section>"
+            "<section><h2>Dead letters</h2><table><thead><tr><th>owner</th><th>id</th>"
+            "<th>fn</th><th class=num>attempts</th><th>reason</th><th>when</th><th>error</th>"
+            f'<th></th></tr></thead><tbody>{"".join(letters)}</tbody></table></section>'
+        )
+        return page(f"{row.namespace}/{row.id}", self.source, now, body,
+                    refresh=not self.writer)
+
+    def _actions(self, row: ObjectRow, letter: DeadLetterInfo) -> str:
+        if self.writer is None:
+            return ""
+        hidden = "".join(
+            f'<input type="hidden" name="{k}" value="{html.escape(v, quote=True)}">'
+            for k, v in (("ns", row.namespace), ("id", row.id), ("owner", letter.owner),
+                         ("job", letter.id), ("token", self.token))
+        )
+        return (f'<form class="inline" method="post" action="/actions/requeue">{hidden}'
+                "<button>Requeue</button></form> "
+                f'<form class="inline" method="post" action="/actions/discard">{hidden}'
+                '<button class="danger">Discard</button></form>')
+
+    # -- writes ---------------------------------------------------------------------------
+    async def _form(self, receive: Receive, headers: dict[str, str]) -> dict[str, str]:
+        ctype = headers.get("content-type", "").split(";")[0].strip()
+        if ctype != "application/x-www-form-urlencoded":
+            raise HttpError(415, "POST a form (application/x-www-form-urlencoded)")
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if len(body) > MAX_BODY:
+                raise HttpError(413, "form too large")
+            if not message.get("more_body"):
+                break
+        return {k: v[-1] for k, v in parse_qs(body.decode("utf-8", "replace")).items()}
+
+    async def post(self, path: str, form: dict[str, str], headers: dict[str, str],
+                   host: str) -> Response:
+        if self.writer is None:
+            raise HttpError(403, "this dashboard is read-only"
+                                 " (open_runtime(..., http_writes=True) allows writes)")
+        origin = headers.get("origin")
+        if origin is not None and origin != f"http://{host}":
+            raise HttpError(403, f"cross-origin POST refused (Origin {origin!r})")
+        site = headers.get("sec-fetch-site")
+        if site is not None and site not in ("same-origin", "none"):
+            raise HttpError(403, f"cross-site POST refused (Sec-Fetch-Site {site!r})")
+        if not hmac.compare_digest(form.get("token", "").encode(), self.token.encode()):
+            raise HttpError(403, "missing or wrong form token: reload the page")
+        try:
+            namespace, object_id, owner, job = (form["ns"], form["id"], form["owner"],
+                                                form["job"])
+        except KeyError as exc:
+            raise HttpError(400, f"missing form field {exc.args[0]!r}") from None
+        try:
+            if path == "/actions/requeue":
+                done = await self.writer.requeue(namespace, object_id, owner, job)
+                verb = "requeued (due now)"
+            elif path == "/actions/discard":
+                done = await self.writer.discard(namespace, object_id, owner, job)
+                verb = "discarded"
+            else:
+                raise HttpError(404, f"no action {path!r}")
+        except UnknownObjectError as exc:
+            raise HttpError(404, str(exc)) from None
+        message = f"{owner}/{job} {verb}" if done else f"no dead letter {owner}/{job}"
+        location = f"/object?{_q(ns=namespace, id=object_id, done=message)}"
+        return Response(303, f"see {location}\n", "text/plain", [("location", location)])
+
+
+def _matches(letter: DeadLetterInfo, needle: str) -> bool:
+    needle = needle.casefold()
+    return any(needle in text.casefold()
+               for text in (letter.error, letter.id, letter.owner, letter.fn, letter.reason))
+
+
+def _int(query: dict[str, str], name: str, default: int) -> int:
+    raw = query.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise HttpError(400, f"{name} must be an integer, not {raw!r}") from None
+    if not -MAX_QUERY_INT <= value <= MAX_QUERY_INT:  # (SQLite's integers stop at 2**63)
+        raise HttpError(400, f"{name} is out of range: {raw!r}")
+    return value
+
+
+def _count(query: dict[str, str], name: str, default: int) -> int:
+    """How many rows of a kind to show: 0 to ``MAX_ROWS`` (a negative LIMIT is no limit
+    to SQLite, and every row would be rendered on the Trio thread)."""
+    value = _int(query, name, default)
+    if not 0 <= value <= MAX_ROWS:
+        raise HttpError(400, f"{name} must be between 0 and {MAX_ROWS}, not {value}")
+    return value
+
+
+def _loopback_host(host: str) -> bool:
+    """Whether a Host header (``name[:port]``, ``[v6][:port]``) names this machine."""
+    if host.startswith("["):
+        name = host[1:].split("]", 1)[0]
+    else:
+        name = host.rsplit(":", 1)[0]
+    return _loopback_name(name)
+
+
+def _loopback_name(name: str) -> bool:
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+# -- serving -------------------------------------------------------------------------------
+def _check_address(address: object) -> tuple[str, int]:
+    if (not isinstance(address, tuple) or len(address) != 2
+            or not isinstance(address[0], str) or isinstance(address[1], bool)
+            or not isinstance(address[1], int) or not 0 <= address[1] <= 65535):
+        raise TypeError(f"http must be a (host, port) tuple, e.g. ('127.0.0.1', 8321);"
+                        f" got {address!r}")
+    return address[0], address[1]
+
+
+def _is_loopback_bind(host: str) -> bool:
+    """Whether the address bound is a loopback one (a bare address: ``::1`` has no port
+    to split off; it read as not loopback, which turned the Host check off)."""
+    return _loopback_name(host.strip("[]"))
+
+
+async def start_http(rt: Runtime, nursery: trio.Nursery, address: object, *,
+                     writes: bool) -> None:
+    """Serve ``rt``'s dashboard from its own nursery; sets ``rt.http_url``."""
+    host, port = _check_address(address)
+    if not isinstance(writes, bool):
+        raise TypeError(f"http_writes must be a bool, got {writes!r}")
+    source = RuntimeSource(rt)
+    recorder = Recorder(rt.metrics, SAMPLE_INTERVAL)
+    rt.events.add_listener(recorder.on_event)
+    recorder.sample(_clock.now())
+
+    def counters(now: float) -> dict[str, Any]:
+        stats = rt.statistics()
+        active: dict[str, int] = {}
+        for namespace, _ in source.active_keys():
+            active[namespace] = active.get(namespace, 0) + 1
+        return {"active": stats.active_objects, "alarms_in_flight": stats.alarms_in_flight,
+                "events_dropped": stats.events_dropped, "active_by_namespace": active,
+                "due_jobs_by_namespace": source.due_jobs_in_active_objects(now)}
+
+    app = Dashboard(source, clock=_clock.now, metrics=rt.metrics, recorder=recorder,
+                    writer=source if writes else None, loopback_only=_is_loopback_bind(host),
+                    counters=counters)
+    rt.http_url = await nursery.start(_serve, app, (host, port))
+    nursery.start_soon(recorder.run)
+    logger.info("dashboard of %s at %s%s", source.label, rt.http_url,
+                " (writes allowed)" if writes else "")
+
+
+async def serve_offline(
+    source: DataSource, address: tuple[str, int], *,
+    task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve a stopped data directory's dashboard, read-only (``nursery-jobs serve``)."""
+    host, port = _check_address(address)
+    app = Dashboard(source, clock=time.time, loopback_only=_is_loopback_bind(host))
+    await _serve(app, (host, port), task_status=task_status)
+
+
+async def _serve(
+    app: Dashboard, address: tuple[str, int], *,
+    task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    try:
+        from hypercorn.config import Config
+        from hypercorn.trio import serve
+    except ImportError as exc:
+        raise ImportError(
+            "serving the dashboard needs the web extra: pip install 'nursery_jobs[web]'"
+        ) from exc
+    host, port = address
+    config = Config()
+    config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
+    config.accesslog = None
+    config.errorlog = logger
+    async with trio.open_nursery() as nursery:
+        asgi: Any = app
+        binds = await nursery.start(partial(serve, asgi, config, mode="asgi"))
+        task_status.started(binds[0] + "/")
