@@ -22,6 +22,7 @@ from nursery_jobs._core._object import ObjectContext as ObjectContext
 from nursery_jobs._core._runtime import Runtime as Runtime
 from nursery_jobs._core._runtime import RuntimeStatistics as RuntimeStatistics
 from nursery_jobs._core._runtime import Stub as Stub
+from nursery_jobs._core._runtime import install_http_face as _install_http_face
 from nursery_jobs._core._runtime import open_runtime as open_runtime
 from nursery_jobs._core._storage import Storage as Storage
 from nursery_jobs._errors import AlarmOwnedError as AlarmOwnedError
@@ -31,6 +32,7 @@ from nursery_jobs._errors import EngineError as EngineError
 from nursery_jobs._errors import JobError as JobError
 from nursery_jobs._errors import JobOwnershipError as JobOwnershipError
 from nursery_jobs._errors import NurseryJobsError as NurseryJobsError
+from nursery_jobs._errors import ObjectFencedError as ObjectFencedError
 from nursery_jobs._errors import ObjectIdError as ObjectIdError
 from nursery_jobs._errors import ObjectResetError as ObjectResetError
 from nursery_jobs._errors import RpcError as RpcError
@@ -50,10 +52,14 @@ from nursery_jobs._jobs._records import Job as Job
 from nursery_jobs._jobs._records import JobContext as JobContext
 from nursery_jobs._jobs._records import JobOutcome as JobOutcome
 from nursery_jobs._jobs._records import Reschedule as Reschedule
-from nursery_jobs._jobs._records import RetryOptions as RetryOptions
 from nursery_jobs._jobs._strikes import MemoryLimitContext as MemoryLimitContext
 from nursery_jobs._jobs._views import CapabilityLifecycle as CapabilityLifecycle
 from nursery_jobs._jobs._views import Jobs as Jobs
+from nursery_jobs._ops._web import start_http as _start_http
+from nursery_jobs._policy import RetryOptions as RetryOptions
+
+# The operator faces plug into the runtime from above (the runtime never imports them).
+_install_http_face(_start_http)
 
 __all__ = [
     "Agent",
@@ -78,6 +84,7 @@ __all__ = [
     "MemoryLimitContext",
     "NurseryJobsError",
     "ObjectContext",
+    "ObjectFencedError",
     "ObjectIdError",
     "ObjectResetError",
     "Queue",

@@ -13,6 +13,8 @@ lookup errors derive from :class:`LookupError`::
      ├─ RuntimeClosedError                the runtime is not running
      ├─ EngineError (ValueError)          no engine serves the data location given
      ├─ StorageError                      an object's database cannot be opened
+     │   └─ StorageFaultError (also sqlite3.DatabaseError)  a fault of the file or disk:
+     │                                    .label .file .cause (full, locked, corrupt ...)
      ├─ ObjectFencedError                 another host took the object over; the write was refused
      ├─ RpcError (TypeError)              a stub call to a private name or a non-method
      ├─ ObjectResetError                  the object was evicted or reset during a call
@@ -20,7 +22,17 @@ lookup errors derive from :class:`LookupError`::
      ├─ JobError (ValueError)             a bad job argument
      │   └─ JobOwnershipError             a job id held by another owner
      ├─ CapabilityError (ValueError)      a duplicate capability id, or use() after start
-     └─ UnknownCallbackError (ValueError, LookupError)
+     ├─ UnknownCallbackError (ValueError, LookupError)
+     ├─ DataDirectoryError                (operator faces) a path that is no data directory
+     ├─ UnknownObjectError (LookupError)  (operator faces) no such object in the catalog
+     ├─ ObjectInUseError                  (operator faces) another process holds the object
+     └─ HttpError                         (the dashboard) a refused request, with its .status
+
+Two signals travel between an engine and the runtime and never reach a caller:
+``ObjectLeasedElsewhere`` (the object is another live host's before anything ran here:
+forward the call there) and ``ObjectMoved`` (this host may have lost an object it held:
+drop it and route the call again). A user sees ``ObjectFencedError`` only: this host's
+own write for the object was refused because another host took it.
 
 User exceptions are formatted (for dead letters, events and log lines) by
 :func:`describe_error` and :func:`safe_repr`, which never raise: an exception whose
@@ -30,9 +42,17 @@ become a failure of the runtime (issue 10 #2).
 
 from __future__ import annotations
 
-from typing import Final
+import sqlite3
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 import trio
+
+if TYPE_CHECKING:
+    from nursery_jobs._core._object import DurableObject
+
+# Why a database cannot be used (``StorageFaultError.cause``).
+Cause = Literal["full", "readonly", "locked", "corrupt", "io", "cantopen", "missing"]
 
 # The longest error text kept in a dead letter, an event or a log line.
 ERROR_TEXT_LIMIT: Final = 2000
@@ -75,6 +95,19 @@ class StorageError(NurseryJobsError):
     """An object's database cannot be opened (too many open files, disk full...)."""
 
 
+class StorageFaultError(StorageError, sqlite3.DatabaseError):
+    """A database cannot be read or written for a reason of its file or disk: full,
+    read-only, locked by another process, damaged or failing. ``label`` names the object
+    (or the catalog), ``file`` the file, ``cause`` one of ``full``, ``readonly``,
+    ``locked``, ``corrupt``, ``io``, ``cantopen``, ``missing``."""
+
+    def __init__(self, message: str, *, label: str, file: str, cause: Cause) -> None:
+        super().__init__(message)
+        self.label = label
+        self.file = file
+        self.cause = cause
+
+
 class ObjectFencedError(NurseryJobsError):
     """Another host took the object over (its lease and epoch): this host's write was
     refused and the object dropped here."""
@@ -106,6 +139,53 @@ class CapabilityError(NurseryJobsError, ValueError):
 
 class UnknownCallbackError(NurseryJobsError, ValueError, LookupError):
     """A Queue, Scheduler or Agent callback name is not registered."""
+
+
+class DataDirectoryError(NurseryJobsError):
+    """A path is not a nursery_jobs data directory (no catalog)."""
+
+
+class UnknownObjectError(NurseryJobsError, LookupError):
+    """No object of that namespace and id is registered in the catalog."""
+
+
+class ObjectInUseError(NurseryJobsError):
+    """Another process holds an object's database."""
+
+
+class HttpError(NurseryJobsError):
+    """A request the dashboard refuses (bad parameter, forbidden write)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class ObjectLeasedElsewhere(NurseryJobsError):
+    """``open_object`` found the object leased by another live host (engines with
+    several hosts): the stub call goes there instead, through ``forward``."""
+
+    def __init__(
+        self, label: str, owner: str,
+        forward: Callable[..., Awaitable[Any]],
+    ) -> None:
+        super().__init__(f"{label} is held by host {owner}")
+        self.owner = owner
+        # forward(cls, object_id, name, args, kwargs, again) -> the call's result;
+        # ``again`` is the stub call, for an object that moved before the call ran.
+        self.forward = forward
+
+    async def forward_call(
+        self, cls: type[DurableObject], object_id: str, name: str, args: tuple[Any, ...],
+        kwargs: dict[str, Any], again: Callable[..., Awaitable[Any]],
+    ) -> Any:
+        return await self.forward(cls, object_id, name, args, kwargs, again)
+
+
+class ObjectMoved(NurseryJobsError):
+    """A call found, before its method ran, that this host may have lost the object
+    (engines with several hosts): the object was dropped here, and the stub routes the
+    call again. Never reaches a caller."""
 
 
 def describe_error(error: BaseException, limit: int = ERROR_TEXT_LIMIT) -> str:

@@ -17,14 +17,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from nursery_jobs._errors import JobOwnershipError, RuntimeLockedError, StorageError
-from nursery_jobs._ops._inspect import (
+from nursery_jobs._errors import (
     DataDirectoryError,
+    JobOwnershipError,
     ObjectInUseError,
-    OfflineSource,
+    RuntimeLockedError,
+    StorageError,
     UnknownObjectError,
-    refuse_if_running,
 )
+from nursery_jobs._ops._inspect import OfflineSource, refuse_if_running
 from nursery_jobs._ops._inspect_json import printable, report_json
 from nursery_jobs._ops._offline import requeue_offline
 

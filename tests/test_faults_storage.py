@@ -27,8 +27,8 @@ from conftest import EPOCH
 from fault_seam import FaultPlan, faulty_engine, held_by_another_process
 
 import nursery_jobs as nj
-from nursery_jobs._core._alarm import LOCKED_RETRY
 from nursery_jobs._engines.files._catalog import object_file_name
+from nursery_jobs._policy import LOCKED_RETRY
 
 RAN: list[tuple[str, str, float]] = []
 

@@ -15,9 +15,9 @@ from pg_support import eventually, opened, sql
 psycopg = pytest.importorskip("psycopg")  # the postgres extra; CI installs it (dev)
 
 import nursery_jobs as nj
-from nursery_jobs._engines.base import ObjectLeasedElsewhere, engine_for
+from nursery_jobs._core._location import engine_for
 from nursery_jobs._engines.postgres._engine import PostgresEngine
-from nursery_jobs._errors import EngineError, ObjectFencedError, StorageError
+from nursery_jobs._errors import EngineError, ObjectFencedError, ObjectLeasedElsewhere, StorageError
 
 NOW = 1_800_000_000.0
 NS = "tests.Thing"

@@ -30,6 +30,7 @@ EXPECTED = [
     "MemoryLimitContext",
     "NurseryJobsError",
     "ObjectContext",
+    "ObjectFencedError",
     "ObjectIdError",
     "ObjectResetError",
     "Queue",

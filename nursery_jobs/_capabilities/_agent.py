@@ -15,7 +15,8 @@ from nursery_jobs._capabilities._scheduler import Schedule, Scheduler, When
 from nursery_jobs._core._object import DurableObject, ObjectContext
 from nursery_jobs._errors import JobError, UnknownCallbackError, safe_repr
 from nursery_jobs._jobs._lifecycle import Lifecycle
-from nursery_jobs._jobs._records import DeadLetter, Job, JobContext, JobOutcome, RetryOptions
+from nursery_jobs._jobs._records import DeadLetter, Job, JobContext, JobOutcome
+from nursery_jobs._policy import RetryOptions
 
 logger = logging.getLogger("nursery_jobs")
 

@@ -20,14 +20,8 @@ import attrs
 from nursery_jobs import _clock
 from nursery_jobs._errors import JobError, UnknownCallbackError, safe_repr
 from nursery_jobs._jobs._capability import CallbackCapability
-from nursery_jobs._jobs._records import (
-    MAX_PRIORITY,
-    Job,
-    JobContext,
-    JobOutcome,
-    RetryOptions,
-    check_job_id,
-)
+from nursery_jobs._jobs._records import MAX_PRIORITY, Job, JobContext, JobOutcome, check_job_id
+from nursery_jobs._policy import RetryOptions
 
 logger = logging.getLogger("nursery_jobs")
 

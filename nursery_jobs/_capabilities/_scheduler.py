@@ -30,11 +30,10 @@ from nursery_jobs._jobs._records import (
     JobContext,
     JobOutcome,
     Reschedule,
-    RetryOptions,
     check_job_id,
-    is_finite,
     new_job_id,
 )
+from nursery_jobs._policy import RetryOptions, is_finite
 
 logger = logging.getLogger("nursery_jobs")
 

@@ -14,11 +14,11 @@ from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Final, Protocol
 
-import attrs
 import trio
 
 from nursery_jobs import _clock
 from nursery_jobs._errors import StorageError, safe_repr
+from nursery_jobs._policy import ACTIVATION_RETRY, DURABLE_OBJECT_RETRY
 
 if TYPE_CHECKING:
     from nursery_jobs._core._metrics import Metrics
@@ -34,38 +34,6 @@ AlarmHandler = Callable[["AlarmInfo"], Awaitable[None]]
 
 # Due alarms fetched per timer pass, beyond those already in flight.
 _TIMER_BATCH: Final = 256
-
-
-@attrs.frozen(kw_only=True)
-class Backoff:
-    """A retry delay: ``base * 2**n`` (or ``base * (n + 1)`` when ``linear``) before
-    retry ``n + 1``, at most ``cap``; ``None`` (give up) after ``max_retries``."""
-
-    base: float
-    cap: float = math.inf
-    max_retries: int | None = None
-    linear: bool = False
-
-    def delay(self, retry: int) -> float | None:
-        """The wait before retry ``retry + 1`` (``retry`` failures so far), or None."""
-        if self.max_retries is not None and retry >= self.max_retries:
-            return None
-        grown = self.base * (retry + 1) if self.linear else self.base * 2.0 ** min(retry, 1024)
-        return min(self.cap, grown)
-
-
-# A plain object's alarm, as Durable Objects retry it: 2 s doubling, 6 retries.
-DURABLE_OBJECT_RETRY: Final = Backoff(base=2.0, max_retries=6)
-# A Lifecycle's alarm run: 2 s doubling, capped at 5 minutes, for as long as jobs remain.
-LIFECYCLE_RETRY: Final = Backoff(base=2.0, cap=300.0)
-# An alarm whose object cannot be opened or whose class is unknown: never dropped.
-ACTIVATION_RETRY: Final = Backoff(base=2.0, cap=300.0)
-# Memory-limit and crash strikes: 30 s per strike, capped at 5 minutes.
-STRIKE_DELAY: Final = Backoff(base=30.0, cap=300.0, linear=True)
-# An object file locked by another process (opening it, or opening a dormant one's
-# again): tried again this often, in Trio sleeps, before the open fails; the alarm or
-# the caller then retries with its own backoff.
-LOCKED_RETRY: Final = Backoff(base=0.05, max_retries=4)
 
 
 class AlarmClaim(Protocol):

@@ -18,30 +18,24 @@ from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
 import trio
 
 from nursery_jobs import _clock
-from nursery_jobs._core._alarm import (
-    LOCKED_RETRY,
-    AlarmHandler,
-    Backoff,
-    ObjectAlarm,
-    Timer,
-    retry_unreachable,
-)
+from nursery_jobs._core._alarm import AlarmHandler, ObjectAlarm, Timer, retry_unreachable
 from nursery_jobs._core._host_claim import HostClaim
 from nursery_jobs._core._metrics import Metrics
 from nursery_jobs._core._object import AlarmInfo, DurableObject, ObjectContext, class_path
 from nursery_jobs._core._storage import Storage
 from nursery_jobs._core._transactions import ObjectTransactions
-from nursery_jobs._engines._faults import StorageFaultError
-from nursery_jobs._engines.base import ObjectMoved
 from nursery_jobs._errors import (
     AlarmOwnedError,
     ObjectFencedError,
+    ObjectMoved,
     ObjectResetError,
     RpcError,
     StorageError,
+    StorageFaultError,
     safe_repr,
 )
 from nursery_jobs._events import EventBus
+from nursery_jobs._policy import LOCKED_RETRY, Backoff
 
 if TYPE_CHECKING:
     from nursery_jobs._core._runtime import Stub

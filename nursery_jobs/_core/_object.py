@@ -11,10 +11,11 @@ import attrs
 if TYPE_CHECKING:
     import trio
 
-    from nursery_jobs._core._alarm import AlarmClaim, AlarmHandler, Backoff
+    from nursery_jobs._core._alarm import AlarmClaim, AlarmHandler
     from nursery_jobs._core._runtime import Stub
     from nursery_jobs._core._storage import Storage
     from nursery_jobs._events import EventBus
+    from nursery_jobs._policy import Backoff
 
 # namespace -> class, filled as DurableObject subclasses are defined, so an alarm can
 # re-activate an evicted object without the application naming its class first.

@@ -16,7 +16,7 @@ import sqlite3
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, Protocol
 
 import attrs
 import psutil
@@ -25,13 +25,16 @@ import trio
 from nursery_jobs import _clock
 from nursery_jobs._core._alarm import Key, Timer, retry_unreachable
 from nursery_jobs._core._host import ObjectHost
+from nursery_jobs._core._location import engine_for
 from nursery_jobs._core._metrics import Metrics
 from nursery_jobs._core._object import DurableObject, resolve_namespace
 from nursery_jobs._core._stall import StallWatch
-from nursery_jobs._engines.base import Engine, ObjectLeasedElsewhere, ObjectMoved, engine_for
+from nursery_jobs._engines.base import Engine
 from nursery_jobs._engines.files._catalog import check_object_id
 from nursery_jobs._errors import (
     ObjectFencedError,
+    ObjectLeasedElsewhere,
+    ObjectMoved,
     ObjectResetError,
     RpcError,
     RuntimeClosedError,
@@ -469,9 +472,7 @@ async def open_runtime(
                     nursery.start_soon(rt._memory_watchdog)
                 try:
                     if http is not None:
-                        from nursery_jobs._ops._web import start_http
-
-                        await start_http(rt, nursery, http, writes=http_writes)
+                        await _http_face(rt, nursery, http, writes=http_writes)
                     yield rt
                 except BaseException as exc:
                     body_error = exc
@@ -491,6 +492,31 @@ async def open_runtime(
     finally:
         rt._closing = True
         rt._close()
+
+
+class HttpFace(Protocol):
+    """Serves a runtime's dashboard, ``/metrics`` and ``/api`` from its nursery."""
+
+    async def __call__(
+        self, rt: Runtime, nursery: trio.Nursery, address: object, *, writes: bool
+    ) -> None: ...
+
+
+async def _no_http_face(
+    rt: Runtime, nursery: trio.Nursery, address: object, *, writes: bool
+) -> None:
+    raise RuntimeError("no HTTP face is installed (import nursery_jobs, not its core alone)")
+
+
+# The HTTP face lives in the operator floor above the runtime, which must not import
+# it: ``nursery_jobs/__init__.py`` plugs it in with ``install_http_face``.
+_http_face: HttpFace = _no_http_face
+
+
+def install_http_face(face: HttpFace) -> None:
+    """Make ``open_runtime(http=...)`` serve through ``face``."""
+    global _http_face
+    _http_face = face
 
 
 def _only(group: BaseExceptionGroup[BaseException], error: BaseException) -> bool:

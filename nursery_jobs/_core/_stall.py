@@ -118,7 +118,6 @@ class StallWatch:
         """What the Trio thread runs now: the innermost object host (an alarm run or a
         call) and job context on its stack, and the innermost Python frame."""
         from nursery_jobs._core._host import ObjectHost
-        from nursery_jobs._jobs._records import JobContext
 
         frame: FrameType | None = sys._current_frames().get(self._trio_thread)
         where = None if frame is None else _where(frame)
@@ -127,8 +126,10 @@ class StallWatch:
             while frame is not None:
                 local: dict[str, Any] = frame.f_locals
                 ctx = local.get("ctx")
-                if job is None and isinstance(ctx, JobContext):
-                    job = ctx.job.id
+                if job is None:
+                    # A JobContext (the floor above: named by shape, not imported).
+                    job_id = getattr(getattr(ctx, "job", None), "id", None)
+                    job = job_id if isinstance(job_id, str) else None
                 host = local.get("self")
                 if isinstance(host, ObjectHost):
                     return host.namespace, host.object_id, job, where

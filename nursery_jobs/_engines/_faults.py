@@ -20,11 +20,9 @@ from __future__ import annotations
 import os
 import sqlite3
 from collections.abc import Iterable
-from typing import Any, Final, Literal
+from typing import Any, Final
 
-from nursery_jobs._errors import StorageError
-
-Cause = Literal["full", "readonly", "locked", "corrupt", "io", "cantopen", "missing"]
+from nursery_jobs._errors import Cause, StorageFaultError
 
 # Primary result codes (https://sqlite.org/rescode.html) that are the storage's fault.
 _CAUSES: Final[dict[int, Cause]] = {
@@ -61,19 +59,6 @@ _EXPLAIN: Final[dict[Cause, str]] = {
     "cantopen": "the file cannot be opened",
     "missing": "the file is missing",
 }
-
-
-class StorageFaultError(StorageError, sqlite3.DatabaseError):
-    """A database cannot be read or written for a reason of its file or disk: full,
-    read-only, locked by another process, damaged or failing. ``label`` names the object
-    (or the catalog), ``file`` the file, ``cause`` one of ``full``, ``readonly``,
-    ``locked``, ``corrupt``, ``io``, ``cantopen``, ``missing``."""
-
-    def __init__(self, message: str, *, label: str, file: str, cause: Cause) -> None:
-        super().__init__(message)
-        self.label = label
-        self.file = file
-        self.cause = cause
 
 
 def fault_cause(exc: BaseException) -> Cause | None:

@@ -15,43 +15,11 @@ Every object's working database is a ``sqlite3.Connection`` with the schema of
 
 from __future__ import annotations
 
-import os
 import sqlite3
-from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from nursery_jobs._errors import EngineError, NurseryJobsError
-
 if TYPE_CHECKING:
-    from nursery_jobs._core._object import DurableObject
     from nursery_jobs._events import EventBus
-
-
-class ObjectMoved(NurseryJobsError):
-    """A call found, before its method ran, that this host may have lost the object
-    (engines with several hosts): the object was dropped here, and the stub routes the
-    call again. Never reaches a caller."""
-
-
-class ObjectLeasedElsewhere(NurseryJobsError):
-    """``open_object`` found the object leased by another live host (engines with
-    several hosts): the stub call goes there instead, through ``forward``."""
-
-    def __init__(
-        self, label: str, owner: str,
-        forward: Callable[..., Awaitable[Any]],
-    ) -> None:
-        super().__init__(f"{label} is held by host {owner}")
-        self.owner = owner
-        # forward(cls, object_id, name, args, kwargs, again) -> the call's result;
-        # ``again`` is the stub call, for an object that moved before the call ran.
-        self.forward = forward
-
-    async def forward_call(
-        self, cls: type[DurableObject], object_id: str, name: str, args: tuple[Any, ...],
-        kwargs: dict[str, Any], again: Callable[..., Awaitable[Any]],
-    ) -> Any:
-        return await self.forward(cls, object_id, name, args, kwargs, again)
 
 
 class FlightSlot(Protocol):
@@ -209,50 +177,3 @@ class EngineSite(Protocol):
 
     def fenced(self, namespace: str, object_id: str) -> None:
         """Another host took the object over: cancel its scope and drop it, now."""
-
-
-def engine_for(
-    location: str | os.PathLike[str] | Engine | None, *, synchronous: str, **cluster: Any
-) -> Engine:
-    """The engine a runtime opens for ``location``: None → memory, a path → files, an
-    ``Engine`` as given. A ``scheme://`` address no engine serves raises ``EngineError``
-    (a path must never become a directory named ``postgresql:``). ``cluster`` options
-    (``lease_ttl``, ``pool_size``) are for a ``postgresql://`` address only."""
-    from nursery_jobs._engines.files._engine import FilesEngine, MemoryEngine
-
-    if cluster and not (
-        isinstance(location, str) and location.partition("://")[0].lower()
-        in ("postgresql", "postgres")
-    ):
-        raise ValueError(
-            f"{', '.join(sorted(cluster))} apply to a postgresql:// address only, not to"
-            f" {location!r}"
-        )
-    if location is None:
-        return MemoryEngine(synchronous=synchronous)
-    if isinstance(location, (str, os.PathLike)):
-        text = os.fspath(location)
-        if not isinstance(text, str):
-            raise EngineError(f"a data directory must be a str path, got {location!r}")
-        scheme, sep, _ = text.partition("://")
-        if sep and scheme.lower() in ("postgresql", "postgres"):
-            try:
-                from nursery_jobs._engines.postgres._engine import PostgresEngine
-            except ImportError as exc:
-                raise EngineError(
-                    f"a {scheme}:// address needs the PostgreSQL engine's driver ({exc}):"
-                    " pip install 'nursery_jobs[postgres]'"
-                ) from exc
-            return PostgresEngine(text, synchronous=synchronous, **cluster)
-        if sep and scheme and "/" not in scheme:
-            raise EngineError(
-                f"no engine for {scheme + '://'!r} addresses ({text[:80]!r}): give a data"
-                " directory path, None for memory, or an Engine object"
-            )
-        return FilesEngine(text, synchronous=synchronous)
-    for member in ("open_object", "due", "open", "close"):
-        if not callable(getattr(location, member, None)):
-            raise EngineError(
-                f"open_runtime() takes a path, None or an Engine, got {location!r}"
-            )
-    return location

@@ -59,7 +59,7 @@ class CallbackCapability(Capability):
         on_error: Callable[..., Any] | None,
         id: str,
     ) -> None:
-        from nursery_jobs._jobs._records import DEFAULT_RETRY, RetryOptions
+        from nursery_jobs._policy import DEFAULT_RETRY, RetryOptions
 
         kind = self.kind
         if not isinstance(callbacks, Mapping):

@@ -14,7 +14,6 @@ from typing import Any, Final
 
 import trio
 
-from nursery_jobs._core._alarm import LIFECYCLE_RETRY
 from nursery_jobs._core._object import DurableObject
 from nursery_jobs._errors import CapabilityError, safe_repr
 from nursery_jobs._jobs._alarm_run import AlarmRun, AlarmRunner, current_run
@@ -28,6 +27,7 @@ from nursery_jobs._jobs._strikes import (
     strike_now,
 )
 from nursery_jobs._jobs._views import capability_view, jobs_view
+from nursery_jobs._policy import LIFECYCLE_RETRY
 
 logger = logging.getLogger("nursery_jobs")
 

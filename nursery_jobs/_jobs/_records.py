@@ -12,61 +12,16 @@ from typing import Any, Final
 import attrs
 
 from nursery_jobs import _clock
-from nursery_jobs._core._alarm import Backoff
 from nursery_jobs._errors import JobError, JobOwnershipError
+from nursery_jobs._policy import (
+    DEFAULT_RETRY,
+    RetryOptions,
+)
 
 HOST: Final = "host"
 MAX_JOB_ID_LENGTH: Final = 1024
 
 
-# Attempts a job may have (stored as a SQLite integer, which would overflow past 2**63).
-MAX_ATTEMPTS: Final = 2**31 - 1
-
-
-def is_finite(value: int | float) -> bool:
-    """math.isfinite, also for an int too large for a float (which is not finite here)."""
-    try:
-        return math.isfinite(value)
-    except OverflowError:
-        return False
-
-
-def _check_retry(instance: RetryOptions, attribute: Any, value: Any) -> None:
-    if attribute.name == "max_attempts":
-        if isinstance(value, bool) or not isinstance(value, int) or not (
-            1 <= value <= MAX_ATTEMPTS
-        ):
-            raise JobError(
-                f"RetryOptions.max_attempts must be an int in [1, {MAX_ATTEMPTS}], got {value!r}"
-            )
-    elif (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not is_finite(value)
-        or value < 0
-    ):
-        raise JobError(f"RetryOptions.{attribute.name} must be a finite number >= 0, got {value!r}")
-
-
-@attrs.frozen(kw_only=True)
-class RetryOptions:
-    """How often a failing job is retried: ``max_attempts`` counts the first run; the
-    wait before attempt n+1 is uniform in [0, min(max_delay, base_delay * 2**(n-1)))."""
-
-    max_attempts: int = attrs.field(default=3, validator=_check_retry)
-    base_delay: float = attrs.field(default=0.1, validator=_check_retry)
-    max_delay: float = attrs.field(default=3.0, validator=_check_retry)
-    jitter: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
-    """With ``jitter=False`` the wait is exactly the bound (the Agent's 1, 2, 4 ... s)."""
-
-    def backoff_bound(self, attempt: int) -> float:
-        """Upper bound of the wait after failed attempt ``attempt`` (1-based)."""
-        bound = Backoff(base=self.base_delay, cap=self.max_delay).delay(attempt - 1)
-        assert bound is not None
-        return bound
-
-
-DEFAULT_RETRY: Final = RetryOptions()
 
 
 @attrs.frozen(kw_only=True, slots=False)  # (a __dict__: rows become Jobs fast, _job_table)

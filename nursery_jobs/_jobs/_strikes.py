@@ -18,9 +18,10 @@ from typing import Any, Final
 import attrs
 
 from nursery_jobs import _clock
-from nursery_jobs._core._alarm import STRIKE_DELAY, AlarmClaim
+from nursery_jobs._core._alarm import AlarmClaim
 from nursery_jobs._jobs._records import Job
 from nursery_jobs._jobs._store import JobStore
+from nursery_jobs._policy import STRIKE_DELAY
 
 logger = logging.getLogger("nursery_jobs")
 

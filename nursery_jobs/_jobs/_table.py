@@ -13,7 +13,8 @@ from typing import Any, Final
 import attrs
 
 from nursery_jobs._codec import converter, decode_payload, encode_payload
-from nursery_jobs._jobs._records import DEFAULT_RETRY, DeadLetter, Job, RetryOptions, checked_job
+from nursery_jobs._jobs._records import DeadLetter, Job, checked_job
+from nursery_jobs._policy import DEFAULT_RETRY, RetryOptions
 
 _COLUMNS = (
     "seq, id, owner, fn, time, payload, max_attempts, base_delay, max_delay, jitter, singleflight,"

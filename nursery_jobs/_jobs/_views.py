@@ -20,7 +20,6 @@ from nursery_jobs._events import EventBus
 from nursery_jobs._jobs._records import (
     DeadLetter,
     Job,
-    RetryOptions,
     check_before,
     check_fn,
     check_hung_timeout,
@@ -31,6 +30,7 @@ from nursery_jobs._jobs._records import (
     new_job_id,
     resolve_time,
 )
+from nursery_jobs._policy import RetryOptions
 
 if TYPE_CHECKING:
     from nursery_jobs._jobs._lifecycle import Lifecycle

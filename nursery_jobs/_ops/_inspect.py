@@ -25,7 +25,13 @@ import attrs
 
 from nursery_jobs._codec import decode_payload
 from nursery_jobs._engines.files._rebuild import QUARANTINE
-from nursery_jobs._errors import NurseryJobsError, RuntimeLockedError
+from nursery_jobs._errors import (
+    DataDirectoryError,
+    NurseryJobsError,
+    ObjectInUseError,
+    RuntimeLockedError,
+    UnknownObjectError,
+)
 
 if TYPE_CHECKING:
     from nursery_jobs._core._runtime import Runtime
@@ -33,18 +39,6 @@ if TYPE_CHECKING:
 State = Literal["active", "evicted", "in use", "missing", "damaged", "quarantined"]
 
 STRIKES_KEY: Final = "memory_limit_strikes"  # the breaker's row in nj_meta
-
-
-class DataDirectoryError(NurseryJobsError):
-    """A path is not a nursery_jobs data directory (no catalog)."""
-
-
-class UnknownObjectError(NurseryJobsError, LookupError):
-    """No object of that namespace and id is registered in the catalog."""
-
-
-class ObjectInUseError(NurseryJobsError):
-    """Another process holds an object's database."""
 
 
 # -- records --------------------------------------------------------------------------

@@ -19,14 +19,8 @@ import attrs
 
 from nursery_jobs._engines.postgres._copy import load_copy
 from nursery_jobs._engines.postgres._schema import check_version
-from nursery_jobs._errors import StorageError
-from nursery_jobs._ops._inspect import (
-    DataDirectoryError,
-    ObjectPage,
-    ObjectRow,
-    State,
-    _ObjectReader,
-)
+from nursery_jobs._errors import DataDirectoryError, StorageError
+from nursery_jobs._ops._inspect import ObjectPage, ObjectRow, State, _ObjectReader
 
 
 @attrs.frozen(kw_only=True)

@@ -15,15 +15,16 @@ import attrs
 
 from nursery_jobs._codec import decode_payload
 from nursery_jobs._engines._faults import fault_cause
-from nursery_jobs._errors import NurseryJobsError, RuntimeLockedError, StorageError
-from nursery_jobs._jobs._records import ownership_error
-from nursery_jobs._ops._inspect import (
+from nursery_jobs._errors import (
     DataDirectoryError,
+    NurseryJobsError,
     ObjectInUseError,
+    RuntimeLockedError,
+    StorageError,
     UnknownObjectError,
-    _tables,
-    refuse_if_running,
 )
+from nursery_jobs._jobs._records import ownership_error
+from nursery_jobs._ops._inspect import _tables, refuse_if_running
 
 
 # -- the one offline write ----------------------------------------------------------------

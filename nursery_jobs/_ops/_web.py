@@ -38,17 +38,19 @@ from nursery_jobs._core._metrics import (
     expose_metrics,
     quantile,
 )
-from nursery_jobs._errors import NurseryJobsError
-from nursery_jobs._ops._inspect import (
+from nursery_jobs._errors import (
     DataDirectoryError,
+    HttpError,
+    ObjectInUseError,
+    UnknownObjectError,
+)
+from nursery_jobs._ops._inspect import (
     DataSource,
     DeadLetterInfo,
     ObjectDetail,
-    ObjectInUseError,
     ObjectRow,
     ObjectSummary,
     RuntimeSource,
-    UnknownObjectError,
 )
 from nursery_jobs._ops._inspect_json import detail_json, preview, report_json
 from nursery_jobs._ops._web_html import (
@@ -151,14 +153,6 @@ _SECURITY_HEADERS: Final = [
     ("x-frame-options", "DENY"),
     ("cache-control", "no-store"),
 ]
-
-
-class HttpError(NurseryJobsError):
-    """A request the dashboard refuses (bad parameter, forbidden write)."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 class Dashboard:

@@ -21,9 +21,9 @@ from nursery_jobs._engines._schema import prepare
 from nursery_jobs._engines.files._catalog import _pragmas
 from nursery_jobs._engines.files._engine import OBJECT_CACHE_KIB
 from nursery_jobs._jobs._alarm_run import _DUE_BATCH
-from nursery_jobs._jobs._records import DEFAULT_RETRY
 from nursery_jobs._jobs._store import DEFAULT_COMPLETION_GROUP
 from nursery_jobs._jobs._table import DUE, UPSERT, finished_delete
+from nursery_jobs._policy import DEFAULT_RETRY
 
 SYNCHRONOUS: Final = {"normal": "NORMAL", "full": "FULL"}
 # Pushes with a commit each, at most (as ``_harness._pushes``).

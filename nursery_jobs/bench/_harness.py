@@ -28,34 +28,12 @@ import nursery_jobs as nj
 from nursery_jobs._core._runtime import Durability
 
 from ._floor import SYNCHRONOUS, floors
+from ._progress import Progress
 
 PEERS = ("huey", "persistqueue", "dbos", "apscheduler")
 # Jobs per peer run, at most: the slowest peers would take minutes at our N. Rates are
 # per second, so a smaller N compares fairly (its own figures are printed with it).
 PEER_N = {"huey": 5000, "persistqueue": 5000, "dbos": 2000, "apscheduler": 500}
-
-
-class _Progress:
-    """A one-line progress display on stderr (silent when stderr is not a terminal)."""
-
-    def __init__(self, total: int, enabled: bool) -> None:
-        self.total, self.done, self.enabled = total, 0, enabled
-        self.tty = enabled and sys.stderr.isatty()
-
-    def step(self, label: str) -> None:
-        self.done += 1
-        if not self.enabled:
-            return
-        width = 24
-        filled = width * self.done // self.total
-        line = f"[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} {label}"
-        if self.tty:
-            sys.stderr.write("\r\x1b[2K" + line)
-            if self.done == self.total:
-                sys.stderr.write("\n")
-        else:
-            sys.stderr.write(line + "\n")
-        sys.stderr.flush()
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -205,7 +183,7 @@ async def _latency(path: Path, samples: int, delay: float | None) -> dict[str, f
     return {"p50_ms": _pct(ms, 0.5), "p99_ms": _pct(ms, 0.99), "samples": len(ms)}
 
 
-def ours(directory: Path, n: int, progress: _Progress) -> dict[str, Any]:
+def ours(directory: Path, n: int, progress: Progress) -> dict[str, Any]:
     out: dict[str, Any] = {}
     durabilities: tuple[Durability, ...] = ("normal", "full")
     for durability in durabilities:
@@ -257,7 +235,7 @@ def peers_available() -> list[str]:
 # -- the report -----------------------------------------------------------------------------
 def run(n: int, directory: Path | None, with_peers: bool, progress_enabled: bool) -> dict[str, Any]:
     available = peers_available() if with_peers else []
-    progress = _Progress(2 + 7 + len(available), progress_enabled)
+    progress = Progress(2 + 7 + len(available), progress_enabled)
     tmp = Path(tempfile.mkdtemp(prefix="nj-bench-", dir=directory))
     try:
         report: dict[str, Any] = {"n": n, "disk": str(tmp), "python": sys.version.split()[0],

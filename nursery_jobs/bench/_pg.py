@@ -34,8 +34,8 @@ import trio
 import nursery_jobs as nj
 from nursery_jobs._engines.postgres._engine import PostgresEngine, _safe_label
 
-from ._harness import _Progress
 from ._pg_host import HostBench, PgBenchObject
+from ._progress import Progress
 
 SCALE_OBJECTS = 300
 MANY_OBJECTS = 100
@@ -447,7 +447,7 @@ class Settings:
 
 
 def _one_run(
-    dsn: str, dbname: str, s: Settings, progress: _Progress, prefix: str
+    dsn: str, dbname: str, s: Settings, progress: Progress, prefix: str
 ) -> dict[str, float]:
     out: dict[str, float] = {}
 
@@ -492,7 +492,7 @@ def run(dsn: str, s: Settings, progress_enabled: bool) -> dict[str, Any]:
     """Every figure, ``s.runs`` times, on a database created for the run and dropped."""
     import psycopg
 
-    progress = _Progress(s.runs * 10, progress_enabled)  # the measurements of _one_run
+    progress = Progress(s.runs * 10, progress_enabled)  # the measurements of _one_run
     load_start = _load()
     runs: list[dict[str, float]] = []
     with fresh_database(dsn) as db:

@@ -22,8 +22,7 @@ import trio
 import trio.testing
 
 from nursery_jobs import _clock
-from nursery_jobs._core._alarm import LOCKED_RETRY, Backoff
-from nursery_jobs._engines._faults import GuardedConnection, StorageFaultError
+from nursery_jobs._engines._faults import GuardedConnection
 from nursery_jobs._engines._schema import prepare
 from nursery_jobs._engines.base import EngineSite, FlightSlot
 from nursery_jobs._engines.files._catalog import Catalog, connect, object_file_name, reopen
@@ -37,7 +36,8 @@ from nursery_jobs._engines.files._rebuild import (
     quarantine_path,
     stamp_identity,
 )
-from nursery_jobs._errors import RuntimeLockedError
+from nursery_jobs._errors import RuntimeLockedError, StorageFaultError
+from nursery_jobs._policy import LOCKED_RETRY, Backoff
 
 if TYPE_CHECKING:
     from nursery_jobs._events import EventBus

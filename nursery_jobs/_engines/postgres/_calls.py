@@ -17,8 +17,14 @@ from typing import TYPE_CHECKING, Any, Final
 import trio
 
 from nursery_jobs._codec import decode_payload, encode_payload
-from nursery_jobs._engines.base import ObjectLeasedElsewhere, ObjectMoved
-from nursery_jobs._errors import NurseryJobsError, RpcError, StorageError, describe_error
+from nursery_jobs._errors import (
+    NurseryJobsError,
+    ObjectLeasedElsewhere,
+    ObjectMoved,
+    RpcError,
+    StorageError,
+    describe_error,
+)
 
 if TYPE_CHECKING:
     from nursery_jobs._core._object import DurableObject

@@ -32,12 +32,12 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from nursery_jobs import _clock
-from nursery_jobs._engines.base import EngineSite, ObjectLeasedElsewhere
+from nursery_jobs._engines.base import EngineSite
 from nursery_jobs._engines.postgres import _ops as ops
 from nursery_jobs._engines.postgres._calls import POLL, CallRouter, channel
 from nursery_jobs._engines.postgres._copy import Change, PgObject, load_copy
 from nursery_jobs._engines.postgres._schema import ensure_schema
-from nursery_jobs._errors import ObjectFencedError, RpcError, StorageError
+from nursery_jobs._errors import ObjectFencedError, ObjectLeasedElsewhere, RpcError, StorageError
 
 logger = logging.getLogger("nursery_jobs")
 

@@ -1,0 +1,96 @@
+"""Retry and backoff policies: the records every floor uses to decide when to try again.
+
+``Backoff`` is one named delay policy (an alarm's retries, strikes, a locked file);
+``RetryOptions`` is a job's retry policy, as users give it to ``push``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Final
+
+import attrs
+
+from nursery_jobs._errors import JobError
+
+
+def is_finite(value: int | float) -> bool:
+    """math.isfinite, also for an int too large for a float (which is not finite here)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
+@attrs.frozen(kw_only=True)
+class Backoff:
+    """A retry delay: ``base * 2**n`` (or ``base * (n + 1)`` when ``linear``) before
+    retry ``n + 1``, at most ``cap``; ``None`` (give up) after ``max_retries``."""
+
+    base: float
+    cap: float = math.inf
+    max_retries: int | None = None
+    linear: bool = False
+
+    def delay(self, retry: int) -> float | None:
+        """The wait before retry ``retry + 1`` (``retry`` failures so far), or None."""
+        if self.max_retries is not None and retry >= self.max_retries:
+            return None
+        grown = self.base * (retry + 1) if self.linear else self.base * 2.0 ** min(retry, 1024)
+        return min(self.cap, grown)
+
+
+# A plain object's alarm, as Durable Objects retry it: 2 s doubling, 6 retries.
+DURABLE_OBJECT_RETRY: Final = Backoff(base=2.0, max_retries=6)
+# A Lifecycle's alarm run: 2 s doubling, capped at 5 minutes, for as long as jobs remain.
+LIFECYCLE_RETRY: Final = Backoff(base=2.0, cap=300.0)
+# An alarm whose object cannot be opened or whose class is unknown: never dropped.
+ACTIVATION_RETRY: Final = Backoff(base=2.0, cap=300.0)
+# Memory-limit and crash strikes: 30 s per strike, capped at 5 minutes.
+STRIKE_DELAY: Final = Backoff(base=30.0, cap=300.0, linear=True)
+# An object file locked by another process (opening it, or opening a dormant one's
+# again): tried again this often, in Trio sleeps, before the open fails; the alarm or
+# the caller then retries with its own backoff.
+LOCKED_RETRY: Final = Backoff(base=0.05, max_retries=4)
+
+
+# Attempts a job may have (stored as a SQLite integer, which would overflow past 2**63).
+MAX_ATTEMPTS: Final = 2**31 - 1
+
+
+def _check_retry(instance: RetryOptions, attribute: Any, value: Any) -> None:
+    if attribute.name == "max_attempts":
+        if isinstance(value, bool) or not isinstance(value, int) or not (
+            1 <= value <= MAX_ATTEMPTS
+        ):
+            raise JobError(
+                f"RetryOptions.max_attempts must be an int in [1, {MAX_ATTEMPTS}], got {value!r}"
+            )
+    elif (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not is_finite(value)
+        or value < 0
+    ):
+        raise JobError(f"RetryOptions.{attribute.name} must be a finite number >= 0, got {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class RetryOptions:
+    """How often a failing job is retried: ``max_attempts`` counts the first run; the
+    wait before attempt n+1 is uniform in [0, min(max_delay, base_delay * 2**(n-1)))."""
+
+    max_attempts: int = attrs.field(default=3, validator=_check_retry)
+    base_delay: float = attrs.field(default=0.1, validator=_check_retry)
+    max_delay: float = attrs.field(default=3.0, validator=_check_retry)
+    jitter: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
+    """With ``jitter=False`` the wait is exactly the bound (the Agent's 1, 2, 4 ... s)."""
+
+    def backoff_bound(self, attempt: int) -> float:
+        """Upper bound of the wait after failed attempt ``attempt`` (1-based)."""
+        bound = Backoff(base=self.base_delay, cap=self.max_delay).delay(attempt - 1)
+        assert bound is not None
+        return bound
+
+
+DEFAULT_RETRY: Final = RetryOptions()
