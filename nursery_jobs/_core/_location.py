@@ -9,6 +9,8 @@ import os
 from typing import Any
 
 from nursery_jobs._engines.base import Engine
+from nursery_jobs._engines.files._engine import FilesEngine
+from nursery_jobs._engines.memory import MemoryEngine
 from nursery_jobs._errors import EngineError
 
 
@@ -19,8 +21,6 @@ def engine_for(
     ``Engine`` as given. A ``scheme://`` address no engine serves raises ``EngineError``
     (a path must never become a directory named ``postgresql:``). ``cluster`` options
     (``lease_ttl``, ``pool_size``) are for a ``postgresql://`` address only."""
-    from nursery_jobs._engines.files._engine import FilesEngine, MemoryEngine
-
     if cluster and not (
         isinstance(location, str) and location.partition("://")[0].lower()
         in ("postgresql", "postgres")

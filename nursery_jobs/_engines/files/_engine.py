@@ -1,5 +1,5 @@
-"""The files engine (a data directory) and the memory engine (``path=None``); each
-object's state is a ``_sqlite_object.SqliteObject``.
+"""The files engine (a data directory), and the catalog engine it shares with the memory
+engine (``_engines.memory``); each object's state is a ``files._object.SqliteObject``.
 
 A data directory holds ``catalog.sqlite3`` (objects registry, alarm index, crash
 tokens), ``objects/<hash>.sqlite3`` (one database per object), ``flight.rec`` (the
@@ -98,7 +98,7 @@ class _HeapBudget:
                 conn.close()
 
 
-class _CatalogEngine:
+class CatalogEngine:
     """What the files and memory engines share: the catalog, the flight record, alarms
     kept in memory while the catalog cannot be written, and events raised before the
     runtime's event bus was at hand."""
@@ -261,60 +261,7 @@ class _CatalogEngine:
         self.flight.release(slot)  # type: ignore[arg-type]
 
 
-class MemoryEngine(_CatalogEngine):
-    """Everything in memory: for tests and throwaway runtimes. Object databases live
-    as long as the engine, so an evicted object comes back with its data."""
-
-    def __init__(self, *, synchronous: str) -> None:
-        super().__init__()
-        self._synchronous = synchronous
-        self._objects: dict[tuple[str, str], GuardedConnection] = {}
-
-    @property
-    def label(self) -> str:
-        return "memory"
-
-    def open(self, now: float) -> None:
-        self.catalog = Catalog(connect(":memory:", synchronous=self._synchronous,
-                                       factory=self.connection_class))
-        self.flight = FlightRecord(None, FLIGHT_SLOTS)
-
-    def close(self) -> None:
-        for conn in self._objects.values():
-            conn.close()
-        self._objects.clear()
-        with suppress(AttributeError):
-            self.catalog.close()
-
-    async def serve(self, site: EngineSite) -> None:
-        self._attach(site)
-        await self._serve_held()
-
-    async def open_object(self, namespace: str, object_id: str, class_path: str) -> SqliteObject:
-        await trio.lowlevel.checkpoint()
-        self.catalog.register(namespace, object_id, class_path, _clock.now())
-        key = (namespace, object_id)
-        conn = self._objects.get(key)
-        label = f"{namespace}/{object_id}"
-        if conn is None:
-            conn = connect(":memory:", synchronous="OFF", label=label,
-                           factory=self.connection_class)
-            prepare(conn, label=label)
-            self._objects[key] = conn
-        return SqliteObject(self, conn, namespace, object_id, file=":memory:", reopen=None)
-
-    def database(self, namespace: str, object_id: str) -> sqlite3.Connection | None:
-        """An object's in-memory database, kept while it is evicted (for reading)."""
-        return self._objects.get((namespace, object_id))
-
-    def destroy_object(self, namespace: str, object_id: str) -> None:
-        self.catalog.forget(namespace, object_id)
-        conn = self._objects.pop((namespace, object_id), None)
-        if conn is not None:
-            conn.close()
-
-
-class FilesEngine(_CatalogEngine):
+class FilesEngine(CatalogEngine):
     """A data directory on disk."""
 
     def __init__(

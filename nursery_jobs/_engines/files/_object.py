@@ -17,7 +17,7 @@ import trio.testing
 from nursery_jobs._engines._faults import GuardedConnection
 
 if TYPE_CHECKING:
-    from nursery_jobs._engines.files._engine import _CatalogEngine
+    from nursery_jobs._engines.files._engine import CatalogEngine
 
 logger = logging.getLogger("nursery_jobs")
 
@@ -33,7 +33,7 @@ class SqliteObject:
         """Nothing else can take a data directory's object (the runtime's lock)."""
 
     def __init__(
-        self, engine: _CatalogEngine, conn: GuardedConnection, namespace: str, object_id: str,
+        self, engine: CatalogEngine, conn: GuardedConnection, namespace: str, object_id: str,
         *, file: str, reopen: Callable[[GuardedConnection], None] | None,
     ) -> None:
         self._engine = engine

@@ -1,0 +1,71 @@
+"""The memory engine (``open_runtime(None)``): the files engine's catalog and object
+databases, in memory."""
+
+from __future__ import annotations
+
+import sqlite3
+from contextlib import suppress
+
+import trio
+
+from nursery_jobs import _clock
+from nursery_jobs._engines._faults import GuardedConnection
+from nursery_jobs._engines._schema import prepare
+from nursery_jobs._engines.base import EngineSite
+from nursery_jobs._engines.files._catalog import Catalog, connect
+from nursery_jobs._engines.files._engine import FLIGHT_SLOTS, CatalogEngine
+from nursery_jobs._engines.files._flight import FlightRecord
+from nursery_jobs._engines.files._object import SqliteObject
+
+
+class MemoryEngine(CatalogEngine):
+    """Everything in memory: for tests and throwaway runtimes. Object databases live
+    as long as the engine, so an evicted object comes back with its data."""
+
+    def __init__(self, *, synchronous: str) -> None:
+        super().__init__()
+        self._synchronous = synchronous
+        self._objects: dict[tuple[str, str], GuardedConnection] = {}
+
+    @property
+    def label(self) -> str:
+        return "memory"
+
+    def open(self, now: float) -> None:
+        self.catalog = Catalog(connect(":memory:", synchronous=self._synchronous,
+                                       factory=self.connection_class))
+        self.flight = FlightRecord(None, FLIGHT_SLOTS)
+
+    def close(self) -> None:
+        for conn in self._objects.values():
+            conn.close()
+        self._objects.clear()
+        with suppress(AttributeError):
+            self.catalog.close()
+
+    async def serve(self, site: EngineSite) -> None:
+        self._attach(site)
+        await self._serve_held()
+
+    async def open_object(self, namespace: str, object_id: str, class_path: str) -> SqliteObject:
+        await trio.lowlevel.checkpoint()
+        self.catalog.register(namespace, object_id, class_path, _clock.now())
+        key = (namespace, object_id)
+        conn = self._objects.get(key)
+        label = f"{namespace}/{object_id}"
+        if conn is None:
+            conn = connect(":memory:", synchronous="OFF", label=label,
+                           factory=self.connection_class)
+            prepare(conn, label=label)
+            self._objects[key] = conn
+        return SqliteObject(self, conn, namespace, object_id, file=":memory:", reopen=None)
+
+    def database(self, namespace: str, object_id: str) -> sqlite3.Connection | None:
+        """An object's in-memory database, kept while it is evicted (for reading)."""
+        return self._objects.get((namespace, object_id))
+
+    def destroy_object(self, namespace: str, object_id: str) -> None:
+        self.catalog.forget(namespace, object_id)
+        conn = self._objects.pop((namespace, object_id), None)
+        if conn is not None:
+            conn.close()
