@@ -72,20 +72,24 @@ class ImportAgent(nj.DurableObject):
         return nj.Reschedule(nj.now() + self.heartbeat)
 
     async def _import(self) -> None:
+        # Tracked work holds no turn of the object: it fetches outside one (calls and
+        # heartbeats go on meanwhile) and takes a turn to read and record progress.
         storage = self.ctx.storage
         try:
             while True:
-                state = storage.get("import")
+                async with self.ctx.turn():
+                    state = storage.get("import")
                 start, end = state["done"], min(state["done"] + BATCH, state["rows"])
                 if start >= end:
                     return
                 await trio.sleep(BATCH_TIME)  # fetch the batch from state["source"]
-                with storage.transaction():  # the rows and the checkpoint together
-                    storage.db["rows"].insert_all(
-                        ({"n": n, "v": f"{state['source']}#{n}"} for n in range(start, end)),
-                        replace=True,
-                    )
-                    storage.put("import", {**state, "done": end})
+                async with self.ctx.turn():
+                    with storage.transaction():  # the rows and the checkpoint together
+                        storage.db["rows"].insert_all(
+                            ({"n": n, "v": f"{state['source']}#{n}"} for n in range(start, end)),
+                            replace=True,
+                        )
+                        storage.put("import", {**state, "done": end})
         finally:
             self.importing = False
 

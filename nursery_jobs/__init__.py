@@ -25,6 +25,8 @@ from nursery_jobs._core._runtime import Stub as Stub
 from nursery_jobs._core._runtime import install_http_face as _install_http_face
 from nursery_jobs._core._runtime import open_runtime as open_runtime
 from nursery_jobs._core._storage import Storage as Storage
+from nursery_jobs._core._turns import interleave as interleave
+from nursery_jobs._core._turns import read_only as read_only
 from nursery_jobs._errors import AlarmOwnedError as AlarmOwnedError
 from nursery_jobs._errors import CapabilityError as CapabilityError
 from nursery_jobs._errors import CodecError as CodecError
@@ -41,6 +43,7 @@ from nursery_jobs._errors import RuntimeLockedError as RuntimeLockedError
 from nursery_jobs._errors import StorageError as StorageError
 from nursery_jobs._errors import StorageKeyError as StorageKeyError
 from nursery_jobs._errors import TimeArgumentError as TimeArgumentError
+from nursery_jobs._errors import TurnError as TurnError
 from nursery_jobs._errors import UnknownCallbackError as UnknownCallbackError
 from nursery_jobs._events import Event as Event
 from nursery_jobs._events import EventBus as EventBus
@@ -106,11 +109,14 @@ __all__ = [
     "TaskInfo",
     "TaskRecord",
     "TimeArgumentError",
+    "TurnError",
     "UnknownCallbackError",
     "YIELD",
+    "interleave",
     "jitter",
     "now",
     "open_runtime",
+    "read_only",
 ]
 
 

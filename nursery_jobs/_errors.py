@@ -13,8 +13,10 @@ lookup errors derive from :class:`LookupError`::
      ├─ RuntimeClosedError                the runtime is not running
      ├─ EngineError (ValueError)          no engine serves the data location given
      ├─ StorageError                      an object's database cannot be opened
-     │   └─ StorageFaultError (also sqlite3.DatabaseError)  a fault of the file or disk:
-     │                                    .label .file .cause (full, locked, corrupt ...)
+     │   ├─ StorageFaultError (also sqlite3.DatabaseError)  a fault of the file or disk:
+     │   │                                .label .file .cause (full, locked, corrupt ...)
+     │   └─ TurnError                     storage touched by a task that holds no turn of the
+     │                                    object, or a write in a read-only turn  .object_label
      ├─ ObjectFencedError                 another host took the object over; the write was refused
      ├─ RpcError (TypeError)              a stub call to a private name or a non-method
      ├─ ObjectResetError                  the object was evicted or reset during a call
@@ -108,6 +110,23 @@ class StorageFaultError(StorageError, sqlite3.DatabaseError):
         self.cause = cause
 
 
+class TurnError(StorageError):
+    """Storage was touched by a task that holds no turn of the object (or written in a
+    read-only turn): nothing was read or written. ``object_label`` names the object
+    (``namespace/id``); the message names the fix (``async with self.ctx.turn():``)."""
+
+    def __init__(self, message: str, *, object_label: str) -> None:
+        super().__init__(message)
+        self.object_label = object_label
+
+    def __reduce__(self) -> tuple[Any, ...]:  # (it travels pickled between hosts)
+        return (_turn_error, (str(self), self.object_label))
+
+
+def _turn_error(message: str, object_label: str) -> TurnError:
+    return TurnError(message, object_label=object_label)
+
+
 class ObjectFencedError(NurseryJobsError):
     """Another host took the object over (its lease and epoch): this host's write was
     refused and the object dropped here."""
@@ -171,15 +190,16 @@ class ObjectLeasedElsewhere(NurseryJobsError):
     ) -> None:
         super().__init__(f"{label} is held by host {owner}")
         self.owner = owner
-        # forward(cls, object_id, name, args, kwargs, again) -> the call's result;
-        # ``again`` is the stub call, for an object that moved before the call ran.
+        # forward(cls, object_id, name, args, kwargs, again, chain) -> the call's result;
+        # ``again`` is the stub call, for an object that moved before the call ran;
+        # ``chain`` the caller's call chain (turn ids).
         self.forward = forward
 
     async def forward_call(
         self, cls: type[DurableObject], object_id: str, name: str, args: tuple[Any, ...],
-        kwargs: dict[str, Any], again: Callable[..., Awaitable[Any]],
+        kwargs: dict[str, Any], again: Callable[..., Awaitable[Any]], chain: tuple[str, ...],
     ) -> Any:
-        return await self.forward(cls, object_id, name, args, kwargs, again)
+        return await self.forward(cls, object_id, name, args, kwargs, again, chain)
 
 
 class ObjectMoved(NurseryJobsError):

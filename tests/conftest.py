@@ -44,12 +44,6 @@ VIRTUAL_DAY_OF_POLLING = (
     " arithmetic it checks is engine-independent, and the PG alarm path is covered by the"
     " shorter cron and every tests"
 )
-# A test that pins the files engine's interleaving.
-DURABLE_WAIT_INTERLEAVES = (
-    "push() returns once its job is durable; on PostgreSQL that wait is a round trip"
-    " during which the alarm run may start a job due now, before the call returns (the"
-    " files engine's wait does not yield): this test pins the files engine's interleaving"
-)
 
 
 class EngineUnderTest:

@@ -52,11 +52,14 @@ EXPECTED = [
     "TaskInfo",
     "TaskRecord",
     "TimeArgumentError",
+    "TurnError",
     "UnknownCallbackError",
     "YIELD",
+    "interleave",
     "jitter",
     "now",
     "open_runtime",
+    "read_only",
 ]
 
 

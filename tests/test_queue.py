@@ -13,10 +13,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import outcome
 import pytest
 import trio
 import trio.testing
-from conftest import DURABLE_WAIT_INTERLEAVES, EPOCH, engine
+from conftest import EPOCH, engine
 
 import nursery_jobs as nj
 
@@ -49,6 +50,9 @@ class Env:
         self.gate_entered = trio.Event()
         self.failing = True
         self.finished: list[tuple[str, Any, float]] = []
+        # Calls the test makes while the gate item holds the object (see ``Held``).
+        self.calls_in, self.calls_out = trio.open_memory_channel[Any](0)
+        self.stub: nj.Stub | None = None
 
     def record(self, callback: str, payload: Any, item: nj.QueueItem) -> None:
         assert item.callback == callback and item.payload == payload
@@ -77,7 +81,7 @@ class Env:
         async def gate(payload: Any, item: nj.QueueItem) -> None:
             env.record("gate", payload, item)
             env.gate_entered.set()
-            await env.gate.wait()
+            await env.serve_until_the_gate_opens()
 
         async def fail(payload: Any, item: nj.QueueItem) -> None:
             env.record("fail", payload, item)
@@ -89,7 +93,7 @@ class Env:
             env.record("slow", payload, item)
             if payload == "old":
                 env.gate_entered.set()
-                await env.gate.wait()
+                await env.serve_until_the_gate_opens()
                 if env.failing:
                     raise RuntimeError("the superseded run failed")
             env.finished.append(("slow", payload, rel()))
@@ -100,6 +104,38 @@ class Env:
     async def on_error(self, error: Exception, item: nj.QueueItem) -> None:
         self.errors.append((error, item, rel()))
 
+    async def serve_until_the_gate_opens(self) -> None:
+        """While a callback holds the object's turn (until ``gate`` is set), run the calls
+        the test sends through ``Held`` inside that turn: calls made "while an item
+        runs" can only come from the running job itself (DESIGN section 2, Turns)."""
+        async with trio.open_nursery() as nursery:
+
+            async def serve() -> None:
+                async for name, args, kwargs, reply in self.calls_out:
+                    assert self.stub is not None
+                    result = await outcome.acapture(self.stub.call, name, *args, **kwargs)
+                    reply.send_nowait(result)
+
+            nursery.start_soon(serve)
+            await self.gate.wait()
+            nursery.cancel_scope.cancel()
+
+
+class Held:
+    """The object as the running gate item sees it: each call runs inside the item's
+    turn (a re-entrant call of the running job)."""
+
+    def __init__(self, env: Env) -> None:
+        self._env = env
+
+    def __getattr__(self, name: str) -> Any:
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            reply, result = trio.open_memory_channel[Any](1)
+            await self._env.calls_in.send((name, args, kwargs, reply))
+            return (await result.receive()).unwrap()
+
+        return call
+
 
 class Uploads(nj.DurableObject):
     """A Lifecycle object with one Queue whose callbacks come from ``env``."""
@@ -109,11 +145,17 @@ class Uploads(nj.DurableObject):
     def __init__(self, ctx: nj.ObjectContext) -> None:
         super().__init__(ctx)
         env: Env = ctx.env
+        env.stub = ctx.get(Uploads, ctx.id)
         self.queue = nj.Queue(env.callbacks(), retry=env.retry, on_error=env.on_error)
         self.lifecycle = nj.Lifecycle.install(self).use(self.queue)
 
     async def push(self, callback: str, payload: Any = None, **kwargs: Any) -> nj.QueueItem:
         return await self.queue.push(callback, payload, **kwargs)
+
+    async def push_all(self, pushes: list[tuple[str, Any, dict[str, Any]]]) -> None:
+        """Several pushes in one turn: none of them runs before the last is in."""
+        for callback, payload, kwargs in pushes:
+            await self.queue.push(callback, payload, **kwargs)
 
     async def get(self, item_id: str) -> nj.QueueItem | None:
         return self.queue.get(item_id)
@@ -138,10 +180,13 @@ def ids(items: list[nj.QueueItem]) -> list[str]:
     return [item.id for item in items]
 
 
-async def hold_the_queue(obj: nj.Stub, env: Env) -> None:
-    """Start a "gate" item and wait until it runs: the queue is busy until env.gate."""
+async def hold_the_queue(obj: nj.Stub, env: Env) -> Held:
+    """Start a "gate" item and wait until it runs: the queue is busy until env.gate;
+    meanwhile the object is reached through the ``Held`` returned (inside the gate's
+    turn)."""
     await obj.push("gate", id="gate")
     await env.gate_entered.wait()
+    return Held(env)
 
 
 def alarm(rt: nj.Runtime, object_id: str = "o") -> float | None:
@@ -163,12 +208,12 @@ async def test_items_run_one_at_a_time_in_push_order(
     with trio.fail_after(HANG):
         async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Uploads, "o")
-            await hold_the_queue(obj, env)
+            held = await hold_the_queue(obj, env)
             # Ids against the alphabet, sync and async callbacks mixed, one anonymous.
-            await obj.push("rec", "1", id="z")
-            await obj.push("rec_sync", "2", id="y")
-            anonymous = await obj.push("rec", "3")
-            await obj.push("other", "4", id="a")
+            await held.push("rec", "1", id="z")
+            await held.push("rec_sync", "2", id="y")
+            anonymous = await held.push("rec", "3")
+            await held.push("other", "4", id="a")
             await trio.sleep(5)
             # Nothing else runs while the gate item runs: one at a time.
             assert env.ran() == [("gate", None)]
@@ -190,18 +235,18 @@ async def test_higher_priority_runs_first_and_fifo_within_a_priority(
     with trio.fail_after(HANG):
         async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Uploads, "o")
-            await hold_the_queue(obj, env)
+            held = await hold_the_queue(obj, env)
             await trio.sleep(1)
             for item_id, priority in [
                 ("a0", 0), ("hi", 5), ("b0", 0), ("hi2", 5), ("top", 1000), ("c0", 0),
                 ("one", 1),
             ]:
-                item = await obj.push("rec", item_id, id=item_id, priority=priority)
+                item = await held.push("rec", item_id, id=item_id, priority=priority)
                 assert item.priority == priority
                 await trio.sleep(1)  # pushed at different times: only priority may decide
             # list() is in run order (the running gate item ahead of the later
             # priority-0 items).
-            assert ids(await obj.items()) == ["top", "hi", "hi2", "one", "gate", "a0", "b0",
+            assert ids(await held.items()) == ["top", "hi", "hi2", "one", "gate", "a0", "b0",
                                               "c0"]
             env.gate.set()
             await trio.sleep(1)
@@ -220,9 +265,9 @@ async def test_negative_priority_runs_after_priority_zero(
     with trio.fail_after(HANG):
         async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Uploads, "o")
-            await hold_the_queue(obj, env)
+            held = await hold_the_queue(obj, env)
             for item_id, priority in [("low", -1), ("a0", 0), ("bottom", -1000), ("b0", 0)]:
-                await obj.push("rec", item_id, id=item_id, priority=priority)
+                await held.push("rec", item_id, id=item_id, priority=priority)
                 await trio.sleep(1)
             env.gate.set()
             await trio.sleep(10)
@@ -239,12 +284,12 @@ async def test_a_higher_priority_push_overtakes_a_due_backlog(
         async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Uploads, "o")
             # The gate and a backlog, all due when the alarm run starts at 0.
-            await obj.push("gate", id="gate")
-            for n in range(3):
-                await obj.push("rec", f"n{n}", id=f"n{n}")
+            await obj.push_all([("gate", None, {"id": "gate"})]
+                               + [("rec", f"n{n}", {"id": f"n{n}"}) for n in range(3)])
             await env.gate_entered.wait()
+            held = Held(env)
             await trio.sleep(100)
-            await obj.push("rec", "urgent", id="urgent", priority=1)
+            await held.push("rec", "urgent", id="urgent", priority=1)
             env.gate.set()
             await trio.sleep(1)
             assert [item_id for item_id, _ in env.ran()] == ["gate", "urgent", "n0", "n1",
@@ -262,17 +307,17 @@ async def test_stable_id_replaces_in_place_keeping_its_position(
         async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Uploads, "o")
             listen(rt, env)
-            await hold_the_queue(obj, env)
-            a = await obj.push("rec", "A", id="a")
-            b = await obj.push("rec", "B", id="b")
-            await obj.push("rec", "C", id="c")
+            held = await hold_the_queue(obj, env)
+            a = await held.push("rec", "A", id="a")
+            b = await held.push("rec", "B", id="b")
+            await held.push("rec", "C", id="c")
             await trio.sleep(3)
-            b2 = await obj.push("rec", "B'", id="b")
+            b2 = await held.push("rec", "B'", id="b")
             # One item, replaced: new payload, same creation time, same place in line.
             assert (b2.id, b2.payload, b2.created_at) == ("b", "B'", b.created_at)
-            assert await obj.get("b") == b2
-            assert ids(await obj.items()) == ["gate", "a", "b", "c"]
-            assert await obj.get("a") == a
+            assert await held.get("b") == b2
+            assert ids(await held.items()) == ["gate", "a", "b", "c"]
+            assert await held.get("a") == a
             env.gate.set()
             await trio.sleep(1)
             assert env.ran() == [("gate", None), ("a", "A"), ("b", "B'"), ("c", "C")]
@@ -292,9 +337,10 @@ async def test_replacing_a_running_item_runs_the_new_payload_too(
             listen(rt, env)
             await obj.push("slow", "old", id="s")
             await env.gate_entered.wait()
+            held = Held(env)
             await trio.sleep(2)
-            await obj.push("slow", "new", id="s")
-            await obj.push("rec", "behind", id="behind")
+            await held.push("slow", "new", id="s")
+            await held.push("rec", "behind", id="behind")
             await trio.sleep(2)
             env.gate.set()
             await trio.sleep(1)
@@ -309,9 +355,12 @@ async def test_replacing_a_running_item_runs_the_new_payload_too(
             assert len(env.runs) == 3
 
 
-async def test_a_superseded_run_that_fails_is_discarded_too(
+async def test_a_run_that_replaces_its_item_then_fails_is_undone_with_its_replacement(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
+    """A replacement pushed during a run comes from the run's own turn: if the run then
+    fails, the replacement is undone with the rest of its writes (exactly once), and the
+    failure is the item's, as if it had never pushed."""
     env = Env(retry=nj.RetryOptions(max_attempts=1))
     with trio.fail_after(HANG):
         async with nj.open_runtime(engine.location, env=env) as rt:
@@ -319,14 +368,16 @@ async def test_a_superseded_run_that_fails_is_discarded_too(
             listen(rt, env)
             await obj.push("slow", "old", id="s")
             await env.gate_entered.wait()
-            await obj.push("slow", "new", id="s")
-            env.gate.set()  # the old run now raises: its last attempt, but superseded
+            held = Held(env)
+            await held.push("slow", "new", id="s")
+            env.gate.set()  # the old run now raises: its last attempt
             await trio.sleep(1)
-            assert env.ran() == [("s", "old"), ("s", "new")]
-            assert env.finished == [("slow", "new", 0)]
-            assert await obj.dead_letters() == []
-            assert env.of("queue:error") == []
-            assert env.errors == []
+            assert env.ran() == [("s", "old")]
+            assert env.finished == []
+            [letter] = await obj.dead_letters()
+            assert (letter.item.id, letter.item.payload) == ("s", "old")
+            assert [data["id"] for _, data in env.of("queue:error")] == ["s"]
+            assert await obj.items() == []
 
 
 # -- failures, retries, dead letters -----------------------------------------------------------
@@ -340,10 +391,10 @@ async def test_a_failing_item_does_not_block_the_next(
         async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Uploads, "o")
             listen(rt, env)
-            await hold_the_queue(obj, env)
-            await obj.push("fail", "f", id="f")
-            await obj.push("rec", "n1", id="n1")
-            await obj.push("rec", "n2", id="n2")
+            held = await hold_the_queue(obj, env)
+            await held.push("fail", "f", id="f")
+            await held.push("rec", "n1", id="n1")
+            await held.push("rec", "n2", id="n2")
             env.gate.set()
             await trio.sleep(2)
             await obj.push("rec", "n3", id="n3")  # pushed while "f" waits for its retry
@@ -466,14 +517,14 @@ async def test_invalid_push_raises_value_error_and_stores_nothing(
         async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Uploads, "o")
             listen(rt, env)
-            await hold_the_queue(obj, env)
-            kept = await obj.push("rec", "kept", id="keep")
-            before = await obj.items()
+            held = await hold_the_queue(obj, env)
+            kept = await held.push("rec", "kept", id="keep")
+            before = await held.items()
             with pytest.raises(ValueError) as info:
-                await obj.push("other", "bad", **{"id": "keep", **BAD_PUSHES[case]})
+                await held.push("other", "bad", **{"id": "keep", **BAD_PUSHES[case]})
             assert isinstance(info.value, nj.NurseryJobsError)
-            assert await obj.items() == before
-            assert await obj.get("keep") == kept
+            assert await held.items() == before
+            assert await held.get("keep") == kept
             assert len(env.of("queue:create")) == 2
             env.gate.set()
             await trio.sleep(1)
@@ -497,33 +548,32 @@ async def test_unencodable_payload_raises_codec_error_and_stores_nothing(
 
 
 async def test_get_list_cancel_and_cancel_all(autojump_clock: trio.testing.MockClock) -> None:
-    engine.skip_on("postgres", DURABLE_WAIT_INTERLEAVES)
     env = Env()
     with trio.fail_after(HANG):
         async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Uploads, "o")
-            await hold_the_queue(obj, env)
-            a1 = await obj.push("rec", 1, id="a1")
-            await obj.push("rec", 2, id="a2")
-            b1 = await obj.push("other", 3, id="b1")
-            await obj.push("rec", 4, id="a3", priority=2)
-            await obj.push("rec", 5, id="a4")
+            held = await hold_the_queue(obj, env)
+            a1 = await held.push("rec", 1, id="a1")
+            await held.push("rec", 2, id="a2")
+            b1 = await held.push("other", 3, id="b1")
+            await held.push("rec", 4, id="a3", priority=2)
+            await held.push("rec", 5, id="a4")
             assert a1 == nj.QueueItem(id="a1", callback="rec", payload=1, priority=0,
                                       created_at=EPOCH, retry=nj.RetryOptions())
-            assert await obj.get("a1") == a1
-            assert await obj.get("missing") is None
+            assert await held.get("a1") == a1
+            assert await held.get("missing") is None
             # list(callback) filters, in run order (priority first).
-            assert ids(await obj.items("rec")) == ["a3", "a1", "a2", "a4"]
-            assert await obj.items("other") == [b1]
-            assert await obj.items("fail") == []
-            assert ids(await obj.items()) == ["a3", "gate", "a1", "a2", "b1", "a4"]
-            assert await obj.cancel("a2") is True
-            assert await obj.cancel("a2") is False
-            assert await obj.cancel("never") is False
-            assert await obj.cancel_all("rec") == 3
-            assert ids(await obj.items()) == ["gate", "b1"]
-            assert await obj.cancel_all("rec") == 0
-            assert await obj.cancel_all("other") == 1
+            assert ids(await held.items("rec")) == ["a3", "a1", "a2", "a4"]
+            assert await held.items("other") == [b1]
+            assert await held.items("fail") == []
+            assert ids(await held.items()) == ["a3", "gate", "a1", "a2", "b1", "a4"]
+            assert await held.cancel("a2") is True
+            assert await held.cancel("a2") is False
+            assert await held.cancel("never") is False
+            assert await held.cancel_all("rec") == 3
+            assert ids(await held.items()) == ["gate", "b1"]
+            assert await held.cancel_all("rec") == 0
+            assert await held.cancel_all("other") == 1
             env.gate.set()
             await trio.sleep(10)
             assert env.ran() == [("gate", None)]
@@ -546,20 +596,20 @@ async def test_waiting_items_survive_a_restart_in_order(
     with trio.fail_after(HANG):
         async with nj.open_runtime(engine.durable(tmp_path), env=env) as rt:
             obj = rt.get(Uploads, "o")
-            await hold_the_queue(obj, env)
-            await obj.push("rec", "one", id="one")
-            await obj.push("rec", "two", id="two")
-            await obj.push("rec", "high", id="high", priority=1)
+            await obj.push_all([
+                ("rec", "high", {"id": "high", "priority": 1}), ("gate", None, {"id": "gate"}),
+                ("rec", "one", {"id": "one"}), ("rec", "two", {"id": "two"}),
+            ])
+            await env.gate_entered.wait()
         # A graceful shutdown while the gate item runs: it stays due, with its attempt.
         env.gate.set()
         async with nj.open_runtime(engine.durable(tmp_path), env=env) as rt:
             obj = rt.get(Uploads, "o")
-            assert ids(await obj.items()) == ["high", "gate", "one", "two"]
+            assert ids(await obj.items()) == ["gate", "one", "two"]
             await trio.sleep(100)
-            # The pushes behind the gate lowered the alarm below the interrupted run's
-            # fallback: the object wakes at once, and the gate item runs again (the
-            # shutdown used no attempt) in its place in line.
+            # The object wakes at once, and the gate item runs again (the shutdown used
+            # no attempt) in its place in line.
             assert [(item_id, t) for _, item_id, t, _ in env.runs] == [
-                ("gate", 0), ("high", 0), ("gate", 0), ("one", 0), ("two", 0),
+                ("high", 0), ("gate", 0), ("gate", 0), ("one", 0), ("two", 0),
             ]
             assert await obj.items() == []

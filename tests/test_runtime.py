@@ -243,10 +243,10 @@ async def test_no_eviction_while_overlapping_calls_run(
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(stub.hold, 15)  # 0 .. 15
                 await trio.sleep(10)
-                nursery.start_soon(stub.hold, 15)  # 10 .. 25
-            assert trio.current_time() == 25
+                nursery.start_soon(stub.hold, 15)  # waits for its turn from 10: 15 .. 30
+            assert trio.current_time() == 30
             await trio.sleep(100)
-            assert env.evictions == [("c", EPOCH + 35)]
+            assert env.evictions == [("c", EPOCH + 40)]
             assert len(env.starts) == 1
 
 
@@ -342,9 +342,9 @@ async def test_calls_interleave_only_at_awaits(autojump_clock: trio.testing.Mock
             assert await stub.increment(0) == 1000
 
 
-async def test_calls_do_interleave_at_awaits(autojump_clock: trio.testing.MockClock) -> None:
-    # The counterpart: an await between the read and the write lets another call in,
-    # as in a Durable Object (no input gate), so this update is lost.
+async def test_calls_take_turns_across_awaits(autojump_clock: trio.testing.MockClock) -> None:
+    # The counterpart: an await between the read and the write does not let another
+    # call in (the call holds the object's turn), so no update is lost.
     with trio.fail_after(HANG):
         async with nj.open_runtime(env=Env()) as rt:
             stub = rt.get(Counter, "c")
@@ -360,8 +360,8 @@ async def test_calls_do_interleave_at_awaits(autojump_clock: trio.testing.MockCl
                 nursery.start_soon(call)
                 await settle()
                 gate.set()
-            assert results == [0, 0]
-            assert await stub.increment(0) == 1
+            assert results == [0, 1]
+            assert await stub.increment(0) == 2
 
 
 # -- object ids -------------------------------------------------------------------------
@@ -523,7 +523,7 @@ async def test_body_exception_propagates_itself(tmp_path: Path) -> None:
     assert info.value is error
     assert env.evictions == [("c", env.evictions[0][1])]  # its nursery was cancelled
     with pytest.raises(sqlite3.ProgrammingError):
-        env.storages["c"].get("n")  # its database was closed
+        env.storages["c"]._conn.execute("SELECT 1")  # its database was closed
     async with nj.open_runtime(tmp_path, env=Env()) as rt:
         assert await rt.get(Counter, "c").increment() == 2
 
@@ -559,7 +559,7 @@ async def test_cancellation_closes_everything(
         assert sorted(env.evictions) == [("c", EPOCH + 50), ("d", EPOCH + 50)]
         for storage in env.storages.values():
             with pytest.raises(sqlite3.ProgrammingError):
-                storage.get("n")
+                storage._conn.execute("SELECT 1")
         with pytest.raises(nj.RuntimeClosedError):
             await stub.increment()
         async with nj.open_runtime(tmp_path, env=Env()) as rt:
@@ -574,7 +574,7 @@ async def test_calls_after_close_raise_runtime_closed() -> None:
         stub = rt.get(Counter, "c")
         await stub.increment()
     with pytest.raises(sqlite3.ProgrammingError):
-        env.storages["c"].get("n")  # in-memory databases are closed too
+        env.storages["c"]._conn.execute("SELECT 1")  # in-memory databases are closed too
     with pytest.raises(nj.RuntimeClosedError) as info:
         await stub.increment()
     assert isinstance(info.value, nj.NurseryJobsError)

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from nursery_jobs._core._metrics import Metrics
     from nursery_jobs._core._object import AlarmInfo
     from nursery_jobs._core._transactions import ObjectTransactions
+    from nursery_jobs._core._turns import TurnGate
     from nursery_jobs._engines.base import Engine, FlightSlot, ObjectState
     from nursery_jobs._events import EventBus
 
@@ -74,6 +75,10 @@ class AlarmClaim(Protocol):
     def crash_tokens(self) -> list[tuple[str, float]]: ...
 
     def clear_crash_tokens(self) -> None: ...
+
+    @property
+    def turns(self) -> TurnGate:
+        """The object's turns (an alarm run hands its turn to waiting calls)."""
 
     @property
     def transactions(self) -> ObjectTransactions:

@@ -24,6 +24,7 @@ from nursery_jobs._core._metrics import Metrics
 from nursery_jobs._core._object import AlarmInfo, DurableObject, ObjectContext, class_path
 from nursery_jobs._core._storage import Storage
 from nursery_jobs._core._transactions import ObjectTransactions
+from nursery_jobs._core._turns import SlowTurns, TurnGate, method_turn
 from nursery_jobs._errors import (
     AlarmOwnedError,
     ObjectFencedError,
@@ -61,6 +62,7 @@ class HostSite(Protocol):
     # Held while an object closes its database: one at a time (see ObjectHost._doze).
     dormancy: trio.Lock
     probation: trio.Lock
+    slow_turns: SlowTurns
 
     def get(self, cls: type[DurableObject], object_id: str) -> Stub: ...
     def host_closed(self, host: ObjectHost) -> None: ...
@@ -101,6 +103,7 @@ class ObjectHost:
         "state",
         "status",
         "transactions",
+        "turns",
     )
 
     def __init__(
@@ -132,6 +135,8 @@ class ObjectHost:
         self._destroy = False
         self._alarm_work = 0
         self.transactions: ObjectTransactions | None = None
+        # One task changes the object at a time: calls, alarm runs and startup take turns.
+        self.turns = TurnGate(self.label, slow=site.slow_turns, emit=self._turn_slow)
         # Run before the first call of the activation (the Lifecycle's startup).
         self._startup: list[Callable[[], Awaitable[None]]] | None = None
         self.reset_reason: str | None = None
@@ -160,15 +165,17 @@ class ObjectHost:
             with self.scope:
                 async with trio.open_nursery() as nursery:
                     try:
-                        self.transactions = tx = ObjectTransactions(state.conn, self.label)
+                        self.transactions = tx = ObjectTransactions(state.conn, self.label,
+                                                                    self.turns)
                         storage = Storage(state.conn, self.alarm, tx)
                         self.ctx = ObjectContext(
                             id=self.object_id, namespace=self.namespace, storage=storage,
                             nursery=nursery, env=site.env, events=site.events,
-                            stubs=site.get, claim=self._claim,
+                            stubs=site.get, claim=self._claim, turns=self.turns,
                         )
-                        self.instance = self.cls(self.ctx)
-                        await self.instance.on_start()
+                        async with self.turns.turn("write", "startup (on_start)"):
+                            self.instance = self.cls(self.ctx)
+                            await self.instance.on_start()
                     except Exception as exc:
                         start_error = exc
                         if self.for_alarm:
@@ -429,32 +436,21 @@ class ObjectHost:
             except ObjectFencedError as exc:
                 await trio.lowlevel.checkpoint()
                 raise ObjectMoved(str(exc)) from exc
-        tx = self.transactions
+        kind = method_turn(fn)
         with self.working() as scope:
             if self.dormant:
                 await self.awaken()
             if self._startup:
-                await self.call_startup()
-            try:
-                result = fn(*args, **kwargs)
-                if inspect.isawaitable(result):
-                    result = await result
-                else:
-                    await trio.lowlevel.checkpoint()
-                # The output gate: what the caller is told has happened is durable.
-                if tx is not None and tx.group:
-                    await tx.output_gate()
-            except BaseException:
-                if tx is not None:
-                    tx.kept()  # (forget: the caller gets this exception anyway)
-                raise
-            if tx is not None and not tx.kept():
-                raise StorageError(
-                    f"{self.label}: {name}() ran, but its writes were rolled back with the"
-                    " alarm run's transaction they had joined (a job running beside the"
-                    " call, which had written, failed; or a storage fault); nothing of them"
-                    " was kept — call again"
-                )
+                async with self.turns.turn("write", "startup"):
+                    await self.call_startup()
+            if kind is None:  # @nj.interleave: no turn
+                result = await _run(fn, args, kwargs)
+            else:
+                # Writes outside the alarm run's group commit as they are made, so what
+                # the caller is told has happened is committed when the turn ends (the
+                # output gate); a call that re-entered a job's turn commits with the job.
+                async with self.turns.turn(kind, f"call {name}()"):
+                    result = await _run(fn, args, kwargs)
             await self.sync()
         if scope.cancelled_caught:
             raise ObjectResetError(f"{self.label} was reset during {name}()")
@@ -497,6 +493,12 @@ class ObjectHost:
             logger.warning("%s was taken over by another host; dropping it here", self.label)
             self.site.events.emit("object:fenced", self.namespace, self.object_id)
         self.reset("fenced: another host took the object over")
+
+    def _turn_slow(self, seconds: float, holder: str) -> None:
+        self.site.events.emit(
+            "object:turn_slow", self.namespace, self.object_id, seconds=seconds, holder=holder,
+            _log=(logging.WARNING, "%s: a turn (%s) has held the object for %.1f s; other"
+                  " calls and its alarm wait for it", (self.label, holder, seconds)))
 
     # -- the alarm ----------------------------------------------------------------
     def _claim(self, owner: str, handler: AlarmHandler, policy: Backoff) -> HostClaim:
@@ -546,7 +548,8 @@ class ObjectHost:
                     try:
                         if self.dormant:
                             await self.awaken()
-                        await handler(AlarmInfo(retry_count=retry, is_retry=retry > 0))
+                        async with self.turns.turn("write", "alarm run"):
+                            await handler(AlarmInfo(retry_count=retry, is_retry=retry > 0))
                     except Exception as exc:
                         failure = exc
                     try:
@@ -582,3 +585,12 @@ class ObjectHost:
             alarm.failed(failure, retry)
         finally:
             done.set()
+
+
+async def _run(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Call a method, sync or async. Checkpoints."""
+    result = fn(*args, **kwargs)
+    if inspect.isawaitable(result):
+        return await result
+    await trio.lowlevel.checkpoint()
+    return result

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from nursery_jobs._core._host import ObjectHost
     from nursery_jobs._core._metrics import Metrics
     from nursery_jobs._core._transactions import ObjectTransactions
+    from nursery_jobs._core._turns import TurnGate
     from nursery_jobs._engines.base import FlightSlot
 
 
@@ -72,6 +73,10 @@ class HostClaim:
         state = self._host.state
         if state is not None:
             state.clear_crash_tokens()
+
+    @property
+    def turns(self) -> TurnGate:
+        return self._host.turns
 
     @property
     def transactions(self) -> ObjectTransactions:

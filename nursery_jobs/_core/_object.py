@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
@@ -14,6 +15,7 @@ if TYPE_CHECKING:
     from nursery_jobs._core._alarm import AlarmClaim, AlarmHandler
     from nursery_jobs._core._runtime import Stub
     from nursery_jobs._core._storage import Storage
+    from nursery_jobs._core._turns import TurnGate
     from nursery_jobs._events import EventBus
     from nursery_jobs._policy import Backoff
 
@@ -65,7 +67,8 @@ class ObjectContext:
     """What an object knows about itself: ``id``, ``namespace``, ``storage``,
     ``nursery`` (the object's own), ``env`` and ``events``."""
 
-    __slots__ = ("_claim", "_stubs", "env", "events", "id", "namespace", "nursery", "storage")
+    __slots__ = ("_claim", "_stubs", "_turns", "env", "events", "id", "namespace", "nursery",
+                 "storage")
 
     def __init__(
         self,
@@ -78,6 +81,7 @@ class ObjectContext:
         events: EventBus,
         stubs: Callable[[type[DurableObject], str], Stub],
         claim: Callable[[str, AlarmHandler, Backoff], AlarmClaim],
+        turns: TurnGate,
     ) -> None:
         self.id = id
         self.namespace = namespace
@@ -87,6 +91,16 @@ class ObjectContext:
         self.events = events
         self._stubs = stubs
         self._claim = claim
+        self._turns = turns
+
+    def turn(self) -> AbstractAsyncContextManager[None]:
+        """``async with ctx.turn():`` hold the object's turn for the block, to touch its
+        storage from a task that holds none (a background task, tracked work, an
+        ``@nj.interleave`` method). Inside a turn the task already holds, it just runs.
+        Checkpoints."""
+        import trio
+
+        return self._turns.turn("write", f"ctx.turn() of task {trio.lowlevel.current_task().name}")
 
     def get(self, cls: type[DurableObject], object_id: str) -> Stub:
         """Return a stub for another object of the same runtime."""

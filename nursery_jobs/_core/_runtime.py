@@ -29,6 +29,7 @@ from nursery_jobs._core._location import engine_for
 from nursery_jobs._core._metrics import Metrics
 from nursery_jobs._core._object import DurableObject, resolve_namespace
 from nursery_jobs._core._stall import StallWatch
+from nursery_jobs._core._turns import SlowTurns, adopt_chain, call_chain, forget_chain
 from nursery_jobs._engines.base import Engine
 from nursery_jobs._engines.files._catalog import check_object_id
 from nursery_jobs._errors import (
@@ -104,7 +105,7 @@ class Stub:
                 host = await self._rt._activate(self._cls, self._ns, self._id)
             except ObjectLeasedElsewhere as moved:  # hook(pg): another host holds it
                 return await moved.forward_call(self._cls, self._id, name, args, kwargs,
-                                                self.call)
+                                                self.call, call_chain())
             try:
                 return await host.call(name, args, kwargs)
             except ObjectMoved as moved:
@@ -138,8 +139,10 @@ class Runtime:
         memory_limit: int | None = None,
         memory_probe: Callable[[], float] | None = None,
         dormant_after: float | None = None,
+        turn_warning: float = 10.0,
     ) -> None:
         self.engine = engine
+        self.slow_turns = SlowTurns(turn_warning)
         self.memory_limit = memory_limit
         self.memory_probe = memory_probe or process_rss
         self.env = env
@@ -295,7 +298,8 @@ class Runtime:
         # instance at once).
         with host.working() as scope:
             await host.awaken()
-            await host.call_startup()
+            async with host.turns.turn("write", "startup (rt.activate)"):
+                await host.call_startup()
         instance = host.instance
         if scope.cancelled_caught or instance is None:
             raise ObjectResetError(f"{host.label} was reset while it was being activated")
@@ -324,13 +328,18 @@ class Runtime:
 
     async def run_call(
         self, namespace: str, object_id: str, name: str, args: tuple[Any, ...],
-        kwargs: dict[str, Any],
+        kwargs: dict[str, Any], chain: tuple[str, ...] = (),
     ) -> Any:
         cls = resolve_namespace(namespace, self.engine.class_path(namespace))
         if cls is None:
             raise RpcError(f"no class is registered for namespace {namespace!r} on this host")
         host = await self._activate(cls, namespace, object_id)
-        return await host.call(name, args, kwargs)
+        # The call chain it came with: a call back into a turn it holds re-enters it.
+        token = adopt_chain(chain)
+        try:
+            return await host.call(name, args, kwargs)
+        finally:
+            forget_chain(token)
 
     def fenced(self, namespace: str, object_id: str) -> None:
         host = self._hosts.get((namespace, object_id))
@@ -401,6 +410,7 @@ async def open_runtime(
     http_writes: bool = False,
     lease_ttl: float | None = None,
     pool_size: int | None = None,
+    turn_warning: float = 10.0,
 ) -> AsyncIterator[Runtime]:
     """Open a runtime on data directory ``path`` (None: everything in memory; or an
     ``Engine``). A ``scheme://`` address no engine serves raises ``EngineError``.
@@ -424,7 +434,13 @@ async def open_runtime(
     With ``memory_limit`` (bytes), a watchdog samples ``memory_probe()`` (default:
     the process's RSS) every 0.1 s; over the limit, every object whose alarm work is
     running is reset, and its Lifecycle's circuit breaker records a strike.
+
+    A turn of an object (a call, an alarm run, startup) held past ``turn_warning``
+    seconds emits ``object:turn_slow`` once (``math.inf``: never).
     """
+    if (isinstance(turn_warning, bool) or not isinstance(turn_warning, (int, float))
+            or math.isnan(turn_warning) or turn_warning <= 0):
+        raise ValueError(f"turn_warning must be a number of seconds > 0, got {turn_warning!r}")
     if memory_limit is not None and (
         isinstance(memory_limit, bool) or not isinstance(memory_limit, (int, float))
         or not (memory_limit > 0 and math.isfinite(memory_limit))
@@ -457,7 +473,8 @@ async def open_runtime(
     engine = engine_for(path, synchronous=_SYNCHRONOUS[durability], **cluster)
     rt = Runtime(engine, env=env, idle_timeout=float(idle_timeout), max_active=max_active,
                  durability=durability, memory_limit=memory_limit, memory_probe=memory_probe,
-                 dormant_after=None if dormant_after is None else float(dormant_after))
+                 dormant_after=None if dormant_after is None else float(dormant_after),
+                 turn_warning=float(turn_warning))
     engine.open(_clock.now())
     body_error: BaseException | None = None
     try:
@@ -468,6 +485,7 @@ async def open_runtime(
                 nursery.start_soon(engine.serve, rt)
                 nursery.start_soon(_clock.run_anchor, rt._clock_adjusted)
                 nursery.start_soon(StallWatch(rt.events).run)
+                nursery.start_soon(rt.slow_turns.run)
                 if memory_limit is not None:
                     nursery.start_soon(rt._memory_watchdog)
                 try:

@@ -52,7 +52,8 @@ class Storage:
     """``ctx.storage``: the object's own database. Every call is synchronous.
 
     SQLite runs inline on the Trio thread, so storage calls never interleave with
-    other tasks; the statement is cheaper than a thread hop.
+    other tasks; the statement is cheaper than a thread hop. Every call needs the
+    object's turn (``TurnError`` otherwise: nothing is read or written).
     """
 
     __slots__ = ("_alarm", "_conn", "_cursors", "_db", "_tx", "pinned")
@@ -75,7 +76,8 @@ class Storage:
     @property
     def conn(self) -> sqlite3.Connection:
         """The object's raw ``sqlite3`` connection (it then stays open while the
-        object is resident: it never goes dormant)."""
+        object is resident: it never goes dormant). Needs the object's turn."""
+        self._tx.check_write()
         self.pinned = True
         return self._conn
 
@@ -85,6 +87,7 @@ class Storage:
         object then keeps it open while resident (it never goes dormant), so what you
         set on it (functions, pragmas) lasts the activation."""
         _refuse_raw_sql(self._conn, "storage.db")  # hook(pg)
+        self._tx.check_write()
         self.pinned = True
         if self._db is None:
             self._db = sqlite_utils.Database(self._conn, execute_plugins=False)
@@ -127,6 +130,7 @@ class Storage:
     # -- key-value --------------------------------------------------------------
     def get(self, key: str, default: Any = None) -> Any:
         """Return the value stored under ``key``, or ``default``."""
+        self._tx.check_read()
         row = self._conn.execute("SELECT value FROM nj_kv WHERE key = ?", (_key(key),)).fetchone()
         return default if row is None else decode_payload(row[0])
 
@@ -143,6 +147,7 @@ class Storage:
 
     def list(self, prefix: str = "") -> dict[str, Any]:
         """Return every key starting with ``prefix`` and its value, in key order."""
+        self._tx.check_read()
         rows = self._conn.execute(
             "SELECT key, value FROM nj_kv WHERE key >= ? AND substr(key, 1, ?) = ? ORDER BY key",
             (prefix, len(prefix), _key(prefix, allow_empty=True)),
@@ -152,10 +157,12 @@ class Storage:
     # -- the alarm --------------------------------------------------------------
     def get_alarm(self) -> float | None:
         """Return the time of the object's alarm, or None."""
+        self._tx.check_read()
         return self._alarm.get()
 
     def set_alarm(self, time: float | datetime.datetime) -> None:
         """Set (replace) the object's one alarm; durable when it returns."""
+        self._tx.check_write()
         if self._alarm.owner is not None:
             raise AlarmOwnedError(
                 f"the {self._alarm.owner} owns this object's alarm; push a job instead of "
@@ -165,6 +172,7 @@ class Storage:
 
     def delete_alarm(self) -> None:
         """Cancel the object's alarm."""
+        self._tx.check_write()
         if self._alarm.owner is not None:
             raise AlarmOwnedError(
                 f"the {self._alarm.owner} owns this object's alarm; cancel its jobs instead"

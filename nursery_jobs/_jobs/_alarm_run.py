@@ -81,6 +81,7 @@ class AlarmRunner:
         self._claim = lifecycle.claim
         self._metrics = lifecycle.claim.metrics
         self._namespace = lifecycle.ctx.namespace
+        self._turns = lifecycle.claim.turns
         self._rng = rng
         self._watch_scope: trio.CancelScope | None = None
         self._watch_job: Job | None = None
@@ -106,6 +107,8 @@ class AlarmRunner:
             if on_alarm is not None:
                 await on_alarm()
         except trio.Cancelled:
+            if not self._turns.holds():
+                raise  # (cancelled in a hand-over, and the object did not come back)
             store.flush()  # the jobs that completed stay completed
             if self._claim.memory_reset and not lc.breaker.tripped:
                 await lc.observe_reset(None, self._claim.reset_reason)
@@ -115,7 +118,6 @@ class AlarmRunner:
                 store.rearm()
             raise
         except Exception:
-            await self._outside_user_blocks()
             store.flush()  # the jobs that completed stay completed
             if store.next_alarm_time() is None:
                 logger.exception("alarm run of %s failed; no jobs remain", lc.label)
@@ -127,17 +129,7 @@ class AlarmRunner:
             self._unwatch()
         if not lc.tracked:
             lc.breaker.clear()  # a clean, quiescent alarm run
-        await self._outside_user_blocks()
         store.rearm()
-
-    async def _outside_user_blocks(self) -> None:
-        """Before the run's last commit and re-arm: wait for a ``storage.transaction()``
-        of another task that is still open (a call's, tracked work's). With it open the
-        group cannot commit, nor the alarm rise above it — and after the run nothing
-        else would commit or re-arm (a stub call's output gate commits, but does not
-        re-arm; tracked work has no output gate)."""
-        if self._store.tx.foreign_user_block():
-            await self._store.wait_for_user_block()
 
     async def _run_due(self, run: AlarmRun, now: float) -> None:
         store = self._store
@@ -201,7 +193,13 @@ class AlarmRunner:
                 readmitted.add(job.id)
                 ran.discard(job.id)
             dispatched += 1
-            if dispatched % _CHECKPOINT_EVERY == 0:
+            if self._turns.waiting:
+                # Fairness: a call waits for one job, never for the backlog. What ran
+                # commits first (the call must not see half a group), then the call has
+                # the object; the run goes on when it gets it back.
+                store.flush()
+                await self._turns.hand_over("alarm run")
+            elif dispatched % _CHECKPOINT_EVERY == 0:
                 await trio.lowlevel.checkpoint()
 
     def _handler(self, owner_id: str) -> tuple[Any, Callable[..., Awaitable[Any]] | None]:
@@ -246,15 +244,6 @@ class AlarmRunner:
         """Run one job; return whether a same-id push, reschedule or cancel superseded
         its outcome."""
         store, job = self._store, row.job
-        if store.tx.user_task is not None:
-            # A call's storage.transaction() is open (it awaited inside): the job must
-            # not write into a block that may still roll back — and the row read before
-            # may be one the block is about to roll back: read it again after.
-            await store.wait_for_user_block()
-            fresh = store.row(job.id)
-            if fresh is None or fresh.job.time > _clock.now():
-                return False
-            row, job = fresh, fresh.job
         clock = run.time()  # one clock read per job: both clocks derive from it
         started = run.epoch + clock
         # Record what runs before it runs, where a SIGKILL cannot erase it (a memory
@@ -292,18 +281,26 @@ class AlarmRunner:
             store.flush()
             self._lc.strike_job(job.id, started, why=f"it raised {type(exc).__name__}")
             raise
+        except BaseExceptionGroup as group:
+            if (group.split(trio.Cancelled)[1] is None
+                    and trio.current_effective_deadline() == -math.inf):
+                # The job's own nursery, cancelled with it (a shutdown, a reset): the
+                # job's cancellation, as above, not its failure.
+                store.fail()
+                store.flush()
+                if self._claim.memory_reset:
+                    await self._lc.observe_reset(job, self._claim.reset_reason)
+                raise
+            await self._job_failed(run, owner, ctx, group, clock)
         except BaseException as exc:
             await self._job_failed(run, owner, ctx, exc, clock)
         else:
             self._watch_job = None
             self._metrics.job_ran(self._namespace, job.owner, run.time() - clock, True)
-            if store.tx.user_task is not None:
-                # The outcome must not land in another task's block that may roll back.
-                await store.wait_for_user_block()
             store.finish(job, outcome, keep_marker=outcome is not None
                          and self._lc.keeps_marker(run, job))
         finally:
-            if store.tx.job_task is not None:  # (something above was cut off)
+            if store.tx.job_running:  # (something above was cut off)
                 store.tx.end_job(keep=False)
             if flight is not None:
                 flight.clear()
@@ -315,8 +312,6 @@ class AlarmRunner:
         self, run: AlarmRun, owner: Any, ctx: JobContext, error: BaseException, clock: float
     ) -> None:
         """What the job raised is its own failure: an attempt, a retry, a dead letter."""
-        if self._store.tx.user_task is not None:
-            await self._store.wait_for_user_block()  # (as for a clean outcome)
         self._watch_job = None
         self._metrics.job_ran(self._namespace, ctx.job.owner, run.time() - clock, False)
         self._store.fail()
@@ -347,10 +342,6 @@ class AlarmRunner:
                 outcome = coerce_outcome(await on_job_error(ctx, error))
             except Exception:
                 logger.exception("on_job_error of %r failed for job %r", job.owner, job.id)
-            if store.tx.foreign_user_block():
-                # It awaited: the outcome must not land in another task's block that may
-                # roll back (as for a clean outcome, _run_job).
-                await store.wait_for_user_block()
             if store.superseded:
                 return
         if outcome is not None:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any, Final
 
 import trio
@@ -33,6 +34,8 @@ logger = logging.getLogger("nursery_jobs")
 
 # Full-jitter backoff draws from this unless ``Lifecycle.install(rng=...)`` is given.
 _DEFAULT_RNG: Final = random.Random()
+# How long tracked work that ends (or is cancelled) waits for the object's turn to record it.
+LAST_TURN_WAIT: Final = 5.0
 
 
 class Lifecycle:
@@ -228,6 +231,8 @@ class Lifecycle:
         self, fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...], job: Job | None,
         started: float,
     ) -> None:
+        """Tracked work holds no turn of the object (it enters ``ctx.turn()`` to touch
+        storage); what it records when it ends is written in a turn of its own."""
         claim = self.claim
         try:
             with claim.working(alarm=True):
@@ -237,10 +242,12 @@ class Lifecycle:
                     # Work that hits the memory limit counts against the job that
                     # started it.
                     if claim.memory_reset and (job is not None or not self.breaker.tripped):
-                        await self.observe_reset(job, claim.reset_reason)
+                        async with self._last_turn("tracked work reset"):
+                            await self.observe_reset(job, claim.reset_reason)
                     raise
                 except MemoryError as exc:
-                    await self.memory_error(job, exc)
+                    async with self._last_turn("tracked work out of memory"):
+                        await self.memory_error(job, exc)
                 except Exception as exc:
                     logger.exception("tracked work %r of %s failed", fn, self.label)
                     self.emit("alarm:tracked_work_failed", job=None if job is None else job.id,
@@ -253,8 +260,22 @@ class Lifecycle:
                     self.tracked[key] = left
                 else:
                     del self.tracked[key]
-                    if self.store.clear_marker(job.id, started):
-                        self.store.rearm()
+                    async with self._last_turn("tracked work ending"):
+                        if self.store.clear_marker(job.id, started):
+                            self.store.rearm()
+
+    @asynccontextmanager
+    async def _last_turn(self, holder: str) -> AsyncIterator[None]:
+        """Hold the object's turn for a last record, even on the way out of a cancelled
+        task: shielded, a bounded while (whoever holds it is being cancelled too). Not
+        getting it in time, the record is not made (logged): a reset object's state is
+        read again from its database on its next activation."""
+        with trio.move_on_after(LAST_TURN_WAIT, shield=True) as scope:
+            async with self.claim.turns.turn("write", holder):
+                yield
+        if scope.cancelled_caught:
+            logger.warning("%s: %s could not get the object's turn within %.0f s; not"
+                           " recorded", self.label, holder, LAST_TURN_WAIT)
 
     def strike_job(self, job_id: str, started: float, *, why: str) -> None:
         """Give a job a crash strike now (it is about to take the process down)."""

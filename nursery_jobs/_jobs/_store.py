@@ -40,9 +40,8 @@ class JobStore:
     """The jobs and dead letters of one object, and the alarm they imply."""
 
     __slots__ = (
-        "_alarm", "_done", "_dropped", "_replay", "completion_group", "conn",
-        "dead_letter_limit", "disabled", "running_id",
-        "running_seq", "superseded", "table", "tx", "version",
+        "_alarm", "_done", "_dropped", "completion_group", "conn", "dead_letter_limit",
+        "disabled", "running_id", "running_seq", "superseded", "table", "tx", "version",
     )
 
     def __init__(
@@ -54,16 +53,13 @@ class JobStore:
         self.table = JobTable(conn)
         self.tx = transactions
         transactions.staged = self.table  # finished jobs' deletes wait for the group
-        transactions.blocks = self  # a rolled-back block's mutations are forgotten
+        transactions.blocks = self  # a rolled-back block's effects in memory go too
         self._alarm = alarm
         self.completion_group = completion_group
         self.dead_letter_limit = dead_letter_limit
         self._dropped = on_dropped
         # Jobs finished in the open group transaction (committed every completion_group).
         self._done = 0
-        # Queue mutations the running job made (pushes, cancels, re-times): commands that
-        # win even if the job then fails, so they are made again after its rollback.
-        self._replay: list[tuple[int, Callable[[], object]]] = []
         # The job running now: a mutation of its id supersedes its outcome.
         self.running_id: str | None = None
         self.running_seq = -1
@@ -71,7 +67,7 @@ class JobStore:
         # Bumped by every mutation through the API: an alarm run re-reads due rows then.
         self.version = 0
         # Alarms disabled for good (``Lifecycle.disable_alarms``, durable): the alarm
-        # is left alone.
+        # is left alone. (Read when a rollback may have undone it: ``_reread``.)
         self.disabled = bool(self.table.meta(_ALARMS_DISABLED))
 
     # -- the group transaction ------------------------------------------------------
@@ -81,8 +77,6 @@ class JobStore:
     # the savepoint back (``fail``). A death before the group commits loses the jobs'
     # writes with their outcomes: their re-runs find the storage as it was.
     def begin_run(self, row: JobRow) -> None:
-        if self._replay:
-            self._replay.clear()
         self.tx.begin_job()
         self.running_id, self.running_seq, self.superseded = row.job.id, row.seq, False
 
@@ -122,58 +116,56 @@ class JobStore:
             self.flush()
 
     def fail(self) -> None:
-        """The running job raised or was cancelled: undo its storage writes — but not
-        the queue mutations it made through the API (``lifecycle.jobs``), which win."""
-        # Only what was made under the savepoint being rolled back is undone, so only
-        # that is made again (a mutation before an early release already stands).
-        generation = self.tx.job_generation if self.tx.job_savepoint else None
+        """The running job raised or was cancelled: undo everything it wrote, its queue
+        mutations (``lifecycle.jobs``) included — its next attempt makes them again."""
+        was_written = self.tx.job_savepoint
         try:
             self.tx.end_job(keep=False)
         except BaseException:
             self._abort()  # (as in finish: the writes must not outlive the run)
             raise
-        for made_in, again in self._replay:
-            if made_in == generation:
-                again()
-        self._replay.clear()
+        if was_written:
+            self._reread()
 
     def _abort(self) -> None:
         """Roll the group back after a failure to record a run (see ``finish``)."""
         self._done = 0
-        self._replay.clear()
         self.tx.abort_group()
+        self._reread()
+
+    def _reread(self) -> None:
+        """A rollback undid writes: what this store keeps in memory about them is read
+        again (a same-id push that superseded the run, alarms disabled)."""
+        self.superseded = False
+        self.version += 1
+        self.disabled = bool(self.table.meta(_ALARMS_DISABLED))
 
     # -- storage.transaction() blocks (the ``BlockWatcher`` of ``_transactions``) --------
-    def mark(self) -> tuple[str | None, bool, int]:
-        return self.running_id, self.superseded, len(self._replay)
+    def mark(self) -> tuple[str | None, bool]:
+        return self.running_id, self.superseded
 
     def undo(self, mark: object) -> None:
         """A block rolled back: a push, cancel or re-time of the running job's id made in
-        it did not happen (the job's outcome stands), nor is a mutation made in it made
-        again if the job fails. (Another task cannot write while a block is open.)"""
-        running_id, superseded, replayed = cast("tuple[str | None, bool, int]", mark)
+        it did not happen (the job's outcome stands), nor did a disable_alarms()."""
+        running_id, superseded = cast("tuple[str | None, bool]", mark)
         if running_id == self.running_id:
             self.superseded = superseded
-            del self._replay[replayed:]
+        self.version += 1
+        self.disabled = bool(self.table.meta(_ALARMS_DISABLED))
 
-    def _mutation(self, again: Callable[[], object]) -> None:
-        """Remember a queue mutation made under the running job's savepoint — by the job,
-        or by another task whose write joined it (a call, tracked work ending) — to make
-        again if the job fails: a push, cancel or re-time wins whoever made it."""
-        tx = self.tx
-        if tx.job_savepoint:
-            self._replay.append((tx.job_generation, again))
-
-    def writing(self, *, replayed: bool = False) -> AbstractContextManager[None]:
+    def writing(self) -> AbstractContextManager[None]:
         """``with store.writing():`` one transaction for the writes in the block — or,
-        inside the group or a user block, part of that transaction. ``replayed``: what
-        the block writes is remembered (``_mutation``) and made again should a running
-        job's savepoint it joins roll back, so its task has nothing to be told. (Not a
-        generator: see ``atomic``.)"""
-        self.tx.check_write(replayed=replayed)
+        inside the group or a user block, part of that transaction. (Not a generator:
+        see ``atomic``.)"""
+        self.tx.check_write()
         if self.conn.in_transaction:
             return _JOINED
         return atomic(self.conn)
+
+    def reading(self) -> JobTable:
+        """The table, for a read by the current task (which must hold a turn)."""
+        self.tx.check_read()
+        return self.table
 
     def flush(self) -> None:
         """Commit the group transaction now (unless a user block is open). Does not
@@ -190,16 +182,16 @@ class JobStore:
 
     # -- reads (outcomes are applied in the group: reads see them) -------------------
     def row(self, job_id: str) -> JobRow | None:
-        return self.table.row(job_id)
+        return self.reading().row(job_id)
 
     def rows(self, owner: str | None = None) -> list[JobRow]:
-        return self.table.rows(owner)
+        return self.reading().rows(owner)
 
     def dead_letters(self, owner: str | None) -> list[DeadLetter]:
-        return self.table.dead_letters(owner)
+        return self.reading().dead_letters(owner)
 
     def meta(self, key: str) -> int:
-        return self.table.meta(key)
+        return self.reading().meta(key)
 
     def due_batch(self, now: float, after: Cursor, limit: int) -> list[JobRow]:
         """The alarm run's read: due rows after ``after`` in run order."""
@@ -223,7 +215,7 @@ class JobStore:
             JobOwnershipError: another owner holds the id.
         """
         replaced = False
-        with self.writing(replayed=True):
+        with self.writing():
             if stable_id:
                 holder = self.table.owner_of(job.id)
                 if holder is not None and holder != job.owner:
@@ -232,7 +224,6 @@ class JobStore:
                 self._touch(job.id)
             self._lower_alarm(job.time, job.exclusive, job.id)
             self.table.upsert(job, payload_text)
-            self._mutation(lambda: self.table.upsert(job, payload_text))
         if replaced:
             stored = self.table.row(job.id)
             if stored is not None:
@@ -243,11 +234,10 @@ class JobStore:
 
     def cancel(self, owner: str, job_id: str) -> bool:
         in_transaction = self.conn.in_transaction
-        with self.writing(replayed=True):
+        with self.writing():
             deleted = self.table.delete(owner, job_id)
             if deleted:
                 self._touch(job_id)
-                self._mutation(lambda: self.table.delete(owner, job_id))
         # Inside storage.transaction() the alarm must not be raised: a rollback would
         # bring the job back with the alarm above it (an early wake is harmless).
         if deleted and not in_transaction:
@@ -256,21 +246,20 @@ class JobStore:
 
     def reschedule(self, owner: str, job_id: str, when: float) -> bool:
         in_transaction = self.conn.in_transaction
-        with self.writing(replayed=True):
+        with self.writing():
             row = self.table.row(job_id)
             if row is None or row.job.owner != owner:
                 return False
             self._touch(job_id)
             self._lower_alarm(when, row.job.exclusive, job_id)
             self.table.retime(owner, job_id, when)
-            self._mutation(lambda: self.table.retime(owner, job_id, when))
         if not in_transaction:  # as in cancel: never raise the alarm before a commit
             self.rearm()
         return True
 
     def requeue(self, owner: str, job_id: str) -> Job | None:
         """Move dead letter ``job_id`` of ``owner`` back into the queue, due now."""
-        with self.writing(replayed=True):
+        with self.writing():
             # Checked before anything is written: inside the group, nothing would undo
             # the letter's delete if the refusal came after it.
             letter = self.table.dead_letter(owner, job_id)
@@ -292,11 +281,6 @@ class JobStore:
             text = encode_payload(job.payload)
             self.table.upsert(job, text)
 
-            def again() -> None:
-                self.table.unbury(owner, job_id)
-                self.table.upsert(job, text)
-
-            self._mutation(again)
         return job
 
     # -- what the alarm run and the breaker write ------------------------------------
@@ -377,9 +361,8 @@ class JobStore:
 
     def clear_marker(self, job_id: str, started: float) -> bool:
         """Tracked work of job ``job_id`` (started at ``started``) has ended."""
-        with self.writing(replayed=True):
+        with self.writing():
             cleared = self.table.clear_marker(job_id, started)
-            self._mutation(lambda: self.table.clear_marker(job_id, started))
             return cleared
 
     # -- the alarm --------------------------------------------------------------------
@@ -418,11 +401,6 @@ class JobStore:
         if self._alarm.ships and not self.conn.in_transaction:
             await self._alarm.sync()
 
-    async def wait_for_user_block(self) -> None:
-        """Wait until no user block of another task is open (a push from a call must
-        not land in a block that may still roll back). Checkpoints."""
-        await self.tx.wait_for_user_block()
-
     def set_alarm(self, time: float) -> None:
         """Set the alarm to ``time`` outright (the fallback and backup alarms)."""
         if not self.disabled:
@@ -431,10 +409,7 @@ class JobStore:
     def disable(self) -> None:
         """Turn the alarm off for good (teardown): durable, so a later activation does
         not re-arm it from the jobs that remain."""
-        with self.writing(replayed=True):
+        with self.writing():
             self.table.set_meta(_ALARMS_DISABLED, 1)
-            # Made again if the job that asked fails: it acts at once (the alarm goes
-            # now), so it must stand as durably as it acts.
-            self._mutation(lambda: self.table.set_meta(_ALARMS_DISABLED, 1))
         self.disabled = True
         self._alarm.delete()

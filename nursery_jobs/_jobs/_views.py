@@ -75,8 +75,7 @@ class Jobs:
         """Store a job; durable (committed, alarm lowered) when it returns.
 
         Pushing an id this owner already holds replaces that job in place. Among due
-        jobs a higher ``priority`` runs first. Checkpoints, except inside
-        ``storage.transaction()``, where it must not let other tasks in.
+        jobs a higher ``priority`` runs first. Checkpoints.
 
         Raises:
             JobOwnershipError: another owner holds ``id``.
@@ -138,15 +137,9 @@ class Jobs:
         self._store.rearm(write_through=True)
 
     async def _checkpoint(self) -> None:
-        # Another task's storage.transaction() is open: wait for it to end (this write
-        # must not be committed or rolled back with it).
-        if self._store.tx.foreign_user_block():
-            await self._store.wait_for_user_block()
-            return
-        # Inside our own storage.transaction() a mutation must not yield: another task
-        # of the object could write into the open transaction.
-        if not self._store.conn.in_transaction:
-            await trio.lowlevel.checkpoint()
+        # (Every async call of the API checkpoints, even inside storage.transaction():
+        # the turn keeps other tasks out of the object meanwhile.)
+        await trio.lowlevel.checkpoint()
 
 
 class CapabilityLifecycle:

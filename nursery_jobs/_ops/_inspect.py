@@ -659,12 +659,14 @@ class RuntimeSource(_ObjectReader):
     async def requeue(self, namespace: str, object_id: str, owner: str, job_id: str) -> bool:
         """Requeue a dead letter through the object's Lifecycle (activating it)."""
         lifecycle = await self._activated_lifecycle(namespace, object_id)
-        return await lifecycle.requeue(job_id, owner=owner) is not None
+        async with lifecycle.ctx.turn():
+            return await lifecycle.requeue(job_id, owner=owner) is not None
 
     async def discard(self, namespace: str, object_id: str, owner: str, job_id: str) -> bool:
         """Delete a dead letter through the object's job table (activating it)."""
         lifecycle = await self._activated_lifecycle(namespace, object_id)
-        return bool(await lifecycle.discard(job_id, owner=owner))
+        async with lifecycle.ctx.turn():
+            return bool(await lifecycle.discard(job_id, owner=owner))
 
     async def _activated_lifecycle(self, namespace: str, object_id: str) -> Any:
         from nursery_jobs._core._object import resolve_namespace

@@ -163,7 +163,7 @@ class CallRouter:
     async def forward(
         self, target: str, cls: type[DurableObject], object_id: str, name: str,
         args: tuple[Any, ...], kwargs: dict[str, Any], again: Callable[..., Awaitable[Any]],
-        class_path: str,
+        class_path: str, chain: tuple[str, ...] = (),
     ) -> Any:
         """Run ``name(*args, **kwargs)`` on the object at host ``target`` and return its
         result (or raise its exception). ``again`` is the stub call, for when the object
@@ -175,7 +175,9 @@ class CallRouter:
         """
         namespace = cls.namespace
         label = f"{namespace}/{object_id}.{name}()"
-        payload = encode_payload([list(args), kwargs])
+        # The call chain travels with the call: a call back into a turn it holds there
+        # re-enters it (A -> B -> A across hosts never deadlocks).
+        payload = encode_payload([list(args), kwargs, list(chain)])
         try:
             call_id = await self._db(_send, self._me, target, namespace, object_id,
                                      class_path, name, payload)
@@ -276,9 +278,10 @@ class CallRouter:
         else:
             try:
                 envelope: Any = decode_payload(payload)
-                args, kwargs = envelope
+                args, kwargs, *rest = envelope
+                chain = tuple(str(turn) for turn in rest[0]) if rest else ()
                 value = await site.run_call(namespace, object_id, name, tuple(args),
-                                            dict(kwargs))
+                                            dict(kwargs), chain)
                 result = encode_payload(value)
             except (ObjectLeasedElsewhere, ObjectMoved):
                 # (ObjectMoved: this host's lease lapsed before the method ran; nothing

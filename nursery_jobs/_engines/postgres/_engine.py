@@ -311,11 +311,12 @@ class PostgresEngine:
             return await again(*args, **kwargs)
 
         async def forward(cls: Any, object_id: str, name: str, args: tuple[Any, ...],
-                          kwargs: dict[str, Any], again: Callable[..., Any]) -> Any:
+                          kwargs: dict[str, Any], again: Callable[..., Any],
+                          chain: tuple[str, ...]) -> Any:
             try:
                 return await self._calls.forward(
                     target, cls, object_id, name, args, kwargs,
-                    functools.partial(fresh, again), class_path=class_path,
+                    functools.partial(fresh, again), class_path=class_path, chain=chain,
                 )
             except RpcError:
                 self._elsewhere.pop(key, None)

@@ -1,8 +1,8 @@
-"""The exactly-once core of one object (_transactions, _job_store, _job_table,
-_alarm_run) at its edges: interleavings of a running job with calls, tracked work and
-storage.transaction() blocks. Each test pins a promise of DESIGN.md section 3 that a
-review found broken; the docstrings say what used to happen ("got ..." notes the old
-result)."""
+"""Exactly-once local effects (DESIGN.md section 3) around a running job: calls, tracked
+work and storage.transaction() blocks beside it. Each test pins a promise that the
+shared-transaction model of earlier releases broke (the docstrings say how); under
+turns (section 2) a call or a task waits for the job's turn, so most of them now hold
+by construction, and they stay as the proof."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ RETRY = nj.RetryOptions(max_attempts=3, base_delay=1.0, max_delay=1.0, jitter=Fa
 
 
 class Host(nj.DurableObject):
-    namespace = "tests.test_exactly_once_edges.Host"
+    namespace = "tests.test_exactly_once.Host"
 
     def __init__(self, ctx: nj.ObjectContext) -> None:
         super().__init__(ctx)
@@ -157,24 +157,21 @@ async def test_tracked_work_ending_never_commits_half_a_running_job(
 async def test_a_calls_write_never_makes_a_failing_jobs_writes_stick(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    """A call writes while a job that wrote awaits. The write joins the job's savepoint
-    (it used to end it: the job's write could no longer be undone, so when the job
-    failed its retry wrote again and the counter ended at 2). The job fails: both are
-    undone, and the call, still waiting at its output gate for the job, is told so."""
+    """A call writes while a job that wrote awaits. (Sharing the job's transaction, the
+    write once ended the job's savepoint: the job's write could no longer be undone, so
+    its retry wrote again and the counter ended at 2; later the call was told its write
+    was undone.) The call waits for the job's turn: the job fails and is undone alone,
+    and the call's write, made after, stands."""
     env: dict[str, Any] = {"runs": [], "h": _count_then_fail_once}
     async with nj.open_runtime(engine.location, env=env) as rt:
         obj = rt.get(Host, "o")
         await obj.run(lambda o: _push(o, "J", delay=1, retry=RETRY))
         await trio.sleep(1.5)
-        with pytest.raises(nj.StorageError, match="a job running beside the call"):
-            await obj.run(lambda o: trio_put(o, "other", 1))
-        assert trio.current_time() == 3  # told when J failed, not before
+        await obj.run(lambda o: trio_put(o, "other", 1))
+        assert trio.current_time() == 3  # it waited for J's turn
         await trio.sleep(50)
         assert [r[2] for r in env["runs"]] == [1, 2]
-        assert await obj.run(_get) == 1
-        assert await obj.run(lambda o: _get(o, "other")) == 0  # nothing of it was kept
-        # The same call once no job is running: kept.
-        await obj.run(lambda o: trio_put(o, "other", 1))
+        assert await obj.run(_get) == 1  # J exactly once
         assert await obj.run(lambda o: _get(o, "other")) == 1
 
 
@@ -464,17 +461,18 @@ async def test_an_on_job_error_outcome_never_lands_in_a_calls_block_that_rolls_b
 async def test_a_block_of_tracked_work_that_outlives_the_run_is_committed(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    """Same root as the test above, other symptom: on_alarm tracks work that holds a
-    storage.transaction() across the end of the run. The run's final flush is skipped
-    (a user block is open) and nothing commits the group afterwards: no stub call, no
-    job. The object goes idle and is evicted, and its close rolls the group back: the
-    block's write, which its task saw commit, is lost, and job J, which finished
-    cleanly, runs again."""
+    """On_alarm tracks work that holds a storage.transaction() across the end of the
+    run. (Sharing the run's connection, the run's final flush was skipped while the
+    block was open, nothing committed the group afterwards, and the object's close
+    rolled it back: the block's write, which its task saw commit, was lost, and job J,
+    which had finished cleanly, ran again.) The work takes a turn of its own for its
+    block: it waits for the run to end, and its block commits alone."""
 
     async def work(o: Host) -> None:
-        with o.ctx.storage.transaction():
-            o.ctx.storage.put("w", 1)
-            await trio.sleep(1)
+        async with o.ctx.turn():
+            with o.ctx.storage.transaction():
+                o.ctx.storage.put("w", 1)
+                await trio.sleep(1)
 
     async def on_alarm(o: Host) -> None:
         if len(o.env["runs"]) == 1 and not o.env.get("tracked"):
@@ -517,39 +515,6 @@ async def test_disable_alarms_undone_by_a_failing_job_does_not_strand_its_jobs(
         ran = [(r[0], r[2]) for r in env["runs"]]
         durable = await obj.run(
             lambda o: trio_value(o.lifecycle.store.meta("alarms_disabled")))
-        # Either the disable was undone with the job (its jobs run), or it stands as
-        # durably as it acts (the flag is in storage). Got: neither (ran [J 1], flag 0).
-        assert ran == [("J", 1), ("J", 2), ("K", 1)] or durable == 1, (ran, durable)
-
-
-async def test_a_background_task_whose_writes_a_failing_job_undid_is_told_at_its_next_write(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    """A task of the object's own (no caller, no output gate) writes beside a job that
-    has written and awaits; the job fails and its rollback undoes that write too. The
-    task is told at its next write: StorageError, and that write is not made either."""
-    outcome: list[Any] = []
-
-    async def background(o: Host) -> None:
-        o.ctx.storage.put("bg", 1)  # joins J's savepoint
-        await trio.sleep(2.5)  # J fails at 3
-        try:
-            o.ctx.storage.put("bg", 2)
-        except nj.StorageError as exc:
-            outcome.append(exc)
-        o.ctx.storage.put("after", 1)  # told once: later writes are made
-
-    async def start(o: Host) -> None:
-        o.ctx.nursery.start_soon(background, o)
-
-    env: dict[str, Any] = {"runs": [], "h": _count_then_fail_once}
-    async with nj.open_runtime(engine.location, env=env) as rt:
-        obj = rt.get(Host, "o")
-        await obj.run(lambda o: _push(o, "J", delay=1, retry=RETRY))
-        await trio.sleep(1.5)
-        await obj.run(start)
-        await trio.sleep(50)
-        assert len(outcome) == 1 and "undone when that job failed" in str(outcome[0])
-        assert await obj.run(lambda o: _get(o, "bg")) == 0
-        assert await obj.run(lambda o: _get(o, "after")) == 1
-        assert await obj.run(_get) == 1  # J exactly once
+        # The disable was undone with the job that asked: its jobs run (K, with the
+        # same handler, disables and fails once too). (Got once: ran [J 1], flag 0.)
+        assert ran == [("J", 1), ("J", 2), ("K", 1), ("K", 2)] and durable == 0

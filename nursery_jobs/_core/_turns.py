@@ -1,0 +1,365 @@
+"""Turns: one task changes an object at a time (DESIGN section 2, "Turns").
+
+Each object has one ``TurnGate``. A stub call, an alarm run and startup each hold a
+*turn* from start to end, across their awaits; others wait in arrival order. A turn
+belongs to the task that entered it and to the tasks that task starts in nurseries of
+its own (its descendants); a task that outlives its turn holds nothing. Storage asks the
+gate (``check``) before every read and write, so a task without a turn gets
+``TurnError`` and touches nothing.
+
+``@read_only`` methods hold *read* turns, which run side by side between writing turns;
+``@interleave`` methods hold none. A call that comes back to an object along its own call
+chain (the object calling itself, A -> B -> A, also across hosts: the chain travels with
+a forwarded call) runs inside the turn the chain holds.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import heapq
+import itertools
+import logging
+import math
+import os
+import secrets
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any, Final, Literal, TypeVar
+
+import trio
+
+from nursery_jobs._errors import TurnError
+
+logger = logging.getLogger("nursery_jobs")
+
+Kind = Literal["write", "read"]
+Task = trio.lowlevel.Task
+F = TypeVar("F", bound=Callable[..., Any])
+
+# What a method's decorator asks for: a read turn, or no turn at all.
+TURN_ATTRIBUTE: Final = "__nursery_jobs_turn__"
+
+# Turn ids are unique across hosts (they travel with forwarded calls).
+_PREFIX: Final = f"{os.getpid():x}.{secrets.token_hex(4)}"
+_SERIAL = itertools.count(1)
+
+# The turns the current task's call chain holds: (turn ids, the task that entered the
+# last of them). Only that task and tasks it starts in nurseries of its own from then on
+# may use it: a task started in the object's nursery inherits the variable, not the chain.
+_chain: contextvars.ContextVar[tuple[tuple[str, ...], Holder] | None] = contextvars.ContextVar(
+    "nursery_jobs_call_chain", default=None
+)
+
+
+def read_only(fn: F) -> F:
+    """Mark an object's method read-only: its calls share the object with one another,
+    between writing turns; a write inside raises ``TurnError``."""
+    setattr(fn, TURN_ATTRIBUTE, "read")
+    return fn
+
+
+def interleave(fn: F) -> F:
+    """Mark an object's method as holding no turn: it may await anything (a long poll,
+    an event a job sets) and enters ``ctx.turn()`` to touch storage."""
+    setattr(fn, TURN_ATTRIBUTE, "none")
+    return fn
+
+
+def method_turn(fn: Any) -> Kind | None:
+    """The turn a call of ``fn`` takes: "write" (the default), "read" or None."""
+    kind = getattr(fn, TURN_ATTRIBUTE, "write")
+    if kind == "read":
+        return "read"
+    return None if kind == "none" else "write"
+
+
+def call_chain() -> tuple[str, ...]:
+    """The turn ids the current task's call chain holds (sent with a forwarded call)."""
+    value = _chain.get()
+    if value is None:
+        return ()
+    ids, owner = value
+    return ids if owner.covers(trio.lowlevel.current_task()) else ()
+
+
+def adopt_chain(ids: tuple[str, ...]) -> contextvars.Token[Any]:
+    """A forwarded call arrived with the chain ``ids``: the current task carries it."""
+    return _chain.set((ids, Holder(trio.lowlevel.current_task())))
+
+
+def forget_chain(token: contextvars.Token[Any]) -> None:
+    _chain.reset(token)
+
+
+class Holder:
+    """A task holding a turn, and the nurseries it had open when it took it. The turn is
+    the task's and that of the tasks it starts, at any depth, in nurseries it opens from
+    then on; not of tasks in nurseries it had open before (the runtime's own nursery, if
+    it opened the runtime), which run the rest of the program."""
+
+    __slots__ = ("before", "task")
+
+    def __init__(self, task: Task) -> None:
+        self.task = task
+        self.before = tuple(task.child_nurseries)
+
+    def covers(self, task: Task) -> bool:
+        """Whether ``task`` is this holder or a task it started since. Does not
+        checkpoint."""
+        holder = self.task
+        while task is not holder:
+            nursery = task.parent_nursery
+            if nursery is None:
+                return False
+            task = nursery.parent_task
+            if task is holder:
+                return nursery not in self.before
+        return True
+
+
+class Turn:
+    """One held turn: who entered it, for what, since when."""
+
+    __slots__ = ("held", "holder", "id", "kind", "since", "tasks")
+
+    def __init__(self, kind: Kind, holder: str, task: Task) -> None:
+        self.id = f"{_PREFIX}.{next(_SERIAL)}"
+        self.kind = kind
+        self.holder = holder
+        self.since = trio.current_time()
+        self.held = False  # (admitted: True)
+        # The task that entered it and tasks re-entering it by call chain.
+        self.tasks: list[Holder] = [Holder(task)]
+
+
+class _Waiter:
+    __slots__ = ("admitted", "event", "turn")
+
+    def __init__(self, turn: Turn) -> None:
+        self.turn = turn
+        self.event = trio.Event()
+        self.admitted = False
+
+
+class TurnGate:
+    """The turns of one object: one writing turn, or any number of read turns, at a
+    time; the rest wait in arrival order."""
+
+    __slots__ = ("_emit", "_label", "_readers", "_slow", "_waiters", "writer", "writer_task")
+
+    def __init__(
+        self, label: str, *, slow: SlowTurns | None = None,
+        emit: Callable[[float, str], None] = lambda seconds, holder: None,
+    ) -> None:
+        self._label = label
+        self._slow = slow
+        self._emit = emit  # object:turn_slow {seconds, holder}
+        self.writer: Turn | None = None
+        # The task that entered the writing turn (the one check that storage's hot path
+        # makes: a job's writes come from the alarm run's own task).
+        self.writer_task: Task | None = None
+        self._readers: list[Turn] = []
+        self._waiters: deque[_Waiter] = deque()
+
+    @property
+    def waiting(self) -> bool:
+        """Whether a call (or another turn) waits for this object. Does not checkpoint."""
+        return bool(self._waiters)
+
+    # -- the check storage makes ----------------------------------------------------------
+    def check(self, *, write: bool) -> None:
+        """Raise ``TurnError`` unless the current task holds a turn here (a writing one,
+        for a write). Does not checkpoint."""
+        task = trio.lowlevel.current_task()
+        if task is self.writer_task:
+            return
+        turn = self._held_by(task)
+        if turn is None:
+            raise TurnError(
+                f"{self._label}: storage was touched by a task that holds no turn of the"
+                " object (a background task, tracked work, an @nj.interleave method, or a"
+                " task that outlived the call that started it); nothing was read or"
+                " written. Enter one with `async with self.ctx.turn():`",
+                object_label=self._label,
+            )
+        if write and turn.kind == "read":
+            raise TurnError(
+                f"{self._label}: a write inside a read-only turn ({turn.holder}); nothing"
+                " was written. Drop @nj.read_only from the method, or write elsewhere",
+                object_label=self._label,
+            )
+
+    def _held_by(self, task: Task) -> Turn | None:
+        """The turn ``task`` holds, itself or through an ancestor."""
+        turns = [self.writer] if self.writer is not None else self._readers
+        for turn in turns:
+            assert turn is not None
+            for holder in turn.tasks:
+                if holder.covers(task):
+                    return turn
+        return None
+
+    def holds(self) -> bool:
+        """Whether the current task holds a turn here. Does not checkpoint."""
+        task = trio.lowlevel.current_task()
+        return task is self.writer_task or self._held_by(task) is not None
+
+    # -- entering and leaving ---------------------------------------------------------------
+    @asynccontextmanager
+    async def turn(self, kind: Kind = "write", holder: str = "ctx.turn()") -> AsyncIterator[None]:
+        """Hold a turn of the object for the block (or run inside the turn the caller's
+        call chain already holds). Checkpoints."""
+        task = trio.lowlevel.current_task()
+        held = self._held_by(task)
+        if held is not None:
+            # Re-entry by the turn's own task or a descendant (an object calling itself).
+            await trio.lowlevel.checkpoint()
+            yield
+            return
+        reentered = self._by_chain()
+        if reentered is not None:
+            await trio.lowlevel.checkpoint()
+            guest = Holder(task)
+            reentered.tasks.append(guest)
+            try:
+                yield
+            finally:
+                reentered.tasks.remove(guest)
+            return
+        turn = Turn(kind, holder, task)
+        await self._enter(turn)
+        token = _chain.set(((*call_chain(), turn.id), turn.tasks[0]))
+        try:
+            yield
+        finally:
+            _chain.reset(token)
+            self._leave(turn)
+
+    async def hand_over(self, holder: str) -> None:
+        """Between two jobs of an alarm run: let the calls that wait have the object, then
+        take it back (last in line), under the same turn id (its call chain names it).
+        Checkpoints.
+
+        Cancelled while it waits, it still waits for the object, shielded, a bounded
+        while (the calls ahead are cancelled with it), so that the run's cleanup holds
+        the turn; ``holds()`` tells whether it got it back.
+        """
+        turn = self.writer
+        assert turn is not None and self.writer_task is trio.lowlevel.current_task()
+        self._leave(turn)
+        try:
+            await self._enter(turn)
+        except trio.Cancelled:
+            with trio.move_on_after(_CLEANUP_WAIT, shield=True):
+                await self._enter(turn)
+            raise
+
+    async def _enter(self, turn: Turn) -> None:
+        """Wait in line for ``turn`` to be admitted. Checkpoints."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        if not self._waiters and self._free_for(turn.kind):
+            self._admit(turn)
+            try:
+                await trio.lowlevel.cancel_shielded_checkpoint()
+            except BaseException:
+                self._leave(turn)
+                raise
+            return
+        waiter = _Waiter(turn)
+        self._waiters.append(waiter)
+        try:
+            await waiter.event.wait()
+        except BaseException:
+            if waiter.admitted:
+                self._leave(turn)  # admitted as it was cancelled: pass it on
+            else:
+                self._waiters.remove(waiter)
+                self._admit_waiters()  # (readers behind a cancelled writer may go now)
+            raise
+
+    def _free_for(self, kind: Kind) -> bool:
+        if self.writer is not None:
+            return False
+        return kind == "read" or not self._readers
+
+    def _admit(self, turn: Turn) -> None:
+        turn.held = True
+        turn.since = trio.current_time()
+        if turn.kind == "write":
+            self.writer, self.writer_task = turn, turn.tasks[0].task
+        else:
+            self._readers.append(turn)
+        if self._slow is not None:
+            self._slow.watch(turn, self._emit)
+
+    def _leave(self, turn: Turn) -> None:
+        if turn is self.writer:
+            self.writer = self.writer_task = None
+        elif turn in self._readers:
+            self._readers.remove(turn)
+        else:
+            return
+        turn.held = False
+        self._admit_waiters()
+
+    def _admit_waiters(self) -> None:
+        """Hand the object to the waiters at the head of the line: one writer, or every
+        reader up to the next writer."""
+        waiters = self._waiters
+        while waiters and self._free_for(waiters[0].turn.kind):
+            waiter = waiters.popleft()
+            self._admit(waiter.turn)
+            waiter.admitted = True
+            waiter.event.set()
+            if waiter.turn.kind == "write":
+                return
+
+    def _by_chain(self) -> Turn | None:
+        """The held turn the current task's call chain names (a call that came back to
+        this object, possibly through other hosts), if any."""
+        chain = call_chain()
+        if not chain:
+            return None
+        for turn in [self.writer] if self.writer is not None else self._readers:
+            if turn is not None and turn.id in chain:
+                return turn
+        return None
+
+
+class SlowTurns:
+    """The runtime's watch for turns held past ``turn_warning``: one task and one heap
+    for every object (a push per turn, no task per turn)."""
+
+    def __init__(self, warning: float) -> None:
+        self.warning = warning
+        self._heap: list[tuple[float, int, Turn, Callable[[float, str], None]]] = []
+        self._serial = itertools.count()
+        self._scope: trio.CancelScope | None = None
+
+    def watch(self, turn: Turn, emit: Callable[[float, str], None]) -> None:
+        """Emit ``object:turn_slow`` through ``emit`` if ``turn`` is still held at
+        ``turn.since + warning``. Does not checkpoint."""
+        if math.isinf(self.warning):
+            return
+        due = turn.since + self.warning
+        heapq.heappush(self._heap, (due, next(self._serial), turn, emit))
+        scope = self._scope
+        if scope is not None and due < scope.deadline:
+            scope.deadline = due
+
+    async def run(self) -> None:
+        heap = self._heap
+        while True:
+            with trio.CancelScope(deadline=heap[0][0] if heap else math.inf) as self._scope:
+                await trio.sleep_forever()
+            now = trio.current_time()
+            while heap and heap[0][0] <= now:
+                _, _, turn, emit = heapq.heappop(heap)
+                if turn.held:
+                    emit(self.warning, turn.holder)
+
+
+# How long an alarm run cancelled during a hand-over waits to get the object back for
+# its cleanup.
+_CLEANUP_WAIT: Final = 5.0

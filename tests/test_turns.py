@@ -1,0 +1,494 @@
+"""Turns (DESIGN.md §2 "Turns"): one task changes an object at a time. A stub call, an
+alarm run and startup each hold the object's turn across their awaits, so no update is
+lost and no caller reads a write that is later rolled back; a call that comes back along
+its own call chain re-enters the turn; ``@nj.read_only`` methods share the object,
+``@nj.interleave`` methods hold no turn; a task outside any turn enters one with
+``ctx.turn()`` or gets ``nj.TurnError``; an alarm run hands the turn to a waiting call
+between jobs; a turn held past ``turn_warning`` emits ``object:turn_slow``.
+
+Every test runs under ``autojump_clock``: a deadlock jumps to its ``fail_after`` bound and
+fails there, and times are exact virtual times (Trio time starts at 0).
+
+Classes whose methods carry ``@nj.read_only`` or ``@nj.interleave`` are built by a
+function, so that each test that needs them fails on its own while those names are new.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import pytest
+import trio
+import trio.testing
+from conftest import EPOCH, engine
+
+import nursery_jobs as nj
+
+
+# Every test of this suite runs on every engine (see conftest.ENGINES).
+@pytest.fixture(autouse=True)
+def _on_every_engine(on_every_engine: str) -> str:
+    return on_every_engine
+
+
+# A generous virtual-time bound for tests that sleep; deadlock tests use a tight one.
+HANG = 100_000
+
+# The fairness test's backlog of jobs, all due at once.
+BACKLOG = 3_000
+
+
+@attrs.define
+class Env:
+    """What the test and its objects share (the runtime's ``env``)."""
+
+    ready: trio.Event = attrs.Factory(trio.Event)
+    done: trio.Event = attrs.Factory(trio.Event)
+    flags: dict[str, trio.Event] = attrs.Factory(dict)
+    errors: list[BaseException] = attrs.Factory(list)
+    jobs_run: int = 0
+
+    def flag(self, name: str) -> trio.Event:
+        return self.flags.setdefault(name, trio.Event())
+
+
+# -- the test objects --------------------------------------------------------------------
+
+
+class Counter(nj.DurableObject):
+    """Reads, awaits, then writes: the shape that loses updates without turns."""
+
+    namespace = "tests.test_turns.Counter"
+
+    async def slow_increment(self) -> int:
+        n = self.ctx.storage.get("n", 0)
+        await trio.sleep(0.25)
+        self.ctx.storage.put("n", n + 1)
+        return n + 1
+
+    async def hold(self, key: str, seconds: float) -> None:
+        self.ctx.storage.put(key, "held")
+        await trio.sleep(seconds)
+        self.ctx.storage.put(key, "released")
+
+    async def get(self, key: str) -> Any:
+        return self.ctx.storage.get(key)
+
+
+class Account(nj.DurableObject):
+    """A Lifecycle object whose jobs are named by what they do."""
+
+    namespace = "tests.test_turns.Account"
+
+    def __init__(self, ctx: nj.ObjectContext) -> None:
+        super().__init__(ctx)
+        self.env: Env = ctx.env
+        self.lifecycle = nj.Lifecycle.install(self)
+
+    async def push(self, fn: str, **kwargs: Any) -> nj.Job:
+        return await self.lifecycle.jobs.push(fn, **kwargs)
+
+    async def push_many(self, fn: str, count: int, time: float) -> None:
+        for _ in range(count):
+            await self.lifecycle.jobs.push(fn, time=time)
+
+    async def balance(self) -> int:
+        found: int = self.ctx.storage.get("balance", 0)
+        return found
+
+    async def jobs_run_so_far(self) -> int:
+        return self.env.jobs_run
+
+    async def dead_letters(self) -> list[nj.DeadLetter]:
+        return self.lifecycle.dead_letters()
+
+    async def on_job(self, ctx: nj.JobContext) -> nj.JobOutcome:
+        if ctx.job.fn == "deposit_then_fail":
+            self.ctx.storage.put("balance", 100)
+            self.env.ready.set()
+            await trio.sleep(5)
+            raise RuntimeError("the deposit fails after writing")
+        if ctx.job.fn == "count":
+            self.env.jobs_run += 1
+            if self.env.jobs_run == 1:
+                # The first job of the backlog holds the turn for a second: a call made
+                # meanwhile is surely waiting when it ends.
+                self.env.ready.set()
+                await trio.sleep(1)
+            if self.env.jobs_run == BACKLOG:
+                self.env.done.set()
+        if ctx.job.fn == "finish_once_waited_for":
+            # Holds the turn until the interleave method is waiting for it.
+            self.env.ready.set()
+            await self.env.flag("waiting").wait()
+            self.ctx.storage.put("state", "finished")
+            self.env.done.set()
+        return None
+
+
+class Chain(nj.DurableObject):
+    """Calls itself, or a peer that calls back, through stubs."""
+
+    namespace = "tests.test_turns.Chain"
+
+    async def nest(self, depth: int) -> int:
+        self.ctx.storage.put("depth", depth)
+        if depth < 3:
+            await self.ctx.get(Chain, self.ctx.id).nest(depth + 1)
+        # The inner calls wrote inside this turn: their writes are visible here.
+        found: int = self.ctx.storage.get("depth")
+        return found
+
+    async def bounce(self, peer: str, hops: int) -> list[str]:
+        self.ctx.storage.put("visits", self.ctx.storage.get("visits", 0) + 1)
+        if hops == 0:
+            return [self.ctx.id]
+        trail: list[str] = await self.ctx.get(Chain, peer).bounce(self.ctx.id, hops - 1)
+        return [self.ctx.id, *trail]
+
+    async def visits(self) -> int:
+        found: int = self.ctx.storage.get("visits", 0)
+        return found
+
+
+class Spawner(nj.DurableObject):
+    """Starts background work in ``ctx.nursery`` that outlives the call's turn."""
+
+    namespace = "tests.test_turns.Spawner"
+
+    async def spawn(self, *, in_turn: bool) -> None:
+        self.ctx.nursery.start_soon(self._background, in_turn)
+
+    async def _background(self, in_turn: bool) -> None:
+        env: Env = self.ctx.env
+        await trio.sleep(1)  # the call that started this task has ended: no turn here
+        try:
+            if in_turn:
+                async with self.ctx.turn():
+                    self.ctx.storage.put("k", "written")
+            else:
+                try:
+                    self.ctx.storage.put("k", "written")
+                except Exception as exc:
+                    env.errors.append(exc)
+                self.ctx.storage.get("k")
+        except Exception as exc:
+            env.errors.append(exc)
+        finally:
+            env.done.set()
+
+    async def get(self, key: str) -> Any:
+        return self.ctx.storage.get(key)
+
+
+def reader_class() -> type[nj.DurableObject]:
+    class Reader(nj.DurableObject):
+        """Read-only methods next to a writing one."""
+
+        namespace = "tests.test_turns.Reader"
+
+        @nj.read_only
+        async def meet(self, mine: str, theirs: str) -> Any:
+            env: Env = self.ctx.env
+            env.flag(mine).set()
+            await env.flag(theirs).wait()
+            return self.ctx.storage.get("k")
+
+        @nj.read_only
+        async def peek(self) -> Any:
+            return self.ctx.storage.get("k")
+
+        @nj.read_only
+        async def sneak_a_write(self) -> None:
+            self.ctx.storage.put("k", "sneaked")
+
+        async def hold(self, seconds: float) -> None:
+            self.ctx.storage.put("k", "held")
+            await trio.sleep(seconds)
+            self.ctx.storage.put("k", "released")
+
+    return Reader
+
+
+def waiter_class() -> type[nj.DurableObject]:
+    class Waiter(Account):
+        """An Account whose interleave methods run beside its jobs."""
+
+        namespace = "tests.test_turns.Waiter"
+
+        @nj.interleave
+        async def wait_for_job(self) -> Any:
+            self.env.flag("waiting").set()
+            await self.env.done.wait()
+            async with self.ctx.turn():
+                return self.ctx.storage.get("state")
+
+        @nj.interleave
+        async def touch_without_turn(self) -> Any:
+            return self.ctx.storage.get("state")
+
+    return Waiter
+
+
+class Slow(nj.DurableObject):
+    namespace = "tests.test_turns.Slow"
+
+    async def take(self, seconds: float) -> None:
+        await trio.sleep(seconds)
+
+
+# -- no lost update, no dirty read -------------------------------------------------------
+
+
+async def test_concurrent_read_await_write_calls_lose_no_update(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Fifty concurrent calls that read, await, then write all count: they take turns."""
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(engine.location) as rt:
+            counter = rt.get(Counter, "c")
+            async with trio.open_nursery() as nursery:
+                for _ in range(50):
+                    nursery.start_soon(counter.slow_increment)
+            assert await counter.get("n") == 50
+            # One turn after another, each holding it across its 0.25 s await.
+            assert trio.current_time() == 50 * 0.25
+
+
+async def test_calls_wait_for_the_turn_in_arrival_order(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Calls that arrive while a turn is held run after it, in the order they came."""
+    order: list[str] = []
+
+    async def call(name: str, at: float) -> None:
+        await trio.sleep(at)
+        await counter.hold(name, 1)
+        order.append(name)
+
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(engine.location) as rt:
+            counter = rt.get(Counter, "c")
+            async with trio.open_nursery() as nursery:
+                for name, at in [("first", 0), ("third", 0.5), ("second", 0.25)]:
+                    nursery.start_soon(call, name, at)
+            assert order == ["first", "second", "third"]
+            assert trio.current_time() == 3
+
+
+async def test_a_call_never_reads_a_write_that_is_rolled_back(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A call made while a job that wrote awaits waits for its turn, and sees the rollback."""
+    env = Env()
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(engine.location, env=env) as rt:
+            account = rt.get(Account, "a")
+            await account.push("deposit_then_fail", retry=nj.RetryOptions(max_attempts=1))
+            await env.ready.wait()  # the job has written 100 and now awaits
+            wrote_at = trio.current_time()
+            assert await account.balance() == 0
+            # The call waited out the job's turn (5 s), not a moment less.
+            assert trio.current_time() == wrote_at + 5
+            [dead] = await account.dead_letters()
+            assert dead.job.fn == "deposit_then_fail"
+            assert await account.balance() == 0
+
+
+# -- re-entry ---------------------------------------------------------------------------
+
+
+async def test_an_object_calling_itself_reenters_its_turn(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A call through an object's own stub runs inside the caller's turn: no deadlock."""
+    with trio.fail_after(5):
+        async with nj.open_runtime(engine.location) as rt:
+            assert await rt.get(Chain, "a").nest(0) == 3
+
+
+async def test_a_call_chain_back_to_an_object_reenters_its_turn(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A → B → A → B → A completes: each call comes back along its own chain."""
+    with trio.fail_after(5):
+        async with nj.open_runtime(engine.location) as rt:
+            a = rt.get(Chain, "a")
+            assert await a.bounce("b", 4) == ["a", "b", "a", "b", "a"]
+            assert await a.visits() == 3
+            assert await rt.get(Chain, "b").visits() == 2
+
+
+# -- read-only methods --------------------------------------------------------------------
+
+
+async def test_read_only_calls_run_side_by_side(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Two read-only calls that each wait for the other both complete."""
+    reader = reader_class()
+    env = Env()
+    results: list[Any] = []
+
+    async def meet(mine: str, theirs: str) -> None:
+        results.append(await stub.meet(mine, theirs))
+
+    with trio.fail_after(5):
+        async with nj.open_runtime(engine.location, env=env) as rt:
+            stub = rt.get(reader, "r")
+            await stub.hold(0)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(meet, "a", "b")
+                nursery.start_soon(meet, "b", "a")
+            assert results == ["released", "released"]
+            assert trio.current_time() == 0
+
+
+async def test_read_only_call_waits_for_an_open_writing_turn(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A read-only call never runs while a writing turn is open: it sees its end."""
+    reader = reader_class()
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(engine.location) as rt:
+            stub = rt.get(reader, "r")
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(stub.hold, 1)
+                await trio.sleep(0.5)
+                assert await stub.peek() == "released"
+                assert trio.current_time() == 1
+
+
+async def test_a_write_in_a_read_only_method_raises_and_writes_nothing(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A write inside a read-only method raises TurnError, and nothing is written."""
+    reader = reader_class()
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(engine.location) as rt:
+            stub = rt.get(reader, "r")
+            with pytest.raises(nj.TurnError):
+                await stub.sneak_a_write()
+            assert await stub.peek() is None
+
+
+# -- interleave methods -------------------------------------------------------------------
+
+
+async def test_an_interleave_method_waits_for_an_event_a_running_job_sets(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """An interleave call runs beside the job holding the turn (it would deadlock in one)."""
+    waiter = waiter_class()
+    env = Env()
+    with trio.fail_after(5):
+        async with nj.open_runtime(engine.location, env=env) as rt:
+            stub = rt.get(waiter, "w")
+            await stub.push("finish_once_waited_for")
+            await env.ready.wait()  # the job holds the turn until the call waits
+            assert await stub.wait_for_job() == "finished"
+
+
+async def test_an_interleave_method_touching_storage_without_a_turn_raises(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """An interleave method holds no turn: storage outside ``ctx.turn()`` raises TurnError."""
+    waiter = waiter_class()
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(engine.location, env=Env()) as rt:
+            with pytest.raises(nj.TurnError):
+                await rt.get(waiter, "w").touch_without_turn()
+
+
+# -- tasks outside a turn ----------------------------------------------------------------
+
+
+async def test_a_background_task_without_a_turn_gets_turn_error_and_writes_nothing(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A task in ``ctx.nursery`` that outlived its call holds no turn: storage refuses it."""
+    env = Env()
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(engine.location, env=env) as rt:
+            stub = rt.get(Spawner, "s")
+            await stub.spawn(in_turn=False)
+            await env.done.wait()
+            # Both the write and the read were refused.
+            assert [type(e) for e in env.errors] == [nj.TurnError, nj.TurnError]
+            assert await stub.get("k") is None
+
+
+async def test_a_background_task_writes_inside_ctx_turn(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The same background task that enters ``ctx.turn()`` writes, and the write lasts."""
+    env = Env()
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(engine.location, env=env) as rt:
+            stub = rt.get(Spawner, "s")
+            await stub.spawn(in_turn=True)
+            await env.done.wait()
+            assert env.errors == []
+            assert await stub.get("k") == "written"
+
+
+# -- fairness ------------------------------------------------------------------------------
+
+
+async def test_a_call_waits_for_one_job_not_for_the_backlog(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A call made while a 3,000-job backlog runs gets the turn after the running job."""
+    env = Env()
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(engine.location, env=env) as rt:
+            account = rt.get(Account, "a")
+            await account.push_many("count", BACKLOG, EPOCH + 10)
+            await env.ready.wait()  # at +10 the first job runs, holding the turn to +11
+            ran_when_called = await account.jobs_run_so_far()
+            # It waited for the one job that held the turn, and for no other.
+            assert (ran_when_called, trio.current_time()) == (1, 11)
+            await env.done.wait()  # the rest of the backlog runs on after the call
+            assert trio.current_time() == 11
+
+
+# -- the slow-turn warning -------------------------------------------------------------------
+
+
+async def test_a_turn_held_past_turn_warning_emits_turn_slow_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A turn held past ``turn_warning`` emits one ``object:turn_slow``, when it passes it."""
+    events: list[nj.Event] = []
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(engine.location, turn_warning=2.0) as rt:
+            rt.events.add_listener(events.append)
+            slow = rt.get(Slow, "s")
+            await slow.take(1.5)  # under the warning: nothing
+            await slow.take(5)  # held from 1.5 to 6.5: one event, at 3.5
+            [event] = [e for e in events if e.type == "object:turn_slow"]
+            assert (event.namespace, event.object_id) == (Slow.namespace, "s")
+            assert event.time == EPOCH + 3.5
+            assert event.data["seconds"] == 2.0
+            assert "take" in str(event.data["holder"])
+
+
+# -- the error ----------------------------------------------------------------------------
+
+
+async def test_turn_error_is_a_storage_error_whose_message_names_the_fix(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """``nj.TurnError`` is exported, is a StorageError, and says to use ``ctx.turn()``."""
+    assert "TurnError" in nj.__all__
+    assert issubclass(nj.TurnError, nj.StorageError)
+    env = Env()
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(engine.location, env=env) as rt:
+            await rt.get(Spawner, "object-7").spawn(in_turn=False)
+            await env.done.wait()
+    error = env.errors[0]
+    assert isinstance(error, nj.TurnError)
+    assert "ctx.turn()" in str(error)
+    assert "object-7" in str(error)
