@@ -409,10 +409,15 @@ async def test_past_and_omitted_times_run_at_the_next_alarm(
         async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Host, "o")
             await trio.sleep(5)
-            now_job = await obj.push("f", id="now")
+
+            async def push_three(o: Host) -> nj.Job:  # (in one turn: none runs before all are in)
+                now_job = await o.lifecycle.jobs.push("f", id="now")
+                await o.lifecycle.jobs.push("f", id="past", time=EPOCH - 100)
+                await o.lifecycle.jobs.push("f", id="delay", delay=dt.timedelta(seconds=2.5))
+                return now_job
+
+            now_job = await obj.run(push_three)
             assert now_job.time == EPOCH + 5
-            await obj.push("f", id="past", time=EPOCH - 100)
-            await obj.push("f", id="delay", delay=dt.timedelta(seconds=2.5))
             await trio.sleep(10)
             assert env.ran() == [("past", 5), ("now", 5), ("delay", 7.5)]
 

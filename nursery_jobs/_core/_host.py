@@ -437,21 +437,32 @@ class ObjectHost:
                 await trio.lowlevel.checkpoint()
                 raise ObjectMoved(str(exc)) from exc
         kind = method_turn(fn)
+        turns = self.turns
         with self.working() as scope:
             if self.dormant:
                 await self.awaken()
-            if self._startup:
-                async with self.turns.turn("write", "startup"):
-                    await self.call_startup()
-            if kind is None:  # @nj.interleave: no turn
-                result = await _run(fn, args, kwargs)
-            else:
-                # Writes outside the alarm run's group commit as they are made, so what
-                # the caller is told has happened is committed when the turn ends (the
-                # output gate); a call that re-entered a job's turn commits with the job.
-                async with self.turns.turn(kind, f"call {name}()"):
+            if kind == "write":
+                # Startup and the method in one turn: nothing runs between them. Writes
+                # outside the alarm run's group commit as they are made; where commits
+                # ship (PostgreSQL), they ship before the turn ends. So what the caller
+                # is told has happened is durable (the output gate), and nothing else
+                # has run in the object since. (A call that re-entered a job's turn
+                # commits with the job.)
+                async with turns.turn("write", f"call {name}()"):
+                    if self._startup:
+                        await self.call_startup()
                     result = await _run(fn, args, kwargs)
-            await self.sync()
+                    await self.sync()
+            else:
+                if self._startup:
+                    async with turns.turn("write", "startup"):
+                        await self.call_startup()
+                if kind == "read":
+                    async with turns.turn("read", f"call {name}()"):
+                        result = await _run(fn, args, kwargs)
+                else:  # @nj.interleave: no turn (it enters ctx.turn() to write)
+                    result = await _run(fn, args, kwargs)
+                    await self.sync()
         if scope.cancelled_caught:
             raise ObjectResetError(f"{self.label} was reset during {name}()")
         return result
