@@ -23,10 +23,12 @@ from nursery_jobs._errors import describe_error, safe_repr
 from nursery_jobs._jobs._capability import Capability
 from nursery_jobs._jobs._records import (
     HOST,
+    Completion,
     Job,
     JobContext,
     JobOutcome,
     coerce_outcome,
+    completion_of,
     job_context,
 )
 from nursery_jobs._jobs._table import Cursor, JobRow
@@ -212,7 +214,7 @@ class AlarmRunner:
 
     def _drop(self, job: Job) -> None:
         """A job whose owner has no handler: logged and deleted."""
-        self._store.drop(job)
+        self._store.complete(job, Completion(kind="drop"))
         self._lc.emit(
             "job:dropped", id=job.id, owner=job.owner, fn=job.fn,
             _log=(logging.ERROR, "no installed capability or host handler for job %r"
@@ -297,8 +299,8 @@ class AlarmRunner:
         else:
             self._watch_job = None
             self._metrics.job_ran(self._namespace, job.owner, run.time() - clock, True)
-            store.finish(job, outcome, keep_marker=outcome is not None
-                         and self._lc.keeps_marker(run, job))
+            store.complete(job, completion_of(
+                job, outcome, keep_marker=outcome is not None and self._lc.keeps_marker(run, job)))
         finally:
             if store.tx.job_running:  # (something above was cut off)
                 store.tx.end_job(keep=False)
@@ -326,7 +328,8 @@ class AlarmRunner:
         if ctx.attempt < job.retry.max_attempts:
             bound = job.retry.backoff_bound(ctx.attempt)
             delay = self._rng.uniform(0.0, bound) if job.retry.jitter else bound
-            store.retry_later(job.id, _clock.now() + delay, ctx.attempt)
+            store.complete(job, Completion(kind="retry", kept=False,
+                                           time=_clock.now() + delay, attempts=ctx.attempt))
             self._lc.emit("job:retry", id=job.id, owner=job.owner, fn=job.fn,
                           attempt=ctx.attempt, max_attempts=job.retry.max_attempts, delay=delay,
                           error=safe_repr(error),
@@ -345,9 +348,11 @@ class AlarmRunner:
             if store.superseded:
                 return
         if outcome is not None:
-            store.finish(job, outcome, keep_marker=keep_marker)
+            store.complete(job, completion_of(job, outcome, kept=False, keep_marker=keep_marker))
             return
-        if store.bury(job.id, error_text(error), "failed", attempts=ctx.attempt) is not None:
+        buried = store.complete(job, Completion(kind="bury", kept=False, error=error_text(error),
+                                                attempts=ctx.attempt))
+        if buried is not None:
             self._lc.emit("job:dead_letter", id=job.id, owner=job.owner, fn=job.fn,
                           attempts=ctx.attempt, error=error_text(error),
                           _log=(logging.ERROR, "job %r of %s failed after %d attempts: %s",

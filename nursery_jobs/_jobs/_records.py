@@ -7,7 +7,7 @@ import enum
 import itertools
 import math
 import uuid
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import attrs
 
@@ -121,6 +121,43 @@ JobOutcome = Reschedule | _Yield | None
 MAX_PRIORITY: Final = 1000
 
 # Column order of every SELECT that builds a JobRow.
+CompletionKind = Literal["done", "retime", "retry", "bury", "drop"]
+
+
+@attrs.frozen(kw_only=True)
+class Completion:
+    """What one run of a job comes to, as data: ``JobStore.complete`` applies it in the
+    alarm run's group transaction.
+
+    - ``done``: the job is deleted; ``retime``: it stays, due at ``time`` (a
+      ``Reschedule``, or ``YIELD`` at its own time), attempts and strikes cleared;
+    - ``retry``: a failed attempt with attempts left, due again at ``time``, having
+      used ``attempts``; ``bury``: into the dead letters with ``error`` after
+      ``attempts``; ``drop``: deleted, nobody can run it.
+
+    ``kept``: the run's writes stand (a clean run) — or were undone (a failure, then
+    ``on_job_error`` or the retry policy decided). ``keep_marker``: its tracked work
+    goes on, so its running marker stays.
+    """
+
+    kind: CompletionKind
+    kept: bool = True
+    time: float = math.nan
+    attempts: int = 0
+    error: str = ""
+    keep_marker: bool = False
+
+
+def completion_of(
+    job: Job, outcome: JobOutcome, *, kept: bool = True, keep_marker: bool = False
+) -> Completion:
+    """The completion an ``on_job`` (or ``on_job_error``) outcome stands for."""
+    if outcome is None:
+        return Completion(kind="done", kept=kept)
+    time = outcome.time if isinstance(outcome, Reschedule) else job.time  # YIELD: its own
+    return Completion(kind="retime", kept=kept, time=time, keep_marker=keep_marker)
+
+
 def check_job_id(job_id: object, *, name: str = "id") -> str:
     if not isinstance(job_id, str):
         raise JobError(f"job {name} must be a str, got {type(job_id).__name__}")

@@ -19,7 +19,7 @@ from nursery_jobs import _clock
 from nursery_jobs._codec import encode_payload
 from nursery_jobs._core._transactions import atomic
 from nursery_jobs._errors import JobOwnershipError
-from nursery_jobs._jobs._records import DeadLetter, Job, JobOutcome, Reschedule, ownership_error
+from nursery_jobs._jobs._records import Completion, DeadLetter, Job, ownership_error
 from nursery_jobs._jobs._table import Cursor, JobRow, JobTable
 
 if TYPE_CHECKING:
@@ -83,29 +83,46 @@ class JobStore:
     def end_run(self) -> None:
         self.running_id = None
 
-    def finish(self, job: Job, outcome: JobOutcome, *, keep_marker: bool) -> None:
-        """The running job ran clean: keep its writes and apply its outcome in the group;
-        commit the group when it is full. A same-id push, reschedule or cancel during
-        the run supersedes the outcome (the job's writes stay).
+    def complete(self, job: Job, completion: Completion) -> Job | None:
+        """Apply what the run of ``job`` came to (see ``Completion``): keep the run's
+        writes (``kept``; they were undone by ``fail`` otherwise) and record its outcome in
+        the group; a retry or a burial commits at once (attempts survive restarts), the
+        others with the group when it is full. A same-id push, reschedule or cancel
+        during the run supersedes the outcome (the change wins). Returns the buried job
+        (``bury``; None if it is gone), else ``job``.
 
         Raises:
             StorageError: the outcome could not be recorded; the group was rolled back
-                (the job's writes with it), so its jobs run again.
+                (the run's writes with it), so its jobs run again.
         """
+        kind = completion.kind
+        if kind == "drop":
+            with self.writing():
+                self.table.delete(job.owner, job.id)
+            return job
+        if kind in ("retry", "bury"):
+            if self.superseded:
+                return None
+            if kind == "retry":
+                with self.writing():
+                    self.table.retry_later(job.id, completion.time, completion.attempts)
+                self.flush()
+                return job
+            return self.bury(job.id, completion.error, "failed", attempts=completion.attempts)
         table = self.table
         try:
-            self.tx.end_job(keep=True)
+            if completion.kept:
+                self.tx.end_job(keep=True)
             if not self.conn.in_transaction:  # (the group was committed during the job)
                 self.tx.open_group()
             if self.superseded:
                 table.clean(job.id)
-            elif outcome is None:
+            elif kind == "done":
                 # By push sequence (the rowid), not id: no index search. Safe because the
                 # row cannot have been replaced (that would have superseded the run).
                 table.finished(self.running_seq)
             else:
-                time = outcome.time if isinstance(outcome, Reschedule) else job.time  # YIELD
-                table.later(self.running_seq, time, keep_marker)
+                table.later(self.running_seq, completion.time, completion.keep_marker)
         except BaseException:
             # Kept without its outcome, the job's writes would be made again by its
             # re-run (found by the fault sweep: a failed RELEASE or DELETE here).
@@ -114,6 +131,7 @@ class JobStore:
         self._done += 1
         if self._done >= self.completion_group:
             self.flush()
+        return job
 
     def fail(self) -> None:
         """The running job raised or was cancelled: undo everything it wrote, its queue
@@ -122,13 +140,13 @@ class JobStore:
         try:
             self.tx.end_job(keep=False)
         except BaseException:
-            self._abort()  # (as in finish: the writes must not outlive the run)
+            self._abort()  # (as in complete: the writes must not outlive the run)
             raise
         if was_written:
             self._reread()
 
     def _abort(self) -> None:
-        """Roll the group back after a failure to record a run (see ``finish``)."""
+        """Roll the group back after a failure to record a run (see ``complete``)."""
         self._done = 0
         self.tx.abort_group()
         self._reread()
@@ -284,18 +302,6 @@ class JobStore:
         return job
 
     # -- what the alarm run and the breaker write ------------------------------------
-    def drop(self, job: Job) -> None:
-        """Delete a job nobody can run (its owner is gone)."""
-        with self.writing():
-            self.table.delete(job.owner, job.id)
-
-    def retry_later(self, job_id: str, time: float, attempts: int) -> None:
-        """A failed attempt with attempts left: re-time it and record the attempt,
-        committed at once (with the group) so attempts survive restarts."""
-        with self.writing():
-            self.table.retry_later(job_id, time, attempts)
-        self.flush()
-
     def bury(
         self, job_id: str, error: str, reason: str, *, attempts: int | None = None
     ) -> Job | None:
