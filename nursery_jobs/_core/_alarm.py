@@ -21,6 +21,7 @@ from nursery_jobs._errors import StorageError, safe_repr
 from nursery_jobs._policy import ACTIVATION_RETRY, DURABLE_OBJECT_RETRY
 
 if TYPE_CHECKING:
+    from nursery_jobs._core._host import Reset
     from nursery_jobs._core._metrics import Metrics
     from nursery_jobs._core._object import AlarmInfo
     from nursery_jobs._core._transactions import ObjectTransactions
@@ -59,10 +60,8 @@ class AlarmClaim(Protocol):
         """Cancel everything the object does and drop it from memory."""
 
     @property
-    def reset_reason(self) -> str | None: ...
-
-    @property
-    def memory_reset(self) -> bool: ...
+    def reset_cause(self) -> Reset | None:
+        """Why the object was reset (None: it was not): the reason, whether for memory."""
 
     @property
     def flight(self) -> FlightSlot | None:

@@ -7,14 +7,16 @@ of its alarm an ``AlarmClaim`` (``_host_claim.HostClaim``).
 
 from __future__ import annotations
 
+import enum
 import inspect
 import logging
 import math
 import sqlite3
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
+import attrs
 import trio
 
 from nursery_jobs import _clock
@@ -48,6 +50,40 @@ logger = logging.getLogger("nursery_jobs")
 LAST_SHIP_TIMEOUT: Final = 5.0
 
 
+class Phase(enum.Enum):
+    """Where an object's host is in its life; every change goes through
+    ``ObjectHost._to`` (``_MOVES`` lists the allowed ones). How busy it is, is counted
+    apart (``busy``: calls, alarm runs, tracked work in progress)."""
+
+    STARTING = "starting"  # opening its database, constructing the instance, on_start
+    ACTIVE = "active"  # serving calls and alarms
+    DOZING = "dozing"  # asked to close its database now and stay (the open-file bound)
+    LEAVING = "leaving"  # asked to leave memory (evicted, destroyed) once idle
+    CLOSING = "closing"  # its scope is cancelled: its tasks end, then its database closes
+    CLOSED = "closed"
+
+
+_MOVES: Final = {
+    Phase.STARTING: {Phase.ACTIVE, Phase.CLOSING, Phase.CLOSED},
+    Phase.ACTIVE: {Phase.DOZING, Phase.LEAVING, Phase.CLOSING, Phase.CLOSED},
+    Phase.DOZING: {Phase.ACTIVE, Phase.LEAVING, Phase.CLOSING, Phase.CLOSED},
+    Phase.LEAVING: {Phase.ACTIVE, Phase.CLOSING, Phase.CLOSED},
+    Phase.CLOSING: {Phase.CLOSED},
+    Phase.CLOSED: set(),
+}
+# The phases in which a host serves calls and alarms.
+SERVING: Final = frozenset({Phase.ACTIVE, Phase.DOZING, Phase.LEAVING})
+
+
+@attrs.frozen(kw_only=True)
+class Reset:
+    """Why an object was reset (everything it did cancelled, dropped from memory)."""
+
+    reason: str
+    memory: bool = False  # the memory watchdog, or a MemoryError in its alarm work
+    fenced: bool = False  # another host took it over: nothing more is written here
+
+
 class HostSite(Protocol):
     """What a host needs of its runtime."""
 
@@ -78,10 +114,8 @@ class ObjectHost:
         "_alarm_work",
         "_busy",
         "_destroy",
-        "_doze_asked",
         "_idle_scope",
         "_idle_since",
-        "_leaving",
         "_startup",
         "_work_scopes",
         "alarm",
@@ -93,15 +127,14 @@ class ObjectHost:
         "for_alarm",
         "instance",
         "key",
-        "memory_reset",
         "namespace",
         "object_id",
+        "phase",
         "ready",
-        "reset_reason",
+        "reset_cause",
         "scope",
         "site",
         "state",
-        "status",
         "transactions",
         "turns",
     )
@@ -116,7 +149,7 @@ class ObjectHost:
         self.object_id = object_id
         self.key = (namespace, object_id)
         self.for_alarm = for_alarm
-        self.status: Literal["starting", "ready", "closing", "closed"] = "starting"
+        self.phase = Phase.STARTING
         self.ready = trio.Event()
         self.closed = trio.Event()
         self.error: BaseException | None = None
@@ -128,19 +161,16 @@ class ObjectHost:
         self.scope = trio.CancelScope()
         self._idle_scope = trio.CancelScope()
         self._idle_since = math.inf  # when the last work ended
-        self._leaving = False  # asked to leave memory (evict, destroy)
-        self._doze_asked = False  # asked to doze now (the open-file bound, doze_now)
         self._work_scopes: set[trio.CancelScope] = set()
         self._busy = 0
-        self._destroy = False
+        self._destroy = False  # delete its data once its work ends (then it leaves)
         self._alarm_work = 0
         self.transactions: ObjectTransactions | None = None
         # One task changes the object at a time: calls, alarm runs and startup take turns.
         self.turns = TurnGate(self.label, slow=site.slow_turns, emit=self._turn_slow)
         # Run before the first call of the activation (the Lifecycle's startup).
         self._startup: list[Callable[[], Awaitable[None]]] | None = None
-        self.reset_reason: str | None = None
-        self.memory_reset = False
+        self.reset_cause: Reset | None = None
 
     @property
     def label(self) -> str:
@@ -184,7 +214,7 @@ class ObjectHost:
                             self.alarm.failed(exc, self.alarm.retry)
                         nursery.cancel_scope.cancel(reason="on_start failed")
                     else:
-                        self.status = "ready"
+                        self._to(Phase.ACTIVE)
                         # Start the idle clock now: an activation whose call never
                         # runs (RpcError) would otherwise stay resident forever.
                         self._idle_scope.deadline = self._idle_deadline()
@@ -193,7 +223,7 @@ class ObjectHost:
                         await self._wait_until_idle()
                         nursery.cancel_scope.cancel(reason="evicted: idle")
         except Exception as exc:
-            if self.status == "starting":
+            if self.phase is Phase.STARTING:
                 raise
             # A task the object started in its nursery crashed: the object is reset.
             logger.exception("object %s crashed", self.label)
@@ -210,22 +240,25 @@ class ObjectHost:
         while True:
             with self._idle_scope:
                 await trio.sleep_forever()
-            if (not self._leaving and not self.scope.cancel_called and self._busy == 0
+            if (self.phase is not Phase.LEAVING and not self.scope.cancel_called
+                    and self._busy == 0
                     and trio.current_time() < self._idle_since + self.site.idle_timeout):
-                # Idle for dormant_after, not yet for idle_timeout.
+                # Idle for dormant_after, not yet for idle_timeout (or asked to doze).
                 await self._doze()
-                self._doze_asked = False
+                if self.phase is Phase.DOZING:
+                    self._to(Phase.ACTIVE)
                 self._idle_scope = trio.CancelScope(
                     deadline=math.inf if self._busy else self._deadline()
                 )
-                if self._leaving:
+                if self.leaving:  # (asked meanwhile)
                     self._idle_scope.cancel(reason="evicted")
                 continue
             # The deadline may have passed just as a call came in: stay while busy.
             if self._busy == 0 or self.scope.cancel_called:
-                self.status = "closing"
+                self._to(Phase.CLOSING)
                 return
-            self._leaving = False
+            if self.phase is Phase.LEAVING:
+                self._to(Phase.ACTIVE)
             self._idle_scope = trio.CancelScope()
 
     def _idle_deadline(self) -> float:
@@ -253,7 +286,7 @@ class ObjectHost:
         of fsyncs."""
         async with self.site.dormancy:
             state, ctx = self.state, self.ctx
-            if (state is None or ctx is None or self._busy or self._leaving
+            if (state is None or ctx is None or self._busy or self.phase is Phase.LEAVING
                     or self.scope.cancel_called or ctx.nursery.child_tasks
                     or ctx.storage.keeps_connection()):
                 return
@@ -269,17 +302,17 @@ class ObjectHost:
         ``_doze``): the caller evicts it instead. Does not checkpoint."""
         state, ctx = self.state, self.ctx
         if (state is None or ctx is None or not state.can_sleep or state.dormant or self._busy
-                or self._leaving or ctx.nursery.child_tasks
+                or self.phase is not Phase.ACTIVE or ctx.nursery.child_tasks
                 or ctx.storage.keeps_connection()):
             return False
-        self._doze_asked = True
+        self._to(Phase.DOZING)
         self._idle_scope.cancel(reason="dozing: the open-file bound")
         return True
 
     @property
     def doze_pending(self) -> bool:
         """Asked to doze (``doze_now``), not yet dozed."""
-        return self._doze_asked
+        return self.phase is Phase.DOZING
 
     @property
     def dormant(self) -> bool:
@@ -321,7 +354,7 @@ class ObjectHost:
         again, at least once)."""
         state = self.state
         if state is None or not state.ships or (
-                self.reset_reason is not None and self.reset_reason.startswith("fenced")):
+                self.reset_cause is not None and self.reset_cause.fenced):
             return  # (a fenced host writes nothing)
         with trio.CancelScope(shield=True) as scope:
             scope.deadline = trio.current_time() + LAST_SHIP_TIMEOUT
@@ -336,9 +369,9 @@ class ObjectHost:
 
     def close(self) -> None:
         """Release the object's state and leave the runtime. Idempotent."""
-        if self.status == "closed":
+        if self.phase is Phase.CLOSED:
             return
-        self.status = "closed"
+        self._to(Phase.CLOSED)
         self.ready.set()
         if self.state is not None:
             self.state.close()
@@ -370,23 +403,40 @@ class ObjectHost:
             self._alarm_work -= alarm
             if self._busy == 0:
                 if self._destroy:
-                    self._leaving = True
-                    self._idle_scope.cancel(reason="destroyed")
+                    self._leave("destroyed")
                 else:
                     self._idle_scope.deadline = self._idle_deadline()
 
     def evict(self, reason: str = "evicted") -> None:
         """Ask an idle object to leave memory."""
-        self._leaving = True
-        self._idle_scope.cancel(reason=reason)
+        self._leave(reason)
 
     def destroy(self) -> None:
         """Delete the object's data as soon as its current work ends; its next
         activation starts empty."""
         self._destroy = True
         if self._busy == 0:
-            self._leaving = True
-            self._idle_scope.cancel(reason="destroyed")
+            self._leave("destroyed")
+
+    def _leave(self, reason: str) -> None:
+        if self.phase in SERVING:
+            self._to(Phase.LEAVING)
+            self._idle_scope.cancel(reason=reason)
+
+    def _to(self, phase: Phase) -> None:
+        """The one place the host's phase changes."""
+        assert phase in _MOVES[self.phase], (self.label, self.phase, phase)
+        self.phase = phase
+
+    @property
+    def leaving(self) -> bool:
+        """Whether it was asked to leave memory once idle."""
+        return self.phase is Phase.LEAVING
+
+    @property
+    def serving(self) -> bool:
+        """Whether it serves calls and alarms (active, dozing or leaving once idle)."""
+        return self.phase in SERVING
 
     @property
     def running_alarm_work(self) -> bool:
@@ -396,17 +446,16 @@ class ObjectHost:
     def busy(self) -> bool:
         return self._busy > 0
 
-    def reset(self, reason: str, *, memory: bool = False) -> None:
+    def reset(self, reason: str, *, memory: bool = False, fenced: bool = False) -> None:
         """Cancel everything the object is doing and drop it from memory."""
-        if self.reset_reason is not None:
+        if self.reset_cause is not None:
             return
-        self.reset_reason = reason
-        self.memory_reset = memory
+        self.reset_cause = Reset(reason=reason, memory=memory, fenced=fenced)
         for scope in list(self._work_scopes):
             scope.cancel(reason=reason)
         self.scope.cancel(reason=reason)
-        if self.status != "closed":
-            self.status = "closing"
+        if self.phase not in (Phase.CLOSING, Phase.CLOSED):
+            self._to(Phase.CLOSING)
 
     # -- calls ------------------------------------------------------------------------
     def _method(self, name: object) -> Any:
@@ -500,10 +549,10 @@ class ObjectHost:
 
     def fence(self) -> None:
         """Another host holds the object now: stop everything here, write nothing."""
-        if self.reset_reason is None:
+        if self.reset_cause is None:
             logger.warning("%s was taken over by another host; dropping it here", self.label)
             self.site.events.emit("object:fenced", self.namespace, self.object_id)
-        self.reset("fenced: another host took the object over")
+        self.reset("fenced: another host took the object over", fenced=True)
 
     def _turn_slow(self, seconds: float, holder: str) -> None:
         self.site.events.emit(
@@ -580,12 +629,13 @@ class ObjectHost:
                 if self.flight is not None:
                     self.site.engine.release_flight(self.flight)
                     self.flight = None
-                if (scope is not None and scope.cancel_called and self.memory_reset
-                        and alarm.handler is None):
+                cause = self.reset_cause
+                if (scope is not None and scope.cancel_called and cause is not None
+                        and cause.memory and alarm.handler is None):
                     # A plain object has no breaker: a reset is a failed alarm run. Done
                     # here, on the way out: the reset cancels the object's own scope too,
                     # so the Cancelled goes on past this scope rather than stop at it.
-                    alarm.failed(ObjectResetError(self.reset_reason), retry)
+                    alarm.failed(ObjectResetError(cause.reason), retry)
             assert scope is not None
             if scope.cancelled_caught:
                 return  # reset: a Lifecycle's breaker decided what happens to its alarm

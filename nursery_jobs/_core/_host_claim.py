@@ -11,7 +11,7 @@ import trio
 
 if TYPE_CHECKING:
     from nursery_jobs._core._alarm import ObjectAlarm
-    from nursery_jobs._core._host import ObjectHost
+    from nursery_jobs._core._host import ObjectHost, Reset
     from nursery_jobs._core._metrics import Metrics
     from nursery_jobs._core._transactions import ObjectTransactions
     from nursery_jobs._core._turns import TurnGate
@@ -50,12 +50,8 @@ class HostClaim:
         self._host.reset(reason, memory=memory)
 
     @property
-    def reset_reason(self) -> str | None:
-        return self._host.reset_reason
-
-    @property
-    def memory_reset(self) -> bool:
-        return self._host.memory_reset
+    def reset_cause(self) -> Reset | None:
+        return self._host.reset_cause
 
     @property
     def flight(self) -> FlightSlot | None:

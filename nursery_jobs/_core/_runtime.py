@@ -24,7 +24,7 @@ import trio
 
 from nursery_jobs import _clock
 from nursery_jobs._core._alarm import Key, Timer, retry_unreachable
-from nursery_jobs._core._host import ObjectHost
+from nursery_jobs._core._host import ObjectHost, Phase
 from nursery_jobs._core._location import engine_for
 from nursery_jobs._core._metrics import Metrics
 from nursery_jobs._core._object import DurableObject, resolve_namespace
@@ -223,12 +223,12 @@ class Runtime:
                 # its nursery would refuse the alarm run (found by benchmarks/timers.py,
                 # idle_timeout 0.2 s). The loop below looks at its status again.
                 continue
-            if host.status == "ready":
+            if host.serving:
                 self._hosts.move_to_end(key)
                 if key in self._open:
                     self._open.move_to_end(key)
                 return host
-            if host.status == "starting":
+            if host.phase is Phase.STARTING:
                 await host.ready.wait()
                 if host.error is not None:
                     raise host.error
@@ -245,7 +245,7 @@ class Runtime:
                     break
                 if host.doze_pending:
                     excess -= 1
-                elif host.status == "ready" and not host.busy:
+                elif host.serving and not host.busy:
                     if not host.doze_now():
                         host.evict("evicted: max_active (the open-file limit)")
                     excess -= 1
@@ -256,14 +256,14 @@ class Runtime:
         for host in self._hosts.values():  # least recently used first
             if excess == 0:
                 break
-            if host.status == "ready" and not host.busy:
+            if host.serving and not host.busy:
                 host.evict("evicted: max_active")
                 excess -= 1
 
     # -- inspection (the dashboard, nursery_jobs.testing) --------------------------------
     def active_objects(self) -> list[Key]:
         """(namespace, object id) of every active object. Does not checkpoint."""
-        return [key for key, host in self._hosts.items() if host.status == "ready"]
+        return [key for key, host in self._hosts.items() if host.serving]
 
     def active_database(self, namespace: str, object_id: str) -> sqlite3.Connection | None:
         """The open database of an active object (read it on the Trio thread), or None:
@@ -380,7 +380,7 @@ class Runtime:
             if used <= self.memory_limit:
                 continue
             victims = [h for h in self._hosts.values()
-                       if h.status == "ready" and h.running_alarm_work]
+                       if h.serving and h.running_alarm_work]
             if not victims:
                 continue
             logger.error("memory %d > limit %d: resetting %d object(s) running alarm work",

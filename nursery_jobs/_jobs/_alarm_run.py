@@ -34,6 +34,7 @@ from nursery_jobs._jobs._records import (
 from nursery_jobs._jobs._table import Cursor, JobRow
 
 if TYPE_CHECKING:
+    from nursery_jobs._core._alarm import AlarmClaim
     from nursery_jobs._jobs._lifecycle import Lifecycle
 
 logger = logging.getLogger("nursery_jobs")
@@ -67,6 +68,17 @@ class AlarmRun:
 current_run: contextvars.ContextVar[AlarmRun | None] = contextvars.ContextVar(
     "nursery_jobs_alarm_run", default=None
 )
+
+
+def memory_reset_of(claim: AlarmClaim) -> bool:
+    """Whether the object was reset for memory (the watchdog, a MemoryError)."""
+    cause = claim.reset_cause
+    return cause is not None and cause.memory
+
+
+def reset_reason_of(claim: AlarmClaim) -> str | None:
+    cause = claim.reset_cause
+    return None if cause is None else cause.reason
 
 
 def error_text(error: BaseException) -> str:
@@ -112,9 +124,9 @@ class AlarmRunner:
             if not self._turns.holds():
                 raise  # (cancelled in a hand-over, and the object did not come back)
             store.flush()  # the jobs that completed stay completed
-            if self._claim.memory_reset and not lc.breaker.tripped:
-                await lc.observe_reset(None, self._claim.reset_reason)
-            if self._claim.reset_reason is None:
+            if memory_reset_of(self._claim) and not lc.breaker.tripped:
+                await lc.observe_reset(None, reset_reason_of(self._claim))
+            if self._claim.reset_cause is None:
                 # A graceful shutdown is no failure: what was due stays due, so the
                 # object wakes as soon as a runtime opens the path again.
                 store.rearm()
@@ -269,8 +281,8 @@ class AlarmRunner:
             # writes go (it runs again); the jobs that completed stay completed.
             store.fail()
             store.flush()
-            if self._claim.memory_reset:
-                await self._lc.observe_reset(job, self._claim.reset_reason)
+            if memory_reset_of(self._claim):
+                await self._lc.observe_reset(job, reset_reason_of(self._claim))
             raise
         except MemoryError as exc:
             store.fail()
@@ -290,8 +302,8 @@ class AlarmRunner:
                 # job's cancellation, as above, not its failure.
                 store.fail()
                 store.flush()
-                if self._claim.memory_reset:
-                    await self._lc.observe_reset(job, self._claim.reset_reason)
+                if memory_reset_of(self._claim):
+                    await self._lc.observe_reset(job, reset_reason_of(self._claim))
                 raise
             await self._job_failed(run, owner, ctx, group, clock)
         except BaseException as exc:

@@ -17,7 +17,13 @@ import trio
 
 from nursery_jobs._core._object import DurableObject
 from nursery_jobs._errors import CapabilityError, safe_repr
-from nursery_jobs._jobs._alarm_run import AlarmRun, AlarmRunner, current_run
+from nursery_jobs._jobs._alarm_run import (
+    AlarmRun,
+    AlarmRunner,
+    current_run,
+    memory_reset_of,
+    reset_reason_of,
+)
 from nursery_jobs._jobs._capability import Capability
 from nursery_jobs._jobs._records import HOST, DeadLetter, Job, check_before, check_job_id
 from nursery_jobs._jobs._store import DEFAULT_COMPLETION_GROUP, DEFAULT_DEAD_LETTER_LIMIT, JobStore
@@ -241,9 +247,9 @@ class Lifecycle:
                 except trio.Cancelled:
                     # Work that hits the memory limit counts against the job that
                     # started it.
-                    if claim.memory_reset and (job is not None or not self.breaker.tripped):
+                    if memory_reset_of(claim) and (job is not None or not self.breaker.tripped):
                         async with self._last_turn("tracked work reset"):
-                            await self.observe_reset(job, claim.reset_reason)
+                            await self.observe_reset(job, reset_reason_of(claim))
                     raise
                 except MemoryError as exc:
                     async with self._last_turn("tracked work out of memory"):
@@ -287,7 +293,7 @@ class Lifecycle:
         """A ``MemoryError`` escaped alarm work: reset the object as the watchdog would."""
         self.claim.reset(f"MemoryError in the alarm work of {self.label}: {safe_repr(error)}",
                          memory=True)
-        await self.observe_reset(job, self.claim.reset_reason)
+        await self.observe_reset(job, reset_reason_of(self.claim))
         await trio.lowlevel.checkpoint()  # the reset cancels this task here
 
     async def observe_reset(self, executing: Job | None, error: str | None) -> None:
