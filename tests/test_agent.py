@@ -31,6 +31,7 @@ def _on_every_engine(on_every_engine: str) -> str:
 
 # A generous virtual-time bound: under autojump a hang jumps here and fails the test.
 HANG = 100_000
+HOUR = 3600
 
 
 def rel() -> float:
@@ -139,6 +140,14 @@ class Worker(nj.Agent):
         with trio.move_on_after(seconds):
             await self.env.serve()  # the test's calls meanwhile (``Held``)
 
+    async def counted(self, payload: Any) -> None:
+        # A task method sees its task, and which attempt this is (fails on the first).
+        info = self.current_task
+        assert info is not None and info.name == "counted"
+        self.env.record("counted", (info.id, payload), info.attempt)
+        if info.attempt == 1:
+            raise RuntimeError("first attempt fails")
+
     async def cancel_then_fail(self, payload: Any) -> None:
         self.env.record("cancel_then_fail", payload)
         assert await self.cancel_schedule("cf") is True
@@ -161,6 +170,9 @@ class Worker(nj.Agent):
     async def destroy_and_look(self) -> tuple[Any, list[nj.Job]]:
         await self.destroy()
         return self.ctx.storage.get("k"), self.lifecycle.jobs.list()
+
+    async def outside_a_task(self) -> bool:
+        return self.current_task is None
 
     async def schedule_secret(self, when: float) -> str:
         return await self.schedule(when, "_secret", "from inside")
@@ -349,6 +361,57 @@ async def test_invalid_max_retries_raises_and_stores_nothing(
                     await agent.call(how, *args, max_retries=max_retries)
             assert await agent.list_schedules() == []
             assert alarm(rt) is None
+
+
+@pytest.mark.parametrize("how", ["queue", "schedule", "every"])
+async def test_a_task_method_sees_its_attempt(
+    autojump_clock: trio.testing.MockClock, how: str
+) -> None:
+    env = Env()
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(engine.location, env=env) as rt:
+            agent = rt.get(Worker, "w")
+            if how == "queue":
+                await agent.queue("counted", "p", id="c")
+            elif how == "schedule":
+                await agent.schedule(0, "counted", "p", id="c")
+            else:
+                await agent.every(10, "counted", "p", id="c")
+            await trio.sleep(12)
+            start = 10 if how == "every" else 0
+            assert env.runs[:2] == [("counted", start, ("c", "p"), 1),
+                                    ("counted", start + 1, ("c", "p"), 2)]
+            assert await agent.outside_a_task() is True
+
+
+async def test_schedule_and_every_take_a_zone_and_a_missed_policy(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    # EPOCH is 08:00 UTC, 09:00 in Berlin (CET).
+    env = Env()
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(engine.durable(tmp_path), env=env) as rt:
+            agent = rt.get(Worker, "w")
+            await agent.schedule("1 10 * * *", "work", "berlin", id="b", tz="Europe/Berlin")
+            await agent.schedule("1 10 * * *", "work", "utc", id="u")
+            await agent.every(10, "work", "beat", id="e", missed="skip")
+            assert {r.id: r.due - EPOCH for r in await agent.list_schedules()} == {
+                "b": HOUR + 60, "u": 2 * HOUR + 60, "e": 10}
+            await trio.sleep(25)
+        await trio.sleep(70)  # down from 25 to 95: the slots 30 ... 90 are dropped
+        async with nj.open_runtime(engine.durable(tmp_path), env=env) as rt:
+            await trio.sleep(10)
+        assert env.ran() == [("work", 10, "beat"), ("work", 20, "beat"),
+                             ("work", 100, "beat")]
+        async with nj.open_runtime(engine.durable(tmp_path), env=env) as rt:
+            agent = rt.get(Worker, "w")
+            for kwargs in ({"tz": "Mars/Olympus_Mons"}, {"missed": "later"}):
+                with pytest.raises(nj.JobError, match=next(iter(kwargs))):
+                    await agent.schedule("0 9 * * *", "work", id="bad", **kwargs)
+            with pytest.raises(nj.JobError, match="missed"):
+                await agent.every(10, "work", id="bad", missed="later")
+            assert await agent.get_queued("bad") is None
+            assert "bad" not in [r.id for r in await agent.list_schedules()]
 
 
 # -- handlers that change schedules ----------------------------------------------------------------

@@ -76,6 +76,16 @@ ASYNC_CASES: dict[str, Callable[[Target], Awaitable[Any]]] = {
     "every a huge int": lambda t: t.scheduler.every(10**400, "a"),
     "schedule idempotent a str": lambda t: t.scheduler.schedule(5, "a", idempotent="no"),  # type: ignore[arg-type]
     "queue callback a list": lambda t: t.queue.push(["a"]),  # type: ignore[arg-type]
+    "cron tz unknown": lambda t: t.scheduler.schedule("0 9 * * *", "a", tz="Nowhere/Atall"),
+    "cron tz a path": lambda t: t.scheduler.schedule("0 9 * * *", "a", tz="../../etc/passwd"),
+    "cron tz an int": lambda t: t.scheduler.schedule("0 9 * * *", "a", tz=1),  # type: ignore[arg-type]
+    "cron tz a fixed offset": lambda t: t.scheduler.schedule(
+        "0 9 * * *", "a", tz=dt.UTC),  # type: ignore[arg-type]
+    "cron tz a lone surrogate": lambda t: t.scheduler.schedule("0 9 * * *", "a", tz="\ud800"),
+    "tz for a delay": lambda t: t.scheduler.schedule(5, "a", tz="Europe/Berlin"),
+    "every missed unknown": lambda t: t.scheduler.every(5, "a", missed="later"),  # type: ignore[arg-type]
+    "cron missed a bool": lambda t: t.scheduler.schedule("0 9 * * *", "a", missed=True),  # type: ignore[arg-type]
+    "missed skip for a one-shot": lambda t: t.scheduler.schedule(5, "a", missed="skip"),
 }
 SYNC_CASES: dict[str, Callable[[Target], Any]] = {
     "storage key an int": lambda t: t.ctx.storage.put(5, 1),  # type: ignore[arg-type]

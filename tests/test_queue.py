@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import attrs
 import outcome
 import pytest
 import trio
@@ -50,6 +51,8 @@ class Env:
         self.gate_entered = trio.Event()
         self.failing = True
         self.finished: list[tuple[str, Any, float]] = []
+        # QueueItem.attempt as each run of the "flaky" callback saw it.
+        self.attempts: list[int] = []
         # Calls the test makes while the gate item holds the object (see ``Held``).
         self.calls_in, self.calls_out = trio.open_memory_channel[Any](0)
         self.stub: nj.Stub | None = None
@@ -88,6 +91,13 @@ class Env:
             if env.failing:
                 raise RuntimeError(f"boom {payload}")
 
+        async def flaky(payload: Any, item: nj.QueueItem) -> None:
+            # Fails on its first attempt only: the item says which attempt it is.
+            env.record("flaky", payload, item)
+            env.attempts.append(item.attempt)
+            if item.attempt == 1:
+                raise RuntimeError(f"first attempt of {payload}")
+
         async def slow(payload: Any, item: nj.QueueItem) -> None:
             # The first version of an item blocks on the gate; a replacement does not.
             env.record("slow", payload, item)
@@ -99,7 +109,7 @@ class Env:
             env.finished.append(("slow", payload, rel()))
 
         return {"rec": rec, "rec_sync": rec_sync, "other": other, "gate": gate, "fail": fail,
-                "slow": slow}
+                "slow": slow, "flaky": flaky}
 
     async def on_error(self, error: Exception, item: nj.QueueItem) -> None:
         self.errors.append((error, item, rel()))
@@ -413,6 +423,22 @@ async def test_a_failing_item_does_not_block_the_next(
             ]
 
 
+async def test_an_item_knows_its_attempt(autojump_clock: trio.testing.MockClock) -> None:
+    env = Env(retry=nj.RetryOptions(max_attempts=3, base_delay=2, jitter=False))
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(engine.location, env=env) as rt:
+            obj = rt.get(Uploads, "o")
+            pushed = await obj.push("flaky", "x", id="f")
+            # Outside a run an item has no attempt being run.
+            assert pushed.attempt == 0
+            await trio.sleep(10)
+            # Failed on the first attempt, passed on the second (after 2 s).
+            assert env.attempts == [1, 2]
+            assert [(item_id, t) for _, item_id, t, _ in env.runs] == [("f", 0), ("f", 2)]
+            assert await obj.items() == []
+            assert await obj.dead_letters() == []
+
+
 async def test_dead_letter_on_error_and_requeue(autojump_clock: trio.testing.MockClock) -> None:
     env = Env(retry=nj.RetryOptions(max_attempts=2, base_delay=1, jitter=False))
     with trio.fail_after(HANG):
@@ -429,7 +455,8 @@ async def test_dead_letter_on_error_and_requeue(autojump_clock: trio.testing.Moc
             ]
             [(error, item, t)] = env.errors
             assert isinstance(error, RuntimeError) and str(error) == "boom {'file': 'a.bin'}"
-            assert item == pushed and t == 1
+            # The item as its last attempt ran: the second.
+            assert item == attrs.evolve(pushed, attempt=2) and t == 1
             assert await obj.items() == []
             [letter] = await obj.dead_letters()
             assert letter == nj.QueueDeadLetter(

@@ -3,7 +3,9 @@ its own methods by name."""
 
 from __future__ import annotations
 
+import contextvars
 import logging
+import zoneinfo
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar
 
@@ -11,7 +13,7 @@ import attrs
 
 from nursery_jobs import _clock
 from nursery_jobs._capabilities._queue import Queue, QueueItem, call_callback
-from nursery_jobs._capabilities._scheduler import Schedule, Scheduler, When
+from nursery_jobs._capabilities._scheduler import Missed, Schedule, Scheduler, When
 from nursery_jobs._core._object import DurableObject, ObjectContext
 from nursery_jobs._errors import JobError, UnknownCallbackError, safe_repr
 from nursery_jobs._jobs._lifecycle import Lifecycle
@@ -39,11 +41,20 @@ class TaskRecord:
 
 @attrs.frozen(kw_only=True)
 class TaskInfo:
-    """Passed to ``on_task``: which task and which delivery (1-based) this is."""
+    """Which task and which delivery (1-based) this is: passed to ``on_task``, and
+    ``Agent.current_task`` while a task's method runs."""
 
     id: str
     name: str
     attempt: int
+
+
+# The task running in this Trio task (and the tasks it starts), with its Agent: a
+# context variable, so a call that another task makes meanwhile (an @interleave
+# method, a read-only turn) sees none, and the Agent, so a call into another Agent
+# made from a task does not see the caller's.
+_RUNNING_TASK: contextvars.ContextVar[tuple[Agent, TaskInfo] | None] = contextvars.ContextVar(
+    "nursery_jobs_agent_task", default=None)
 
 
 def agent_retry(max_retries: int) -> RetryOptions:
@@ -128,24 +139,29 @@ class Agent(DurableObject):
 
     async def schedule(
         self, when: When, method: str, payload: Any = None, *, id: str | None = None,
-        max_retries: int = 5,
+        max_retries: int = 5, tz: str | zoneinfo.ZoneInfo | None = None,
+        missed: Missed = "coalesce",
     ) -> str:
         """Run ``self.<method>(payload)`` at ``when`` (delay, timedelta, aware datetime
-        or 5-field cron string); return the task id."""
+        or 5-field cron string, read in IANA zone ``tz``, default UTC); return the task
+        id. ``missed="skip"`` drops the slots of a cron the process missed instead of
+        one catch-up run (``Scheduler.schedule``)."""
         self._check(method)
         schedule = await self._task_scheduler.schedule(
-            when, method, payload, id=id, retry=agent_retry(max_retries)
+            when, method, payload, id=id, retry=agent_retry(max_retries), tz=tz, missed=missed
         )
         return schedule.id
 
     async def every(
         self, seconds: float, method: str, payload: Any = None, *, id: str | None = None,
-        max_retries: int = 5,
+        max_retries: int = 5, missed: Missed = "coalesce",
     ) -> str:
-        """Run ``self.<method>(payload)`` every ``seconds``; return the task id."""
+        """Run ``self.<method>(payload)`` every ``seconds``; return the task id.
+        ``missed="skip"`` drops missed slots instead of one catch-up run
+        (``Scheduler.every``)."""
         self._check(method)
         schedule = await self._task_scheduler.every(
-            seconds, method, payload, id=id, retry=agent_retry(max_retries)
+            seconds, method, payload, id=id, retry=agent_retry(max_retries), missed=missed
         )
         return schedule.id
 
@@ -225,13 +241,34 @@ class Agent(DurableObject):
         )
 
     # -- running tasks ----------------------------------------------------------------
+    @property
+    def current_task(self) -> TaskInfo | None:
+        """The task whose method is running (its id, name and attempt, 1-based), seen
+        from that method and what it calls and starts while it runs; None elsewhere
+        (a task started by it that outlives the run sees None, as with turns). With
+        the id, the attempt is the idempotency key for external effects. Does not
+        checkpoint."""
+        found = _RUNNING_TASK.get()
+        if found is None or found[0] is not self:
+            return None
+        info = found[1]
+        running = self._task_queue.running or self._task_scheduler.running
+        if running is None or running.job.id != info.id or running.attempt != info.attempt:
+            return None
+        return info
+
     async def _run_task(self, name: str, payload: Any, item: QueueItem | Schedule) -> Any:
         running = self._task_queue.running or self._task_scheduler.running
         attempt = 1 if running is None else running.attempt
-        fn = None if not_a_task(name) else getattr(self, name, None)
-        if callable(fn):
-            return await call_callback(fn, payload)
-        return await self.on_task(name, payload, TaskInfo(id=item.id, name=name, attempt=attempt))
+        info = TaskInfo(id=item.id, name=name, attempt=attempt)
+        token = _RUNNING_TASK.set((self, info))
+        try:
+            fn = None if not_a_task(name) else getattr(self, name, None)
+            if callable(fn):
+                return await call_callback(fn, payload)
+            return await self.on_task(name, payload, info)
+        finally:
+            _RUNNING_TASK.reset(token)
 
     async def on_task(self, name: str, payload: Any, info: TaskInfo) -> Any:
         """Called for a task whose method does not exist. Override to handle it."""

@@ -31,7 +31,13 @@ Callback = Callable[[Any, Any], Any]
 
 @attrs.frozen(kw_only=True)
 class QueueItem:
-    """One queued call: ``callbacks[callback](payload, item)``."""
+    """One queued call: ``callbacks[callback](payload, item)``.
+
+    ``attempt`` is the attempt being run (1-based, as ``JobContext.attempt``) in the
+    item a callback or ``on_error`` receives — with ``id``, the idempotency key for
+    external effects; 0 in items read outside a run (``push``, ``get``, ``list``,
+    dead letters).
+    """
 
     id: str
     callback: str
@@ -39,6 +45,7 @@ class QueueItem:
     priority: int
     created_at: float
     retry: RetryOptions
+    attempt: int = 0
 
 
 @attrs.frozen(kw_only=True)
@@ -51,11 +58,11 @@ class QueueDeadLetter:
     time: float
 
 
-def item_of(job: Job) -> QueueItem:
+def item_of(job: Job, attempt: int = 0) -> QueueItem:
     envelope = job.payload
     return QueueItem(
         id=job.id, callback=job.fn, payload=envelope["p"], priority=job.priority,
-        created_at=job.created_at, retry=job.retry,
+        created_at=job.created_at, retry=job.retry, attempt=attempt,
     )
 
 
@@ -70,8 +77,9 @@ async def call_callback(fn: Callable[..., Any], *args: Any) -> Any:
 class Queue(CallbackCapability):
     """``Queue(callbacks={name: fn}, retry=None, on_error=None, id="queue")``.
 
-    ``fn(payload, item)`` may be sync or async. ``on_error(error, item)`` is called
-    when an item's last attempt fails; the item is then kept as a dead letter.
+    ``fn(payload, item)`` may be sync or async; ``item.attempt`` says which attempt
+    runs. ``on_error(error, item)`` is called when an item's last attempt fails (that
+    attempt in ``item.attempt``); the item is then kept as a dead letter.
     """
 
     kind = "Queue"
@@ -218,7 +226,7 @@ class Queue(CallbackCapability):
     # -- the capability hooks -----------------------------------------------------------
     async def on_job(self, ctx: JobContext) -> JobOutcome:
         job = ctx.job
-        item = item_of(job)
+        item = item_of(job, ctx.attempt)
         if ctx.attempt > 1:
             self.lifecycle.emit("queue:retry", callback=job.fn, id=job.id, attempt=ctx.attempt,
                                 max_attempts=job.retry.max_attempts)
@@ -236,7 +244,7 @@ class Queue(CallbackCapability):
 
     async def on_job_error(self, ctx: JobContext, error: Exception) -> JobOutcome:
         job = ctx.job
-        item = item_of(job)
+        item = item_of(job, ctx.attempt)
         self.lifecycle.emit("queue:error", callback=job.fn, id=job.id, error=safe_repr(error),
                             attempts=ctx.attempt)
         if self.on_error is not None:

@@ -3,16 +3,21 @@
 Recurring schedules without a caller id get an id derived from their content, so
 calling ``every()`` in ``on_start`` on every activation finds the same row (and keeps
 its anchor) instead of piling up new ones. An interval fires on its grid, ``anchor +
-k·seconds``; cron expressions are evaluated in UTC with ``cronsim``.
+k·seconds``; a cron expression is matched by ``cronsim`` against the wall clock of its
+IANA zone (UTC by default), and each wall time found is placed in that zone by the
+daylight-saving rules of DESIGN section 4. With ``missed="skip"`` a recurring schedule
+drops the slots it missed instead of running one catch-up.
 """
 
 from __future__ import annotations
 
 import builtins
 import datetime
+import functools
 import hashlib
 import logging
 import math
+import zoneinfo
 from collections.abc import Callable, Mapping
 from typing import Any, Final, Literal
 
@@ -39,6 +44,16 @@ logger = logging.getLogger("nursery_jobs")
 
 Kind = Literal["delayed", "scheduled", "cron", "interval"]
 When = float | int | datetime.timedelta | datetime.datetime | str
+# What a recurring schedule does with the slots it missed (down, or overrun): run one
+# catch-up for all of them, or drop them and run at the first slot after now.
+Missed = Literal["coalesce", "skip"]
+# The zone a cron string is read in unless ``tz=`` says otherwise.
+DEFAULT_TZ: Final = "UTC"
+# With missed="skip", a slot that has not started this long after its time (or by the
+# time the next slot is due) was missed. Lateness within a running runtime (a job ahead
+# of it in the same alarm, a claim poll) stays below it and is no reason to drop a run;
+# a stop and start of the process is longer.
+MISSED_GRACE: Final = 5.0
 
 
 @attrs.frozen(kw_only=True)
@@ -46,7 +61,10 @@ class Schedule:
     """A stored schedule: what to call, and when it is next due.
 
     An interval schedule runs on the grid ``anchor + k·interval`` (k >= 1), where
-    ``anchor`` is when ``every()`` created it; other kinds have no anchor.
+    ``anchor`` is when ``every()`` created it; other kinds have no anchor. ``tz`` is the
+    IANA zone whose wall clock a cron string is read in (``"UTC"`` for other kinds);
+    ``missed`` what a recurring schedule does with missed slots (``"coalesce"`` or
+    ``"skip"``).
     """
 
     id: str
@@ -59,6 +77,8 @@ class Schedule:
     anchor: float | None
     created_at: float
     retry: RetryOptions
+    tz: str = DEFAULT_TZ
+    missed: Missed = "coalesce"
 
 
 def schedule_of(job: Job) -> Schedule:
@@ -71,6 +91,8 @@ def schedule_of(job: Job) -> Schedule:
         id=job.id, callback=job.fn, payload=envelope["p"], kind=envelope["k"], time=job.time,
         cron=envelope.get("c"), interval=envelope.get("i"), anchor=anchor,
         created_at=job.created_at, retry=job.retry,
+        # Rows stored before zones and missed policies: UTC, coalesce.
+        tz=envelope.get("z", DEFAULT_TZ), missed=envelope.get("m", "coalesce"),
     )
 
 
@@ -100,10 +122,81 @@ def next_grid_slot(anchor: float, seconds: float, after: float) -> float:
     return anchor + k * seconds
 
 
-def next_cron_time(expr: str, after: float) -> float:
-    """The first slot of cron ``expr`` strictly after epoch time ``after`` (UTC)."""
-    start = datetime.datetime.fromtimestamp(after, datetime.UTC)
-    return next(CronSim(expr, start)).timestamp()
+def next_cron_time(expr: str, after: float, tz: str = DEFAULT_TZ) -> float:
+    """The first slot of cron ``expr`` strictly after epoch time ``after``, its fields
+    read as wall-clock time in IANA zone ``tz``.
+
+    cronsim walks the wall clock (naive datetimes); each wall time it finds is then
+    placed in the zone by DESIGN section 4's rules, which cronsim follows only in part
+    (for expressions with a fixed minute and hour; and from the second pass of a
+    repeated hour it returns the first pass, a time already past): a wall time that
+    does not exist that day (skipped by a change to summer time) falls on the next
+    existing minute, and one that occurs twice (a change back) is its first occurrence
+    only — each local time fires once.
+    """
+    zone = _zone(tz)
+    wall = datetime.datetime.fromtimestamp(after, zone).replace(tzinfo=None)
+    for slot in CronSim(expr, wall):
+        time = _place(slot, zone)
+        # A first occurrence can precede ``after`` (in the second pass of a repeated
+        # hour): that slot has had its run.
+        if time > after:
+            return time
+    raise JobError(f"cron expression {expr!r} has no slot in the 50 years after {after}")
+
+
+def _zone(key: str) -> datetime.tzinfo:
+    # UTC needs no time zone database (a slim container may have none): cron schedules
+    # without tz= work wherever they did before zones.
+    return datetime.UTC if key == DEFAULT_TZ else zoneinfo.ZoneInfo(key)
+
+
+def _place(wall: datetime.datetime, zone: datetime.tzinfo) -> float:
+    """Epoch time of wall time ``wall`` in ``zone``: its first occurrence (``fold=0``)
+    if it occurs twice; the next existing minute if it does not exist."""
+    moment = wall.replace(tzinfo=zone)
+    while _skipped(moment):
+        wall += datetime.timedelta(minutes=1)
+        moment = wall.replace(tzinfo=zone)
+    return moment.timestamp()
+
+
+def _skipped(moment: datetime.datetime) -> bool:
+    """Whether the wall time of ``moment`` does not exist in its zone (a gap)."""
+    there_and_back = moment.astimezone(datetime.UTC).astimezone(moment.tzinfo)
+    return there_and_back.replace(tzinfo=None) != moment.replace(tzinfo=None)
+
+
+@functools.cache
+def _zone_names() -> frozenset[str]:
+    # "localtime" names a different zone on each machine (the host's setting).
+    return frozenset(zoneinfo.available_timezones()) - {"localtime"}
+
+
+def check_tz(tz: object) -> str:
+    """The IANA key of ``tz`` (a key, or a ``ZoneInfo`` made from one).
+
+    Keys are looked up among the zones this machine knows, never opened as given: a
+    hostile string never reaches the file system.
+    """
+    key = tz.key if isinstance(tz, zoneinfo.ZoneInfo) else tz
+    if key == DEFAULT_TZ:
+        return DEFAULT_TZ
+    if not isinstance(key, str) or key not in _zone_names():
+        raise JobError(
+            f"tz must be an IANA time zone name such as 'Europe/Berlin' or 'UTC' (or a"
+            f" ZoneInfo of one), got {safe_repr(tz)}"
+        )
+    return key
+
+
+_MISSED: Final[dict[str, Missed]] = {"coalesce": "coalesce", "skip": "skip"}
+
+
+def check_missed(missed: object) -> Missed:
+    if not isinstance(missed, str) or missed not in _MISSED:
+        raise JobError(f"missed must be 'coalesce' or 'skip', got {safe_repr(missed)}")
+    return _MISSED[missed]
 
 
 def check_cron(expr: str) -> str:
@@ -117,6 +210,18 @@ def check_cron(expr: str) -> str:
     except CronSimError as exc:
         raise JobError(f"invalid cron expression {expr!r}: {exc}") from None
     return " ".join(fields)
+
+
+def _slot_after(schedule: Schedule, after: float) -> float | None:
+    """The first slot of a recurring ``schedule`` strictly after ``after``; None for a
+    one-shot."""
+    if schedule.kind == "interval":
+        assert schedule.interval is not None and schedule.anchor is not None
+        return next_grid_slot(schedule.anchor, schedule.interval, after)
+    if schedule.kind == "cron":
+        assert schedule.cron is not None
+        return next_cron_time(schedule.cron, after, schedule.tz)
+    return None
 
 
 class Scheduler(CallbackCapability):
@@ -147,38 +252,68 @@ class Scheduler(CallbackCapability):
         id: str | None = None,
         retry: RetryOptions | None = None,
         idempotent: bool | None = None,
+        tz: str | zoneinfo.ZoneInfo | None = None,
+        missed: Missed = "coalesce",
     ) -> Schedule:
         """Schedule ``callback`` at ``when``: a delay in seconds, a ``timedelta``, an
-        aware ``datetime``, or a 5-field cron string (UTC). Checkpoints.
+        aware ``datetime``, or a 5-field cron string. Checkpoints.
+
+        A cron string is read in IANA zone ``tz`` (default UTC) and follows its
+        daylight-saving changes: ``"0 9 * * *"`` fires at 09:00 local time on both
+        sides of a change; a local time that does not exist that day fires at the next
+        existing minute, one that occurs twice fires once. ``missed="skip"`` (cron
+        only) drops the slots missed while the process was down instead of running one
+        catch-up (``"coalesce"``): the next run is the first slot after now.
 
         With ``id`` it is an upsert (a cron schedule whose content is unchanged keeps
-        its next time). Without one, a cron schedule is idempotent by content
-        (``idempotent=False`` opts out); a one-shot dedupes only with
-        ``idempotent=True`` (not against itself while it runs). A dedupe hit returns the
-        stored schedule and re-arms.
+        its next time). Without one, a cron schedule is idempotent by content —
+        callback, payload, cron, zone and missed policy — (``idempotent=False`` opts
+        out); a one-shot dedupes only with ``idempotent=True`` (not against itself
+        while it runs). A dedupe hit returns the stored schedule and re-arms.
+
+        Raises:
+            JobError: a bad ``when``, ``tz`` or ``missed`` (``tz`` and
+                ``missed="skip"`` with a one-shot too); nothing is written.
+            UnknownCallbackError: ``callback`` is not registered.
         """
         now = _clock.now()
+        missed = check_missed(missed)
         cron: str | None = None
         kind: Kind
         if isinstance(when, str):
             cron = check_cron(when)
-            kind, time = "cron", next_cron_time(cron, now)
-        elif isinstance(when, datetime.datetime):
-            try:
-                time = _clock.coerce_time(when, name="schedule when")
-            except (TypeError, ValueError) as exc:
-                raise JobError(str(exc)) from None
-            kind = "scheduled"
+            zone = DEFAULT_TZ if tz is None else check_tz(tz)
+            kind, time = "cron", next_cron_time(cron, now, zone)
         else:
-            try:
-                time = now + _clock.coerce_delay(when, name="schedule when")
-            except (TypeError, ValueError) as exc:
-                raise JobError(str(exc)) from None
-            kind = "delayed"
+            if tz is not None:
+                raise JobError(
+                    f"tz applies to a cron string only (its wall clock); when={safe_repr(when)}"
+                    " is a moment already: drop tz, or pass an aware datetime in that zone"
+                )
+            if missed != "coalesce":
+                raise JobError(
+                    f"missed={missed!r} applies to recurring schedules (a cron string, or"
+                    f" every()); when={safe_repr(when)} is a one-shot, which runs late"
+                    " rather than never"
+                )
+            zone = DEFAULT_TZ
+            if isinstance(when, datetime.datetime):
+                try:
+                    time = _clock.coerce_time(when, name="schedule when")
+                except (TypeError, ValueError) as exc:
+                    raise JobError(str(exc)) from None
+                kind = "scheduled"
+            else:
+                try:
+                    time = now + _clock.coerce_delay(when, name="schedule when")
+                except (TypeError, ValueError) as exc:
+                    raise JobError(str(exc)) from None
+                kind = "delayed"
         recurring = kind == "cron"
         dedupe = recurring if idempotent is None else _check_idempotent(idempotent)
         return await self._upsert(kind, time, callback, payload, id=id, retry=retry,
-                                  dedupe=dedupe, cron=cron, interval=None)
+                                  dedupe=dedupe, cron=cron, interval=None, tz=zone,
+                                  missed=missed)
 
     async def every(
         self,
@@ -189,15 +324,18 @@ class Scheduler(CallbackCapability):
         id: str | None = None,
         retry: RetryOptions | None = None,
         idempotent: bool | None = None,
+        missed: Missed = "coalesce",
     ) -> Schedule:
         """Run ``callback`` every ``seconds`` (> 0) on the grid ``anchor + k·seconds``,
         where the anchor is now: first at now + seconds. After a run, the next is the
         first grid slot after the moment it ended, so lateness and run time never shift
         later runs; slots missed while the process was down, or while a run overran,
-        coalesce into one run. Idempotent by content unless ``idempotent=False``: a
-        dedupe hit keeps the stored schedule, anchor included. With ``id`` it is an
-        upsert: anchored anew when its content changed, kept (anchor included) when
-        not. Checkpoints."""
+        coalesce into one run — or, with ``missed="skip"``, are dropped: the next run
+        is the first slot after now. Idempotent by content (callback, payload,
+        interval, missed policy) unless ``idempotent=False``: a dedupe hit keeps the
+        stored schedule, anchor included. With ``id`` it is an upsert: anchored anew
+        when its content changed, kept (anchor included) when not. Checkpoints."""
+        missed = check_missed(missed)
         if isinstance(seconds, datetime.timedelta):
             seconds = seconds.total_seconds()
         if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not (
@@ -211,12 +349,12 @@ class Scheduler(CallbackCapability):
         anchor = _clock.now()
         return await self._upsert("interval", anchor + interval, callback, payload, id=id,
                                   retry=retry, dedupe=dedupe, cron=None, interval=interval,
-                                  anchor=anchor)
+                                  anchor=anchor, tz=DEFAULT_TZ, missed=missed)
 
     async def _upsert(
         self, kind: Kind, time: float, callback: str, payload: Any, *, id: str | None,
         retry: RetryOptions | None, dedupe: bool, cron: str | None, interval: float | None,
-        anchor: float | None = None,
+        tz: str, missed: Missed, anchor: float | None = None,
     ) -> Schedule:
         if not isinstance(callback, str):
             raise JobError(f"schedule callback must be a str (its name), got {callback!r}")
@@ -234,12 +372,21 @@ class Scheduler(CallbackCapability):
             envelope["i"] = interval
         if anchor is not None:
             envelope["a"] = anchor
+        # Only what differs from the defaults is stored (rows from before the options
+        # read as the defaults), and only that enters the content id (schedules without
+        # the options keep the ids they had before them).
+        options: dict[str, str] = {}
+        if tz != DEFAULT_TZ:
+            envelope["z"] = options["tz"] = tz
+        if missed != "coalesce":
+            envelope["m"] = options["missed"] = missed
         jobs = self.lifecycle.jobs
         if id is not None:
             job_id = check_job_id(id)
             existing = jobs.get(job_id)
             if (existing is not None and kind in ("cron", "interval")
-                    and self._same(existing, kind, callback, cron, interval, payload, retry)):
+                    and self._same(existing, kind, callback, cron, interval, payload, retry,
+                                   tz, missed)):
                 # Unchanged (on_start registering it on each activation): it keeps its
                 # next time and anchor. Re-timed, the slot that is due now — the one whose
                 # alarm activated the object — would be skipped, every time.
@@ -251,7 +398,8 @@ class Scheduler(CallbackCapability):
             # content_text also refuses a bad payload here.
             # content_text: equal payloads give one text, whatever their dicts' order or
             # the hash seed of their sets (which differs from process to process).
-            content = content_text([kind, callback, cron, interval, payload])
+            content = content_text([kind, callback, cron, interval, payload]
+                                   + ([options] if options else []))
             job_id = "sched:" + hashlib.sha256(
                 content.encode("utf-8", "surrogatepass")).hexdigest()[:32]
             existing = jobs.get(job_id)
@@ -270,12 +418,13 @@ class Scheduler(CallbackCapability):
 
     def _same(
         self, job: Job, kind: Kind, callback: str, cron: str | None, interval: float | None,
-        payload: Any, retry: RetryOptions | None,
+        payload: Any, retry: RetryOptions | None, tz: str, missed: Missed,
     ) -> bool:
         """Whether stored ``job`` is the schedule these arguments describe."""
         stored = schedule_of(job)
         return (stored.kind == kind and stored.callback == callback and stored.cron == cron
                 and stored.interval == interval and stored.retry == (retry or self.retry)
+                and stored.tz == tz and stored.missed == missed
                 and content_text(stored.payload) == content_text(payload))
 
     def _running(self, job_id: str, kind: Kind) -> bool:
@@ -322,16 +471,31 @@ class Scheduler(CallbackCapability):
     # -- the capability hooks -----------------------------------------------------------
     def _next(self, schedule: Schedule) -> JobOutcome:
         """The outcome of a finished run: the first slot after now, or done."""
-        if schedule.kind == "interval":
-            assert schedule.interval is not None and schedule.anchor is not None
-            return Reschedule(next_grid_slot(schedule.anchor, schedule.interval, _clock.now()))
-        if schedule.kind == "cron":
-            assert schedule.cron is not None
-            return Reschedule(next_cron_time(schedule.cron, _clock.now()))
-        return None
+        time = _slot_after(schedule, _clock.now())
+        return None if time is None else Reschedule(time)
+
+    def _skip(self, ctx: JobContext, schedule: Schedule) -> Reschedule | None:
+        """With ``missed="skip"``, the outcome for a slot that was missed (not started
+        within ``MISSED_GRACE`` of its time, or not before the next slot came due):
+        the first slot after now, with no run. None for a slot to run. Retries (attempt
+        2 on) are never skipped: their slot has started."""
+        if schedule.missed != "skip" or ctx.attempt != 1:
+            return None
+        slot, now = ctx.job.time, _clock.now()
+        following = _slot_after(schedule, slot)
+        if following is None or (now <= slot + MISSED_GRACE and now < following):
+            return None
+        time = _slot_after(schedule, now)
+        assert time is not None
+        self.lifecycle.emit("schedule:skip", callback=schedule.callback, id=schedule.id,
+                            slot=slot, next=time)
+        return Reschedule(time)
 
     async def on_job(self, ctx: JobContext) -> JobOutcome:
         schedule = schedule_of(ctx.job)
+        skipped = self._skip(ctx, schedule)
+        if skipped is not None:
+            return skipped
         if ctx.attempt == 1:
             self.lifecycle.emit("schedule:execute", callback=schedule.callback, id=schedule.id)
         else:
