@@ -36,8 +36,7 @@ the page cache, which outlives a SIGKILL of this process (no fsync needed):
     finished <pid> <t>                   no alarm left: every job completed or sealed
 
 ``<t>`` is the runtime's clock (``nj.now()``). The process exits 0 when it finishes or
-after SIGTERM/SIGINT, which it turns into cancellation of the scope around
-``open_runtime`` (a graceful shutdown).
+after SIGTERM/SIGINT, which the runtime turns into a graceful stop (``stop_on``).
 """
 
 from __future__ import annotations
@@ -122,6 +121,8 @@ def on_event(event: nj.Event) -> None:
     if event.type == "job:crash_strike":
         data = event.data
         note("strike", data["id"], os.getpid(), data["strikes"], int(data["sealed"]))
+    elif event.type == "runtime:stopping":
+        note("term", os.getpid())
 
 
 async def push_workload(rt: nj.Runtime, cfg: dict[str, Any]) -> None:
@@ -154,31 +155,25 @@ async def run(cfg: dict[str, Any]) -> None:
         _clock.set_epoch(origin + rate * (time.time() - origin) - trio.current_time())
     data = Path(cfg["data"])
     marker = data / "workload-pushed"
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        async with trio.open_nursery() as nursery:
-
-            async def cancel_on_signal() -> None:
-                async for _ in signals:
-                    note("term", os.getpid())
-                    nursery.cancel_scope.cancel(reason="SIGTERM")
-                    return
-
-            nursery.start_soon(cancel_on_signal)
-            async with nj.open_runtime(data, env=cfg) as rt:
-                rt.events.add_listener(on_event)
-                if not marker.exists():
-                    await push_workload(rt, cfg)
-                    marker.touch()
-                note("up", os.getpid())
-                if cfg.get("marks"):
-                    nursery.start_soon(call_marks, rt, cfg)
-                while True:
-                    stats = rt.statistics()
-                    if stats.pending_alarms == 0 and stats.alarms_in_flight == 0:
-                        break
-                    await trio.sleep(0.02 * rate)
-                note("finished", os.getpid())
-            nursery.cancel_scope.cancel(reason="finished")
+    async with trio.open_nursery() as nursery:
+        # SIGTERM and SIGINT are the runtime's graceful stop (stop_on): its block exits
+        # normally, "term" noted from its runtime:stopping event.
+        async with nj.open_runtime(data, env=cfg,
+                                   stop_on=(signal.SIGTERM, signal.SIGINT)) as rt:
+            rt.events.add_listener(on_event)
+            if not marker.exists():
+                await push_workload(rt, cfg)
+                marker.touch()
+            note("up", os.getpid())
+            if cfg.get("marks"):
+                nursery.start_soon(call_marks, rt, cfg)
+            while True:
+                stats = rt.statistics()
+                if stats.pending_alarms == 0 and stats.alarms_in_flight == 0:
+                    break
+                await trio.sleep(0.02 * rate)
+            note("finished", os.getpid())
+        nursery.cancel_scope.cancel(reason="finished")
 
 
 def main() -> None:

@@ -182,7 +182,8 @@ async def run(cfg: dict[str, Any]) -> None:
                     return
 
             nursery.start_soon(cancel_on_signal)
-            async with nj.open_runtime(engine, env=cfg,
+            # (stop_on=(): this worker turns SIGTERM into cancellation itself, above.)
+            async with nj.open_runtime(engine, env=cfg, stop_on=(),
                                        idle_timeout=cfg.get("idle_timeout", 60.0)) as rt:
                 RUNTIME = rt
                 rt.events.add_listener(on_event)

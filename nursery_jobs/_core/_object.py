@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -48,7 +50,7 @@ class DurableObject:
         super().__init_subclass__(**kwargs)
         explicit = cls.__dict__.get("namespace")
         if explicit is None:
-            cls.namespace = f"{cls.__module__}.{cls.__qualname__}"
+            cls.namespace = f"{module_of(cls)}.{cls.__qualname__}"
         elif not isinstance(explicit, str) or not explicit:
             raise TypeError(f"{cls.__qualname__}.namespace must be a non-empty str")
         _REGISTRY[cls.namespace] = cls
@@ -133,4 +135,36 @@ def resolve_namespace(namespace: str, class_path: str | None) -> type[DurableObj
 
 
 def class_path(cls: type[DurableObject]) -> str:
-    return f"{cls.__module__}:{cls.__qualname__}"
+    return f"{module_of(cls)}:{cls.__qualname__}"
+
+
+def module_of(cls: type) -> str:
+    """The module ``cls`` is importable as: a script run as ``__main__`` counts as the
+    module its file would be imported as (``python app.py`` and ``from app import X``
+    must name the same objects: data must not vanish because a script was started
+    another way)."""
+    module = cls.__module__
+    if module != "__main__":
+        return module
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and spec.name and spec.name != "__main__":
+        name: str = spec.name  # python -m app (a package's __main__: the package)
+        return name.removesuffix(".__main__")
+    file = getattr(main, "__file__", None)
+    if not isinstance(file, str):
+        return module  # an interactive session: no file to be imported from
+    path = os.path.realpath(file)
+    stem, ext = os.path.splitext(path)
+    if ext != ".py":
+        return module
+    best: str | None = None
+    for entry in sys.path:
+        root = os.path.realpath(entry or os.getcwd())
+        if not stem.startswith(root + os.sep):
+            continue
+        parts = stem[len(root) + 1:].split(os.sep)
+        if all(part.isidentifier() for part in parts) and (
+                best is None or len(parts) < len(best.split("."))):
+            best = ".".join(parts)
+    return module if best is None else best

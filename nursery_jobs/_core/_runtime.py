@@ -12,9 +12,11 @@ import logging
 import math
 import os
 import resource
+import signal
 import sqlite3
+import threading
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from typing import Any, Final, Literal, Protocol
 
@@ -371,6 +373,24 @@ class Runtime:
                 return  # the host re-timed its alarm (ObjectHost.run)
             await host.run_alarm()
 
+    async def _stop_on(
+        self, signals: tuple[signal.Signals, ...], stopping: trio.CancelScope, *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Turn the first of ``signals`` into a graceful stop: cancel the runtime's block
+        (``stopping``), which then exits normally. The previous handlers are back when
+        the runtime closes."""
+        with trio.open_signal_receiver(*signals) as received:
+            task_status.started()
+            async for signum in received:
+                name = signal.Signals(signum).name
+                self.events.emit(
+                    "runtime:stopping", "", "", signal=name,
+                    _log=(logging.WARNING, "%s received: stopping gracefully (running jobs"
+                          " are cancelled and run again at the next start)", (name,)))
+                stopping.cancel(reason=f"{name}: a graceful stop")
+                return
+
     async def _memory_watchdog(self) -> None:
         """Sample memory; over the limit, reset every object whose alarm work runs."""
         assert self.memory_limit is not None
@@ -411,6 +431,7 @@ async def open_runtime(
     lease_ttl: float | None = None,
     pool_size: int | None = None,
     turn_warning: float = 10.0,
+    stop_on: Iterable[int] = (signal.SIGTERM,),
 ) -> AsyncIterator[Runtime]:
     """Open a runtime on data directory ``path`` (None: everything in memory; or an
     ``Engine``). A ``scheme://`` address no engine serves raises ``EngineError``.
@@ -437,7 +458,14 @@ async def open_runtime(
 
     A turn of an object (a call, an alarm run, startup) held past ``turn_warning``
     seconds emits ``object:turn_slow`` once (``math.inf``: never).
+
+    Opened in the main thread, the runtime turns the signals in ``stop_on`` (SIGTERM by
+    default: what Docker, systemd and Kubernetes stop a process with) into a graceful
+    stop of its block: running jobs are cancelled, keep their attempts, get no crash
+    strike and run again at once on the next start; then the block exits normally.
+    ``stop_on=()`` leaves signals to the application.
     """
+    signals = _check_stop_on(stop_on)
     if (isinstance(turn_warning, bool) or not isinstance(turn_warning, (int, float))
             or math.isnan(turn_warning) or turn_warning <= 0):
         raise ValueError(f"turn_warning must be a number of seconds > 0, got {turn_warning!r}")
@@ -488,10 +516,14 @@ async def open_runtime(
                 nursery.start_soon(rt.slow_turns.run)
                 if memory_limit is not None:
                     nursery.start_soon(rt._memory_watchdog)
+                stopping = trio.CancelScope()
+                if signals and threading.current_thread() is threading.main_thread():
+                    await nursery.start(rt._stop_on, signals, stopping)
                 try:
                     if http is not None:
                         await _http_face(rt, nursery, http, writes=http_writes)
-                    yield rt
+                    with stopping:  # (a stop signal cancels the block: it exits normally)
+                        yield rt
                 except BaseException as exc:
                     body_error = exc
                     raise
@@ -510,6 +542,21 @@ async def open_runtime(
     finally:
         rt._closing = True
         rt._close()
+
+
+def _check_stop_on(stop_on: object) -> tuple[signal.Signals, ...]:
+    """The signals ``open_runtime(stop_on=...)`` names. Raises ValueError naming the
+    argument for anything but an iterable of valid signal numbers."""
+    if isinstance(stop_on, (str, bytes)) or not isinstance(stop_on, Iterable):
+        raise ValueError(f"stop_on must be a tuple of signals, got {stop_on!r}")
+    signals = []
+    for sig in stop_on:
+        if isinstance(sig, bool) or not isinstance(sig, int) or sig not in signal.valid_signals():
+            raise ValueError(f"stop_on: {sig!r} is not a signal (e.g. signal.SIGTERM)")
+        if sig in (signal.SIGKILL, signal.SIGSTOP):
+            raise ValueError(f"stop_on: {signal.Signals(sig).name} cannot be caught")
+        signals.append(signal.Signals(sig))
+    return tuple(signals)
 
 
 class HttpFace(Protocol):

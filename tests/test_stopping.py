@@ -1,0 +1,121 @@
+"""Stopping a runtime (DESIGN section 2, "Stopping"): the signals in ``stop_on``
+(SIGTERM by default) are a graceful stop of the runtime's block, never a crash: running
+jobs are cancelled, keep their attempts, get no crash strike and run again at once on
+the next start, and the block exits normally."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import trio
+import trio.testing
+
+import nursery_jobs as nj
+
+WORKER = Path(__file__).with_name("stop_worker.py")
+
+
+class Sleeper(nj.DurableObject):
+    namespace = "tests.test_stopping.Sleeper"
+
+    def __init__(self, ctx: nj.ObjectContext) -> None:
+        super().__init__(ctx)
+        self.lifecycle = nj.Lifecycle.install(self)
+        self.env: list[str] = ctx.env
+
+    async def push(self) -> None:
+        await self.lifecycle.jobs.push("sleep", id="sleep")
+
+    async def jobs(self) -> list[str]:
+        return [job.id for job in self.lifecycle.jobs.list()]
+
+    async def on_job(self, ctx: nj.JobContext) -> None:
+        self.env.append(f"start {ctx.attempt}")
+        await trio.sleep(100)
+        self.env.append("done")
+
+
+async def test_sigterm_ends_the_block_normally_and_keeps_the_job_due(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """A SIGTERM during a job cancels the block (no exception leaves it) and the job
+    stays due with its attempt: the next runtime runs it again at once, as attempt 1."""
+    log: list[str] = []
+    events: list[nj.Event] = []
+    reached = False
+    with trio.fail_after(1000):
+        async with nj.open_runtime(tmp_path, env=log) as rt:
+            rt.events.add_listener(events.append)
+            await rt.get(Sleeper, "s").push()
+            await trio.sleep(1)
+            assert log == ["start 1"]
+            os.kill(os.getpid(), signal.SIGTERM)
+            await trio.sleep(1000)
+            reached = True  # (never: the stop cancels the block here)
+        assert not reached
+        assert trio.current_time() < 2
+        assert [e.data["signal"] for e in events if e.type == "runtime:stopping"] == ["SIGTERM"]
+        async with nj.open_runtime(tmp_path, env=log) as rt:
+            assert await rt.get(Sleeper, "s").jobs() == ["sleep"]
+            await trio.sleep(1)
+            assert log == ["start 1", "start 1"]  # at once, the same attempt
+
+
+async def test_stop_on_empty_leaves_signals_to_the_application(tmp_path: Path) -> None:
+    """``stop_on=()``: the runtime installs no handler; the application's stays."""
+    with trio.open_signal_receiver(signal.SIGUSR1) as received:
+        async with nj.open_runtime(None, stop_on=()):
+            os.kill(os.getpid(), signal.SIGUSR1)
+            with trio.fail_after(5):
+                async for signum in received:
+                    assert signum == signal.SIGUSR1
+                    break
+
+
+@pytest.mark.parametrize("bad", ["SIGTERM", [signal.SIGKILL], [999], [True], 15])
+async def test_bad_stop_on_is_refused(bad: object) -> None:
+    with pytest.raises(ValueError, match="stop_on"):
+        async with nj.open_runtime(None, stop_on=bad):  # type: ignore[arg-type]
+            pass
+
+
+@pytest.mark.crash
+def test_a_real_sigterm_during_a_long_job_exits_at_once_and_the_job_reruns(
+    tmp_path: Path,
+) -> None:
+    """What a container stop does: SIGTERM to the process during a 30 s job. It exits 0
+    within seconds; the next start runs the job again at once, as the same attempt,
+    with no crash strike."""
+    data = str(tmp_path / "data")
+
+    def run(mode: str, seconds: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [sys.executable, str(WORKER), data, mode, seconds],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+
+    first = run("push", "30")
+    assert first.stdout is not None
+    lines = [first.stdout.readline().strip() for _ in range(2)]
+    assert sorted(lines) == ["start 1", "up"], lines
+    stopped_at = time.monotonic()
+    first.send_signal(signal.SIGTERM)
+    out, err = first.communicate(timeout=30)
+    assert first.returncode == 0, err
+    assert time.monotonic() - stopped_at < 10
+    assert out.split() == ["exited"]
+    assert "crash" not in err.lower()
+
+    started = time.monotonic()
+    second = run("resume", "0.2")
+    out, err = second.communicate(timeout=60)
+    assert second.returncode == 0, err
+    assert "start 1" in out and "done" in out, out
+    assert "crash" not in err.lower(), err
+    assert time.monotonic() - started < 10  # at once, not after a 30 s strike delay
