@@ -192,3 +192,38 @@ async def test_a_call_after_the_holder_released_the_object_is_served_by_the_call
         assert await b.get(Counter, "c").host_of() == "B"
         assert await b.get(Counter, "c").read() == 1
         assert await a.get(Counter, "c").host_of() == "B"
+
+
+class Bouncer(nj.DurableObject):
+    """Calls a peer that calls back: A -> B -> A, each object held by another host."""
+
+    namespace = "tests.pg.Bouncer"
+
+    async def where(self) -> Any:
+        return self.ctx.env
+
+    async def bounce(self, peer: str, hops: int) -> list[str]:
+        self.ctx.storage.put("visits", self.ctx.storage.get("visits", 0) + 1)
+        if hops == 0:
+            return [f"{self.ctx.id}@{self.ctx.env}"]
+        trail: list[str] = await self.ctx.get(Bouncer, peer).bounce(self.ctx.id, hops - 1)
+        return [f"{self.ctx.id}@{self.ctx.env}", *trail]
+
+    async def visits(self) -> int:
+        found: int = self.ctx.storage.get("visits", 0)
+        return found
+
+
+async def test_a_call_chain_back_across_hosts_reenters_the_held_turn(pg_dsn: str) -> None:
+    """A (held by host A) calls B (held by host B), which calls A back: the call chain
+    travels with the forwarded calls, so the call back runs inside A's held turn instead
+    of waiting for it (a deadlock)."""
+    async with nj.open_runtime(PostgresEngine(pg_dsn), env="A") as a, \
+            nj.open_runtime(PostgresEngine(pg_dsn), env="B") as b:
+        assert await a.get(Bouncer, "a").where() == "A"
+        assert await b.get(Bouncer, "b").where() == "B"
+        with trio.fail_after(20):
+            trail = await a.get(Bouncer, "a").bounce("b", 4)
+        assert trail == ["a@A", "b@B", "a@A", "b@B", "a@A"]
+        assert await a.get(Bouncer, "a").visits() == 3
+        assert await b.get(Bouncer, "b").visits() == 2

@@ -17,7 +17,7 @@ import sqlite3
 import threading
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterable
-from contextlib import asynccontextmanager
+from contextlib import ExitStack, asynccontextmanager
 from typing import Any, Final, Literal, Protocol
 
 import attrs
@@ -373,23 +373,17 @@ class Runtime:
                 return  # the host re-timed its alarm (ObjectHost.run)
             await host.run_alarm()
 
-    async def _stop_on(
-        self, signals: tuple[signal.Signals, ...], stopping: trio.CancelScope, *,
-        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
-    ) -> None:
-        """Turn the first of ``signals`` into a graceful stop: cancel the runtime's block
-        (``stopping``), which then exits normally. The previous handlers are back when
-        the runtime closes."""
-        with trio.open_signal_receiver(*signals) as received:
-            task_status.started()
-            async for signum in received:
-                name = signal.Signals(signum).name
-                self.events.emit(
-                    "runtime:stopping", "", "", signal=name,
-                    _log=(logging.WARNING, "%s received: stopping gracefully (running jobs"
-                          " are cancelled and run again at the next start)", (name,)))
-                stopping.cancel(reason=f"{name}: a graceful stop")
-                return
+    async def _stop_on(self, received: AsyncIterator[int], stopping: trio.CancelScope) -> None:
+        """Turn the first stop signal ``received`` into a graceful stop: cancel the
+        runtime's block (``stopping``), which then exits normally."""
+        async for signum in received:
+            name = signal.Signals(signum).name
+            self.events.emit(
+                "runtime:stopping", "", "", signal=name,
+                _log=(logging.WARNING, "%s received: stopping gracefully (running jobs"
+                      " are cancelled and run again at the next start)", (name,)))
+            stopping.cancel(reason=f"{name}: a graceful stop")
+            return
 
     async def _memory_watchdog(self) -> None:
         """Sample memory; over the limit, reset every object whose alarm work runs."""
@@ -517,13 +511,18 @@ async def open_runtime(
                 if memory_limit is not None:
                     nursery.start_soon(rt._memory_watchdog)
                 stopping = trio.CancelScope()
-                if signals and threading.current_thread() is threading.main_thread():
-                    await nursery.start(rt._stop_on, signals, stopping)
                 try:
                     if http is not None:
                         await _http_face(rt, nursery, http, writes=http_writes)
-                    with stopping:  # (a stop signal cancels the block: it exits normally)
-                        yield rt
+                    with ExitStack() as handlers:
+                        if signals and threading.current_thread() is threading.main_thread():
+                            # Installed before the block runs (a signal from its first
+                            # moment on is a graceful stop); watched by a task.
+                            received = handlers.enter_context(
+                                trio.open_signal_receiver(*signals))
+                            nursery.start_soon(rt._stop_on, received, stopping)
+                        with stopping:  # (a stop signal cancels the block: it exits normally)
+                            yield rt
                 except BaseException as exc:
                     body_error = exc
                     raise
