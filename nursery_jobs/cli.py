@@ -1,16 +1,19 @@
-"""The ``nursery-jobs`` console script: inspect a stopped data directory, re-queue its
-dead letters, serve its dashboard, run the dispatch benchmark.
+"""The ``nursery-jobs`` console script: inspect a stopped data directory or a PostgreSQL
+database, re-queue its dead letters, serve its dashboard, run the dispatch benchmark.
 
 None of these starts a runtime: no alarm of any object runs inside the CLI. Against a
 data directory a runtime holds, ``inspect`` and ``requeue`` say so and point to the
-live dashboard (``open_runtime(..., http=...)``).
+live dashboard (``open_runtime(..., http=...)``); on PostgreSQL, ``requeue`` refuses an
+object a live host holds. An address is shown as given, its password as ``***``.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
+import shlex
 import sqlite3
 import sys
 import time
@@ -25,17 +28,40 @@ from nursery_jobs._errors import (
     StorageError,
     UnknownObjectError,
 )
-from nursery_jobs._ops._inspect import OfflineSource, refuse_if_running
+from nursery_jobs._ops._inspect import (
+    Inline,
+    OfflineSource,
+    SourceAccess,
+    is_postgres_address,
+    refuse_if_running,
+)
 from nursery_jobs._ops._inspect_json import printable, report_json
-from nursery_jobs._ops._offline import requeue_offline
+from nursery_jobs._ops._offline import NoDeadLetter, requeue_offline
 
 # Exit codes: 1 nothing to do (no such dead letter), 2 bad input, 3 in use.
 _IN_USE = 3
 
+# The passwords the location given on the command line carries: never printed, even
+# where a driver's message quotes them.
+_secrets: list[str] = []
+
+
+def _masked(text: str) -> str:
+    for secret in _secrets:
+        text = text.replace(secret, "***")
+    return text
+
 
 def _fail(message: str, code: int) -> int:
-    print(f"nursery-jobs: {printable(message)}", file=sys.stderr)
+    print(f"nursery-jobs: {printable(_masked(message))}", file=sys.stderr)
     return code
+
+
+def _label(location: str) -> str:
+    """A location as the user gave it (an address's password as ``***``)."""
+    from nursery_jobs._ops._inspect_pg import address_label
+
+    return printable(address_label(location))
 
 
 def _when(t: float | None, now: float) -> str:
@@ -66,23 +92,19 @@ def _inspect_postgres(dsn: str, as_json: bool) -> int:
 
     try:
         source = PgSource(dsn)
-    except DataDirectoryError as exc:
-        return _fail(str(exc), 2)
-    except StorageError as exc:
+    except (DataDirectoryError, StorageError) as exc:
         return _fail(str(exc), 2)
     with source:
         now = time.time()
         report = report_json(source, now, limit=-1)
         for entry in report["objects"]:
-            entry["lease"] = lease_json(source.leases.get((entry["namespace"], entry["id"])))
+            entry["lease"] = lease_json(source.lease(entry["namespace"], entry["id"]))
         report["hosts"] = hosts_json(source)
     return _print_report(report, source.label, now, as_json)
 
 
 def inspect(data: str, as_json: bool) -> int:
     """Objects, their alarms, queued jobs and dead letters. Reads only."""
-    from nursery_jobs._ops._inspect_pg import is_postgres_address
-
     if is_postgres_address(data):
         return _inspect_postgres(data, as_json)
     source = _open_stopped(Path(data))
@@ -105,7 +127,7 @@ def _print_report(report: dict[str, Any], data: str, now: float, as_json: bool) 
         print(json.dumps(report, indent=2, ensure_ascii=True))
         return 0
     p = printable
-    print(f"{report['total']} object(s) in {p(str(data))}")
+    print(f"{report['total']} object(s) in {_label(data)}")
     for entry in report["objects"]:
         counts = entry["counts"]
         state = entry["state"] if entry["problem"] is None else (
@@ -137,46 +159,97 @@ def _print_report(report: dict[str, Any], data: str, now: float, as_json: bool) 
     return 0
 
 
-def requeue(data: Path, namespace: str, object_id: str, job_id: str, owner: str) -> int:
-    """Move a dead letter back into its object's queue, due now; the next runtime on
-    ``data`` runs it. Edits the files directly: no runtime, no alarm, no user code."""
+def requeue(data: str, namespace: str, object_id: str, job_id: str, owner: str) -> int:
+    """Move a dead letter back into its object's queue, due now. A data directory's
+    files are edited directly (the next runtime on it runs the job); on PostgreSQL the
+    object's rows, if no live host holds it (a host claims it at once). No runtime, no
+    alarm, no user code."""
     label = f"{namespace}/{object_id}"
+    postgres = is_postgres_address(data)
     try:
-        done = requeue_offline(data, namespace, object_id, job_id, owner=owner, now=time.time())
+        if postgres:
+            from nursery_jobs._ops._offline import requeue_postgres
+
+            done = requeue_postgres(data, namespace, object_id, job_id, owner=owner,
+                                    now=time.time())
+        else:
+            done = requeue_offline(data, namespace, object_id, job_id, owner=owner,
+                                   now=time.time())
     except RuntimeLockedError as exc:
         return _fail(str(exc), _IN_USE)
     except ObjectInUseError as exc:
         return _fail(str(exc), _IN_USE)
     except (DataDirectoryError, UnknownObjectError, JobOwnershipError) as exc:
         return _fail(str(exc), 2)
-    except StorageError as exc:  # (a damaged file: nothing was written)
+    except StorageError as exc:  # (a damaged file, an unreachable server: nothing written)
         return _fail(str(exc), 2)
-    if done is None:
-        return _fail(f"no dead letter {owner}/{job_id} in {label}", 1)
-    print(f"re-queued {printable(owner)}/{printable(job_id)} of {printable(label)}: due now;"
-          " it runs when a runtime next opens this data directory")
+    if isinstance(done, NoDeadLetter):
+        return _fail(_no_dead_letter(done), 1)
+    when = ("a running host claims it within a second" if postgres
+            else "it runs when a runtime next opens this data directory")
+    print(f"re-queued {printable(owner)}/{printable(job_id)} of {printable(label)} in"
+          f" {_label(data)}: due now; {when}")
     return 0
 
 
-def serve(data: Path, host: str, port: int) -> int:
-    """Serve the dashboard of a stopped data directory, read-only, until Ctrl-C."""
-    source = _open_stopped(data)
-    if isinstance(source, int):
-        return source
+def _no_dead_letter(missing: NoDeadLetter) -> str:
+    """Says so, and where another owner holds a dead letter of that id, the flag that
+    finds it (a Queue's letters are owned by "queue", a Scheduler's by its id)."""
+    text = (f"no dead letter {missing.owner}/{missing.id} in"
+            f" {missing.namespace}/{missing.object_id}")
+    if not missing.others:
+        return text
+    found = ", ".join(f"{other}/{missing.id}" for other in missing.others)
+    flags = " or ".join(f"--owner {shlex.quote(other)}" for other in missing.others)
+    return f"{text}, but there is {found}: add {flags}"
+
+
+def _web_extra() -> str | None:
+    """Why the dashboard cannot be served here, or None."""
+    try:
+        importlib.import_module("hypercorn.config")
+        importlib.import_module("hypercorn.trio")
+    except ImportError:
+        return "serving the dashboard needs the web extra: pip install 'nursery_jobs[web]'"
+    return None
+
+
+def serve(data: str, host: str, port: int) -> int:
+    """Serve the dashboard of a stopped data directory, or of a PostgreSQL database,
+    read-only, until Ctrl-C."""
+    missing = _web_extra()
+    if missing is not None:
+        return _fail(missing, 2)
+    access: SourceAccess
+    if is_postgres_address(data):
+        from nursery_jobs._ops._inspect_pg import PgDatabase
+
+        try:
+            access = database = PgDatabase(data)
+        except (DataDirectoryError, StorageError) as exc:
+            return _fail(str(exc), 2)
+        close = database.close
+    else:
+        source = _open_stopped(Path(data))
+        if isinstance(source, int):
+            return source
+        access, close = Inline(source), (lambda: None)
     import trio
 
     from nursery_jobs._ops._web import serve_offline
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
-            url = await nursery.start(serve_offline, source, (host, port))
-            print(f"serving {printable(str(data))} (read-only) at {url}  (Ctrl-C to stop)",
+            url = await nursery.start(serve_offline, access, (host, port))
+            print(f"serving {_label(data)} (read-only) at {url}  (Ctrl-C to stop)",
                   flush=True)
 
     try:
         trio.run(main)
     except KeyboardInterrupt:
         return 0
+    finally:
+        close()
     return 0
 
 
@@ -188,18 +261,22 @@ def main(argv: list[str] | None = None) -> int:
     p_inspect.add_argument("data", help="a data directory or a postgresql:// address")
     p_inspect.add_argument("--json", action="store_true")
     p_requeue = sub.add_parser("requeue", help="put a dead letter back in its queue")
-    p_requeue.add_argument("data", type=Path)
+    p_requeue.add_argument("data", help="a data directory or a postgresql:// address")
     p_requeue.add_argument("namespace")
     p_requeue.add_argument("object_id")
     p_requeue.add_argument("job_id")
     p_requeue.add_argument("--owner", default="host", help="the job's owner (default: host)")
-    p_serve = sub.add_parser("serve", help="serve the dashboard of a stopped data directory")
-    p_serve.add_argument("data", type=Path)
+    p_serve = sub.add_parser("serve", help="serve the dashboard of a stopped data directory"
+                             " or a PostgreSQL database, read-only")
+    p_serve.add_argument("data", help="a data directory or a postgresql:// address")
     p_serve.add_argument("--host", default="127.0.0.1")
     p_serve.add_argument("--port", type=int, default=8321)
     sub.add_parser("bench", help="run the dispatch benchmark (see: nursery-jobs bench -h)",
                    add_help=False)
     args, rest = parser.parse_known_args(argv)
+    from nursery_jobs._ops._inspect_pg import secrets_of
+
+    _secrets[:] = secrets_of(getattr(args, "data", None) or "")
     if args.command == "bench":
         from nursery_jobs.bench import main as bench_main
 

@@ -262,3 +262,69 @@ async def test_inspect_lists_a_quarantined_object_as_quarantined(
     (entry,) = json.loads(out)["objects"]
     assert entry["state"] == "quarantined"
     assert entry["alarm"] == EPOCH + 3600  # kept for when the file is restored
+
+
+class Parcels(nj.DurableObject):
+    """A Queue whose deliveries fail: its dead letters are owned by "queue"."""
+
+    namespace = "tests.test_cli.Parcels"
+
+    def __init__(self, ctx: nj.ObjectContext) -> None:
+        super().__init__(ctx)
+        self.queue = nj.Queue({"deliver": self.deliver}, retry=ONCE)
+        self.lifecycle = nj.Lifecycle.install(self).use(self.queue)
+
+    async def deliver(self, payload: Any, item: nj.QueueItem) -> None:
+        raise ConnectionError("no courier")
+
+    async def enqueue(self, item_id: str) -> None:
+        await self.queue.push("deliver", None, id=item_id)
+
+
+async def test_requeue_of_another_owners_letter_suggests_that_owner(
+    tmp_path: Path, autojump_clock: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = tmp_path / "data"
+    async with nj.open_runtime(data) as rt:
+        await rt.get(Parcels, "p").enqueue("parcel")
+        await trio.sleep(1)
+    code, out, err = run_cli("requeue", str(data), Parcels.namespace, "p", "parcel",
+                             capsys=capsys)
+    assert (code, out) == (1, "")
+    assert "no dead letter host/parcel" in err and "queue/parcel" in err
+    assert "--owner queue" in err
+    code, out, err = run_cli("requeue", str(data), Parcels.namespace, "p", "parcel",
+                             "--owner", "queue", capsys=capsys)
+    assert code == 0, err
+    assert "re-queued queue/parcel" in out
+
+
+def test_serve_without_the_web_extra_says_which_extra_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # As if it were not installed (a module an earlier test imported included).
+    for name in {"hypercorn", "hypercorn.config", "hypercorn.trio"} | {
+            m for m in sys.modules if m.startswith("hypercorn.")}:
+        monkeypatch.setitem(sys.modules, name, None)
+    trio.run(build, tmp_path / "data", clock=trio.testing.MockClock(autojump_threshold=0))
+    code, out, err = run_cli("serve", str(tmp_path / "data"), "--port", "0", capsys=capsys)
+    assert (code, out) == (2, "")
+    assert err.count("\n") == 1, err
+    assert "pip install 'nursery_jobs[web]'" in err
+
+
+@pytest.mark.parametrize(("given", "shown"), [
+    ("postgresql://app:pw@db:5432/jobs", "postgresql://app:***@db:5432/jobs"),
+    ("postgres:///jobs?host=/run/pg", "postgres:///jobs?host=/run/pg"),  # both slashes
+    ("postgresql://app:p/w@db/jobs?sslmode=require&password=x",
+     "postgresql://app:***@db/jobs?sslmode=require&password=***"),
+    ("postgresql://app:p@w@db/jobs", "postgresql://app:***@db/jobs"),
+    ("host=db password='p w' user=app", "host=db password=*** user=app"),
+    ("./data", "./data"),
+])
+def test_addresses_are_shown_whole_with_the_password_masked(given: str, shown: str) -> None:
+    from nursery_jobs._ops._inspect_pg import address_label, secrets_of
+
+    assert address_label(given) == shown
+    for secret in secrets_of(given):
+        assert secret not in shown

@@ -171,12 +171,14 @@ class Exposition:
         self, name: str, kind: str, help: str, samples: Iterable[tuple[tuple[str, ...], float]],
         labels: tuple[str, ...] = (),
     ) -> None:
-        full = self.prefix + name
+        # A counter's family is named as its samples are (``x_total``), as
+        # prometheus_client writes format 0.0.4: its parser reads samples that do not
+        # carry the family's name as a family of their own, typed ``unknown``.
+        full = self.prefix + name + ("_total" if kind == "counter" else "")
         self.lines.append(f"# HELP {full} {help}")
         self.lines.append(f"# TYPE {full} {kind}")
-        suffix = "_total" if kind == "counter" else ""
         for values, value in samples:
-            self.lines.append(f"{full}{suffix}{_labels(labels, values)} {_number(value)}")
+            self.lines.append(f"{full}{_labels(labels, values)} {_number(value)}")
 
     def counter(self, name: str, help: str, counts: Mapping[Any, int],
                 labels: tuple[str, ...]) -> None:

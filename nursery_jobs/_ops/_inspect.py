@@ -1,11 +1,13 @@
 """What an operator sees: read-only views of a data directory or a running runtime.
 
-``DataSource`` is the one seam the CLI, the dashboard and the test helpers read through.
-``OfflineSource`` reads a stopped data directory without creating a file or taking a
-lock a runtime would wait on; ``RuntimeSource`` reads a running runtime, and is the only
-code outside the core that touches the runtime's internals (keep it that way: after a
-restructure of the core, this class is what changes). ``_offline.requeue_offline`` is the one
-write: it edits a stopped data directory under the runtime's own lock.
+``DataSource`` is the one seam the CLI, the dashboard and the test helpers read through,
+and ``SourceAccess`` says where a face may read it: ``Inline`` on the Trio thread (SQLite
+files and memory: microseconds), or, for PostgreSQL (``_inspect_pg``), in a worker thread
+inside one snapshot. ``OfflineSource`` reads a stopped data directory without creating a
+file or taking a lock a runtime would wait on; ``RuntimeSource`` reads a running runtime,
+and is the only code outside the core that touches the runtime's internals (keep it that
+way: after a restructure of the core, this class is what changes). ``_offline`` holds the
+one write, requeue, on either engine.
 """
 
 from __future__ import annotations
@@ -17,11 +19,12 @@ import shutil
 import sqlite3
 import struct
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, TypeVar, runtime_checkable
 
 import attrs
+import trio
 
 from nursery_jobs._codec import decode_payload
 from nursery_jobs._engines.files._rebuild import QUARANTINE
@@ -37,6 +40,7 @@ if TYPE_CHECKING:
     from nursery_jobs._core._runtime import Runtime
 
 State = Literal["active", "evicted", "in use", "missing", "damaged", "quarantined"]
+T = TypeVar("T")
 
 STRIKES_KEY: Final = "memory_limit_strikes"  # the breaker's row in nj_meta
 
@@ -154,6 +158,41 @@ class DataSource(Protocol):
         self, namespace: str, object_id: str, now: float, *, job_limit: int | None = None,
         letter_limit: int | None = None,
     ) -> ObjectDetail | None: ...
+
+
+@runtime_checkable
+class SourceAccess(Protocol):
+    """Where a face reads its ``DataSource``: ``await access.read(fn)`` returns
+    ``fn(source)``, called where the source's reads may block — so ``fn`` reads the
+    source only, never a runtime's live state (read that before, on the Trio thread)."""
+
+    @property
+    def label(self) -> str: ...
+
+    async def read(self, fn: Callable[[DataSource], T]) -> T: ...
+
+
+class Inline:
+    """A ``SourceAccess`` to a source read on the Trio thread (SQLite: each read takes
+    microseconds, and runs between the runtime's statements)."""
+
+    def __init__(self, source: DataSource) -> None:
+        self.source = source
+
+    @property
+    def label(self) -> str:
+        return self.source.label
+
+    async def read(self, fn: Callable[[DataSource], T]) -> T:
+        """``fn(source)``, on the Trio thread. Checkpoints."""
+        await trio.lowlevel.checkpoint()
+        return fn(self.source)
+
+
+def is_postgres_address(text: str) -> bool:
+    """Whether a location is a ``postgresql://`` (or ``postgres://``) address."""
+    scheme, sep, _ = text.partition("://")
+    return bool(sep) and scheme.lower() in ("postgresql", "postgres")
 
 
 # -- reading SQLite without leaving anything behind --------------------------------------
@@ -428,8 +467,12 @@ def _read_dead_letters(conn: sqlite3.Connection, limit: int | None) -> list[Dead
     return letters
 
 
-class _ObjectReader(_CatalogReader):
-    """Reads object databases: ``_object_db`` yields a connection (or a state)."""
+class _ObjectReader:
+    """Reads object databases: ``_object_db`` yields a connection (or a state) for an
+    object the catalog (``row``) knows."""
+
+    def row(self, namespace: str, object_id: str) -> ObjectRow | None:
+        raise NotImplementedError
 
     def _object_db(
         self, row: ObjectRow
@@ -498,7 +541,7 @@ def _file_db(
         yield found
 
 
-class OfflineSource(_ObjectReader):
+class OfflineSource(_CatalogReader, _ObjectReader):
     """A stopped data directory, read-only. Creates no file; runs nothing."""
 
     def __init__(self, data: str | os.PathLike[str]) -> None:
@@ -533,7 +576,7 @@ class OfflineSource(_ObjectReader):
         return _file_db(self.data / "objects" / row.file, probe=True)
 
 
-class RuntimeSource(_ObjectReader):
+class RuntimeSource(_CatalogReader, _ObjectReader):
     """A running runtime, read in its own process (on the Trio thread; every call is
     synchronous and runs between the runtime's statements).
 
@@ -549,7 +592,7 @@ class RuntimeSource(_ObjectReader):
 
     @property
     def label(self) -> str:
-        return "memory" if self.rt.path is None else str(self.rt.path)
+        return str(self.rt.engine.label)
 
     @property
     def live(self) -> bool:

@@ -1,26 +1,55 @@
-"""``nursery-jobs inspect postgresql://...``: a PostgreSQL engine's database, read-only.
+"""The operator faces on a PostgreSQL engine's database: what ``inspect``, ``serve`` and a
+host's own dashboard read, and how an address is shown.
 
-``PgSource`` is a ``DataSource`` over one read-only, repeatable-read transaction (one
-consistent snapshot; the server refuses any write in it). It creates nothing: no schema,
-no host row, no lease. The object registry and alarms are copied into an in-memory
-catalog with the files engine's shape, and each object's rows into an in-memory working
-copy when it is asked about, so every count and record comes from the same readers as
-for a data directory. Leases (owner host, epoch, lease_until) are shown beside them.
+``PgReader`` is a ``DataSource`` over a connection inside one read-only, repeatable-read
+transaction (``_ops.read_only``: one consistent snapshot; the server refuses any write in
+it). It creates nothing — no schema, no host row, no lease. The registry, alarms and
+leases are queried where they are (``nj_objects``); an object's rows are loaded into an
+in-memory working copy when it is asked about, so every count and record comes from the
+same readers as for a data directory. Its reads block:
+
+- ``PgSource``: ``nursery-jobs inspect`` holds one snapshot for the whole report;
+- ``PgDatabase`` (``nursery-jobs serve``: a connection of its own, no runtime) and
+  ``PgRuntimeAccess`` (a host's ``open_runtime(dsn, http=...)``: the engine's pool) are
+  the dashboard's ``SourceAccess``: a fresh snapshot per request, in a worker thread.
+
+Every face shows the whole database (every host's objects), as PostgreSQL holds it: an
+active object's commits reach it within the engine's ship interval (50 ms).
 """
 
 from __future__ import annotations
 
 import contextlib
+import re
 import sqlite3
-from collections.abc import Iterator
-from typing import Any, Literal
+import sys
+from collections.abc import Callable, Iterator
+from functools import partial
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
+from urllib.parse import unquote
 
 import attrs
+import trio
 
-from nursery_jobs._engines.postgres._copy import load_copy
-from nursery_jobs._engines.postgres._schema import check_version
+from nursery_jobs._engines._schema import prepare
+from nursery_jobs._engines.postgres import _ops as pg_ops
+from nursery_jobs._engines.postgres._copy import load_rows
+from nursery_jobs._engines.postgres._schema import ROW_TABLES, check_version
 from nursery_jobs._errors import DataDirectoryError, StorageError
-from nursery_jobs._ops._inspect import ObjectPage, ObjectRow, State, _ObjectReader
+from nursery_jobs._ops._inspect import (
+    AlarmSummary,
+    DataSource,
+    ObjectPage,
+    ObjectRow,
+    State,
+    _ObjectReader,
+)
+
+if TYPE_CHECKING:
+    from nursery_jobs._engines.postgres._engine import PostgresEngine
+
+Conn = Any  # psycopg.Connection[Any]: psycopg is an optional dependency
+T = TypeVar("T")
 
 
 @attrs.frozen(kw_only=True)
@@ -41,49 +70,105 @@ class HostInfo:
     leases: int
 
 
-def is_postgres_address(text: str) -> bool:
-    scheme, sep, _ = text.partition("://")
-    return bool(sep) and scheme.lower() in ("postgresql", "postgres")
+# -- addresses ------------------------------------------------------------------------------
+_QUERY_PASSWORD = re.compile(r"(^|[?&])(password=)[^&#]*", re.IGNORECASE)
+_KEYWORD_PASSWORD = re.compile(r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
 
 
-class PgSource(_ObjectReader):
-    """A PostgreSQL engine's database, read in one read-only snapshot. Close it."""
+def _split(dsn: str) -> tuple[str, str, str, str] | None:
+    """(``scheme://``, user info, ``@`` + the rest up to the query, ``?query#...``) of a
+    URI; None for a key=value string. The user info runs to the last ``@`` before the
+    query: a password may hold an unescaped ``/`` or ``@`` (libpq would refuse it, but
+    the message must not show it either)."""
+    scheme, sep, rest = dsn.partition("://")
+    if not sep:
+        return None
+    query = min((i for i in (rest.find("?"), rest.find("#")) if i != -1), default=len(rest))
+    at = rest.rfind("@", 0, query)
+    if at == -1:
+        return scheme + sep, "", rest[:query], rest[query:]
+    return scheme + sep, rest[:at], rest[at:query], rest[query:]
 
-    def __init__(self, dsn: str) -> None:
-        try:
-            import psycopg
-        except ImportError as exc:
-            raise StorageError(
-                f"inspecting a PostgreSQL database needs its driver ({exc}):"
-                " pip install 'nursery_jobs[postgres]'"
-            ) from exc
-        from nursery_jobs._engines.postgres._engine import _safe_label
 
-        self._label = _safe_label(dsn)
-        try:
-            self._pg = psycopg.connect(dsn, autocommit=True, connect_timeout=10)
-        except psycopg.Error as exc:
-            raise StorageError(f"cannot connect to PostgreSQL {self._label}: {exc}") from exc
-        try:
-            self._pg.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            self._check_schema()
-            self._catalog_db = self._load_catalog()
-        except psycopg.Error as exc:
-            self._pg.close()
-            raise StorageError(f"cannot read PostgreSQL {self._label}: {exc}") from exc
-        except BaseException:
-            self._pg.close()
-            raise
+def address_label(dsn: str) -> str:
+    """``dsn`` as given, with its password (``user:password@`` or a ``password=``
+    parameter) shown as ``***``: never rebuilt (``urlunsplit`` drops a slash of an
+    unknown scheme's ``//``), never the password."""
+    parts = _split(dsn)
+    if parts is None:
+        return _KEYWORD_PASSWORD.sub(r"\1***", dsn)  # (a key=value connection string)
+    head, userinfo, middle, query = parts
+    user, colon, _ = userinfo.partition(":")
+    return (head + user + (":***" if colon else "") + middle
+            + _QUERY_PASSWORD.sub(r"\1\2***", query))
+
+
+def secrets_of(location: str) -> list[str]:
+    """The password strings a location carries (as typed and percent-decoded), to
+    mask wherever a message may quote them (libpq quotes a bad URI's tokens)."""
+    parts = _split(location)
+    if parts is None:
+        found = [m.group(2).strip("'") for m in _KEYWORD_PASSWORD.finditer(location)]
+    else:
+        found = [parts[1].partition(":")[2]]
+        for item in re.split(r"[?&#]", parts[3]):
+            key, _, value = item.partition("=")
+            if key.lower() == "password":
+                found.append(value)
+    found += [unquote(s) for s in found]
+    return sorted({s for s in found if s}, key=len, reverse=True)
+
+
+# -- reading ------------------------------------------------------------------------------
+_ROW_SQL = (
+    "SELECT namespace, object_id, class_path, created_at, alarm_time, alarm_retry, owner,"
+    " epoch, extract(epoch FROM lease_until), coalesce(lease_until >= now(), false)"
+    " FROM nj_objects"
+)
+# Byte order, as SQLite's catalog sorts: the same pages on every engine.
+_ORDER = ' ORDER BY namespace COLLATE "C", object_id COLLATE "C"'
+
+
+def _filters(
+    namespace: str | None, search: str | None, only: str, now: float
+) -> tuple[str, list[Any]]:
+    clauses: list[str] = []
+    params: list[Any] = []
+    if namespace:
+        clauses.append("namespace = %s")
+        params.append(namespace)
+    if search:
+        clauses.append("strpos(object_id, %s) > 0")
+        params.append(search)
+    if only == "due":
+        clauses.append("alarm_time <= %s")
+        params.append(now)
+    elif only == "active":
+        clauses.append("lease_until >= now()")
+    return (" WHERE " + " AND ".join(clauses)) if clauses else "", params
+
+
+class PgReader(_ObjectReader):
+    """A ``DataSource`` over ``conn``, inside a snapshot its caller holds open
+    (``_ops.read_only``). Blocks on every read: use it in a worker thread. Close it."""
+
+    def __init__(self, conn: Conn, *, label: str, live: bool) -> None:
+        self._pg = conn
+        self._label = label
+        self._live = live
+        self._rows: dict[tuple[str, str], ObjectRow] = {}
+        self.leases: dict[tuple[str, str], LeaseInfo] = {}
+        self._flights: dict[str, list[Any]] | None = None
+        # One in-memory database with the object schema, refilled with each object's
+        # rows in turn: a working copy per object (schema, capture triggers) cost ~0.7 ms
+        # of the ~1 ms an object took on a dashboard page.
+        self._copy: sqlite3.Connection | None = None
 
     def close(self) -> None:
-        self._pg.close()
-        self._catalog_db.close()
-
-    def __enter__(self) -> PgSource:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        """Close the in-memory copy (not the connection: its caller's)."""
+        if self._copy is not None:
+            self._copy.close()
+            self._copy = None
 
     @property
     def label(self) -> str:
@@ -91,10 +176,16 @@ class PgSource(_ObjectReader):
 
     @property
     def live(self) -> bool:
-        return False
+        return self._live
 
-    # -- reading ------------------------------------------------------------------------
-    def _check_schema(self) -> None:
+    def check_schema(self) -> None:
+        """Refuse a database that is not a nursery_jobs one, or one newer than this
+        code. Creates nothing.
+
+        Raises:
+            DataDirectoryError: no ``nj_schema`` row.
+            StorageError: a newer schema.
+        """
         exists = self._pg.execute("SELECT to_regclass('nj_schema') IS NOT NULL").fetchone()
         row = None
         if exists is not None and exists[0]:
@@ -104,59 +195,73 @@ class PgSource(_ObjectReader):
                 f"{self._label} is not a nursery_jobs database (no nj_schema row)")
         check_version(self._label, int(row[0]), int(row[1]))
 
-    def _load_catalog(self) -> sqlite3.Connection:
-        rows = self._pg.execute(
-            "SELECT namespace, object_id, class_path, created_at, alarm_time, alarm_retry,"
-            " owner, epoch, extract(epoch FROM lease_until), lease_until > now()"
-            " FROM nj_objects"
-        ).fetchall()
-        self.leases: dict[tuple[str, str], LeaseInfo] = {}
-        conn = sqlite3.connect(":memory:")
-        conn.execute("CREATE TABLE nj_objects (namespace TEXT, object_id TEXT, file TEXT,"
-                     " class_path TEXT, created_at REAL, PRIMARY KEY (namespace, object_id))")
-        conn.execute("CREATE TABLE nj_alarms (namespace TEXT, object_id TEXT, time REAL,"
-                     " retry INTEGER, PRIMARY KEY (namespace, object_id))")
-        for ns, oid, cp, created, alarm, retry, owner, epoch, until, live in rows:
-            conn.execute("INSERT INTO nj_objects VALUES (?, ?, '', ?, ?)",
-                         (ns, oid, cp, float(created)))
-            if alarm is not None:
-                conn.execute("INSERT INTO nj_alarms VALUES (?, ?, ?, ?)",
-                             (ns, oid, float(alarm), int(retry)))
-            self.leases[(ns, oid)] = LeaseInfo(
-                owner=owner, epoch=int(epoch),
-                lease_until=None if until is None else float(until), live=bool(live))
-        self.hosts = [
-            HostInfo(host_id=h, started=float(s), heartbeat=float(b), leases=int(n))
-            for h, s, b, n in self._pg.execute(
-                "SELECT h.host_id, extract(epoch FROM h.started),"
-                " extract(epoch FROM h.heartbeat), count(o.owner) FROM nj_hosts h"
-                " LEFT JOIN nj_objects o ON o.owner = h.host_id"
-                " AND o.lease_until > now() GROUP BY h.host_id ORDER BY h.host_id"
-            )
-        ]
-        return conn
+    # -- the registry, alarms and leases ----------------------------------------------------
+    def _row(self, found: tuple[Any, ...]) -> ObjectRow:
+        ns, oid, class_path, created, alarm, retry, owner, epoch, until, live = found
+        row = ObjectRow(
+            namespace=ns, id=oid, file="", class_path=class_path, created_at=float(created),
+            alarm=None if alarm is None else float(alarm), alarm_retry=int(retry or 0),
+            active=bool(live),
+        )
+        self._rows[(ns, oid)] = row
+        self.leases[(ns, oid)] = LeaseInfo(
+            owner=owner, epoch=int(epoch), lease_until=None if until is None else float(until),
+            live=bool(live))
+        return row
 
-    @contextlib.contextmanager
-    def _catalog(self) -> Iterator[sqlite3.Connection]:
-        yield self._catalog_db
+    def namespaces(self) -> list[tuple[str, int]]:
+        return [(str(ns), int(n)) for ns, n in self._pg.execute(
+            'SELECT namespace, count(*) FROM nj_objects GROUP BY namespace'
+            ' ORDER BY namespace COLLATE "C"')]
 
-    def _is_active(self, namespace: str, object_id: str) -> bool:
-        lease = self.leases.get((namespace, object_id))
-        return lease is not None and lease.live
+    def alarm_summary(self, now: float) -> AlarmSummary:
+        objects, alarms, due, later = self._pg.execute(
+            "SELECT count(*), count(alarm_time), count(*) FILTER (WHERE alarm_time <= %s),"
+            " min(alarm_time) FILTER (WHERE alarm_time > %s) FROM nj_objects", (now, now),
+        ).fetchone()
+        return AlarmSummary(objects=int(objects), alarms=int(alarms), due=int(due),
+                            next_alarm=None if later is None else float(later))
 
     def objects(
         self, *, namespace: str | None = None, search: str | None = None,
         only: Literal["all", "active", "due"] = "all", now: float = 0.0,
         offset: int = 0, limit: int = 50,
     ) -> ObjectPage:
-        if only == "active":
-            page = self._page(namespace, search, "all", now, 0, -1)
-            live = [r for r in page.objects if r.active]
-            end = None if limit < 0 else offset + limit
-            return ObjectPage(objects=live[offset:end], total=len(live), offset=offset,
-                              limit=limit)
-        return self._page(namespace, search, only, now, offset, limit)
+        where, params = _filters(namespace, search, only, now)
+        (total,) = self._pg.execute(f"SELECT count(*) FROM nj_objects{where}",
+                                    params).fetchone()
+        found = self._pg.execute(
+            f"{_ROW_SQL}{where}{_ORDER} LIMIT %s OFFSET %s",
+            [*params, None if limit < 0 else limit, offset],
+        ).fetchall()
+        return ObjectPage(objects=[self._row(r) for r in found], total=int(total),
+                          offset=offset, limit=limit)
 
+    def row(self, namespace: str, object_id: str) -> ObjectRow | None:
+        known = self._rows.get((namespace, object_id))
+        if known is not None:
+            return known  # (read in this snapshot already)
+        found = self._pg.execute(f"{_ROW_SQL} WHERE namespace = %s AND object_id = %s",
+                                 (namespace, object_id)).fetchone()
+        return None if found is None else self._row(found)
+
+    def lease(self, namespace: str, object_id: str) -> LeaseInfo | None:
+        if (namespace, object_id) not in self.leases:
+            self.row(namespace, object_id)
+        return self.leases.get((namespace, object_id))
+
+    def hosts(self) -> list[HostInfo]:
+        return [
+            HostInfo(host_id=h, started=float(s), heartbeat=float(b), leases=int(n))
+            for h, s, b, n in self._pg.execute(
+                "SELECT h.host_id, extract(epoch FROM h.started),"
+                " extract(epoch FROM h.heartbeat), count(o.owner) FROM nj_hosts h"
+                " LEFT JOIN nj_objects o ON o.owner = h.host_id"
+                " AND o.lease_until >= now() GROUP BY h.host_id ORDER BY h.host_id"
+            )
+        ]
+
+    # -- an object's rows --------------------------------------------------------------------
     @contextlib.contextmanager
     def _object_db(
         self, row: ObjectRow
@@ -167,22 +272,179 @@ class PgSource(_ObjectReader):
             "SELECT tbl, data FROM nj_rows WHERE namespace = %s AND object_id = %s",
             (row.namespace, row.id),
         ).fetchall()
+        conn = self._copy
+        if conn is None:
+            conn = self._copy = sqlite3.connect(":memory:", isolation_level=None)
+            prepare(conn, label=self._label)
+        for table in ROW_TABLES:
+            conn.execute(f"DELETE FROM {table.name}")
         try:
-            conn = load_copy(label, stored)
+            load_rows(conn, label, stored)
         except (StorageError, ValueError, TypeError, sqlite3.Error) as exc:
             # Rows this code cannot load (hand-edited, another version): say so, go on.
             yield None, "damaged", f"{label}: stored rows cannot be read: {exc}"
             return
+        yield conn, state, None
+
+    def _running_id(self, row: ObjectRow) -> str | None:
+        """The job the holder's last shipped flight list shows running (shipped every
+        ≤ 20 ms while it changes)."""
+        lease = self.leases.get((row.namespace, row.id))
+        if lease is None or not lease.live or lease.owner is None:
+            return None
+        if self._flights is None:
+            self._flights = {str(h): list(f or []) for h, f in self._pg.execute(
+                "SELECT host_id, flight FROM nj_hosts")}
+        for entry in self._flights.get(lease.owner, []):
+            ns, oid, token, _started = entry
+            if token and (ns, oid) == (row.namespace, row.id):
+                return str(token)
+        return None
+
+
+def _driver() -> Any:
+    try:
+        import psycopg
+    except ImportError as exc:
+        raise StorageError(
+            f"reading a PostgreSQL database needs its driver ({exc}):"
+            " pip install 'nursery_jobs[postgres]'"
+        ) from exc
+    return psycopg
+
+
+def connect_driver(dsn: str, label: str) -> tuple[Any, Conn]:
+    """psycopg, and an autocommit connection to ``dsn``.
+
+    Raises:
+        StorageError: no driver (the postgres extra), or the server cannot be reached.
+    """
+    psycopg = _driver()
+    try:
+        return psycopg, psycopg.connect(dsn, autocommit=True, connect_timeout=10)
+    except psycopg.Error as exc:
+        raise StorageError(f"cannot connect to PostgreSQL {label}: {exc}") from exc
+
+
+class PgSource(PgReader):
+    """``nursery-jobs inspect``: one read-only snapshot for a whole report. Close it."""
+
+    def __init__(self, dsn: str) -> None:
+        label = address_label(dsn)
+        psycopg, conn = connect_driver(dsn, label)
+        super().__init__(conn, label=label, live=False)
         try:
-            yield conn, state, None
-        finally:
+            conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            self.check_schema()
+        except psycopg.Error as exc:
             conn.close()
+            raise StorageError(f"cannot read PostgreSQL {label}: {exc}") from exc
+        except BaseException:
+            conn.close()
+            raise
+
+    def close(self) -> None:
+        super().close()
+        self._pg.close()
+
+    def __enter__(self) -> PgSource:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class PgDatabase:
+    """``nursery-jobs serve``'s ``SourceAccess``: a fresh snapshot per request on one
+    connection of its own (reconnected when it breaks), read in a worker thread, one
+    request at a time. No runtime, no host row, no lease. Close it.
+
+    Raises (on construction):
+        StorageError: PostgreSQL cannot be reached, or its schema is newer.
+        DataDirectoryError: the database is not a nursery_jobs one.
+    """
+
+    def __init__(self, dsn: str) -> None:
+        self._dsn = dsn
+        self._label = address_label(dsn)
+        self._limiter = trio.CapacityLimiter(1)
+        self._conn: Conn | None = None
+        try:
+            self._snapshot(lambda source: source.check_schema())  # fail fast, typed
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def label(self) -> str:
+        return self._label
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    async def read(self, fn: Callable[[DataSource], T]) -> T:
+        """``fn(source)`` in a fresh snapshot, in a worker thread. Checkpoints.
+
+        Raises:
+            StorageError: PostgreSQL could not be read.
+        """
+        return await trio.to_thread.run_sync(self._snapshot, fn, limiter=self._limiter)
+
+    def _snapshot(self, fn: Callable[[PgReader], T]) -> T:
+        psycopg = _driver()
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            self.close()
+            self._conn = connect_driver(self._dsn, self._label)[1]
+        try:
+            return pg_ops.read_only(self._conn, partial(_read, fn, self._label, False))
+        except psycopg.Error as exc:
+            raise StorageError(f"cannot read PostgreSQL {self._label}: {exc}") from exc
+
+
+class PgRuntimeAccess:
+    """A host's ``SourceAccess`` (``open_runtime(dsn, http=...)``): a fresh snapshot per
+    request on a connection of the engine's pool, in a worker thread."""
+
+    def __init__(self, engine: PostgresEngine) -> None:
+        self._engine = engine
+        self._label = address_label(engine.dsn)
+
+    @property
+    def label(self) -> str:
+        return self._label
+
+    async def read(self, fn: Callable[[DataSource], T]) -> T:
+        """``fn(source)`` in a fresh snapshot, in a worker thread. Checkpoints.
+
+        Raises:
+            StorageError: PostgreSQL could not be read (or the runtime has closed).
+        """
+        return await self._engine.read(partial(_read, fn, self._label, True))
+
+
+def _read(fn: Callable[[PgReader], T], label: str, live: bool, conn: Conn) -> T:
+    """``fn`` of a ``PgReader`` on ``conn`` (in the snapshot open on it)."""
+    reader = PgReader(conn, label=label, live=live)
+    try:
+        return fn(reader)
+    finally:
+        reader.close()
+
+
+def postgres_engine(engine: object) -> PostgresEngine | None:
+    """``engine`` if it is a ``PostgresEngine`` (without importing its driver when no
+    runtime has)."""
+    module = sys.modules.get("nursery_jobs._engines.postgres._engine")
+    if module is None or not isinstance(engine, module.PostgresEngine):
+        return None
+    return cast("PostgresEngine", engine)
 
 
 def lease_json(lease: LeaseInfo | None) -> dict[str, Any] | None:
     return None if lease is None else attrs.asdict(lease)
 
 
-def hosts_json(source: PgSource) -> list[dict[str, Any]]:
-    return [attrs.asdict(h) for h in source.hosts]
-
+def hosts_json(source: PgReader) -> list[dict[str, Any]]:
+    return [attrs.asdict(h) for h in source.hosts()]

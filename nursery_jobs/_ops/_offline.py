@@ -1,5 +1,7 @@
-"""The one offline write: requeue a dead letter in a stopped data directory (no runtime,
-no alarm runs), under the data directory's lock."""
+"""The one operator write outside a runtime: requeue a dead letter, in a stopped data
+directory (under the data directory's lock) or in a PostgreSQL database (in one fenced
+transaction, on an object no live host holds). No runtime starts and no alarm runs;
+both engines build the job row with the same code, from the dead letter's record."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import os
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 
@@ -26,6 +28,9 @@ from nursery_jobs._errors import (
 from nursery_jobs._jobs._records import ownership_error
 from nursery_jobs._ops._inspect import _tables, refuse_if_running
 
+if TYPE_CHECKING:
+    from nursery_jobs._engines.postgres._ops import Edit
+
 
 # -- the one offline write ----------------------------------------------------------------
 @attrs.frozen(kw_only=True)
@@ -35,6 +40,35 @@ class Requeued:
     owner: str
     id: str
     time: float
+
+
+@attrs.frozen(kw_only=True)
+class NoDeadLetter:
+    """There is no dead letter ``owner``/``id`` in the object; ``others`` are the
+    owners whose dead letter has that id (the guess an error message should offer)."""
+
+    namespace: str
+    object_id: str
+    owner: str
+    id: str
+    others: tuple[str, ...]
+
+
+class ObjectHeldError(ObjectInUseError):
+    """A live host leases the object (PostgreSQL): a write from outside it would go
+    behind its back, so nothing was written."""
+
+    def __init__(self, namespace: str, object_id: str, owner: str, seconds_left: float) -> None:
+        super().__init__(
+            f"{namespace}/{object_id} is held by host {owner} (its lease runs"
+            f" {max(seconds_left, 0.0):.1f} s more, and it renews while the object is"
+            " active): nothing was written. Requeue it on that host (its dashboard, with"
+            " open_runtime(..., http=..., http_writes=True)), or here once the host has"
+            " let it go (idle_timeout after its last call or alarm)"
+        )
+        self.namespace = namespace
+        self.object_id = object_id
+        self.owner = owner
 
 
 @contextlib.contextmanager
@@ -68,11 +102,11 @@ def _writable(path: Path) -> sqlite3.Connection:
 def requeue_offline(
     data: str | os.PathLike[str], namespace: str, object_id: str, job_id: str, *,
     owner: str, now: float,
-) -> Requeued | None:
+) -> Requeued | NoDeadLetter:
     """Move dead letter ``owner``/``job_id`` of an object in a stopped data directory
     back into its queue, due at ``now`` with fresh attempts, and lower the object's
-    alarm to ``now`` so the next runtime wakes it. Returns None if there is no such
-    dead letter. Runs no alarm and no user code; blocks (plain file I/O).
+    alarm to ``now`` so the next runtime wakes it (``NoDeadLetter`` if there is no
+    such dead letter). Runs no alarm and no user code; blocks (plain file I/O).
 
     Raises:
         RuntimeLockedError: a runtime holds the data directory.
@@ -134,14 +168,42 @@ _FRESH: Final = frozenset({"seq", "attempts", "running_since", "crash_strikes", 
 def _requeue_in(
     db: sqlite3.Connection, catalog: sqlite3.Connection, namespace: str, object_id: str,
     job_id: str, owner: str, now: float,
-) -> Requeued | None:
+) -> Requeued | NoDeadLetter:
+    values = _job_row(db, namespace, object_id, job_id, owner, now)
+    if isinstance(values, NoDeadLetter):
+        return values
+    # Lower the alarm before the row commits (an early wake is harmless; a lost one is
+    # not).
+    if _lowers_alarm(db, values):
+        catalog.execute(
+            "INSERT INTO nj_alarms (namespace, object_id, time, retry) VALUES (?, ?, ?, 0)"
+            " ON CONFLICT DO UPDATE SET time = excluded.time, retry = 0"
+            " WHERE excluded.time < time",
+            (namespace, object_id, now),
+        )
+    _move_back(db, values, owner, job_id)
+    return Requeued(namespace=namespace, object_id=object_id, owner=owner, id=job_id, time=now)
+
+
+def _job_row(
+    db: sqlite3.Connection, namespace: str, object_id: str, job_id: str, owner: str,
+    now: float,
+) -> dict[str, Any] | NoDeadLetter:
+    """The ``nj_jobs`` row that puts dead letter ``owner``/``job_id`` back, due at
+    ``now`` with fresh attempts (its other columns from the letter's record)."""
     if "nj_dead_letters" not in _tables(db):
-        return None
+        return NoDeadLetter(namespace=namespace, object_id=object_id, owner=owner, id=job_id,
+                            others=())
     found = db.execute(
         "SELECT job FROM nj_dead_letters WHERE owner = ? AND id = ?", (owner, job_id)
     ).fetchone()
     if found is None:
-        return None
+        others = db.execute(
+            "SELECT owner FROM nj_dead_letters WHERE id = ? AND owner <> ? ORDER BY owner",
+            (job_id, owner),
+        ).fetchall()
+        return NoDeadLetter(namespace=namespace, object_id=object_id, owner=owner, id=job_id,
+                            others=tuple(str(o) for (o,) in others))
     record = decode_payload(found[0])
     if not isinstance(record, dict):
         raise NurseryJobsError(f"dead letter {owner}/{job_id} of {namespace}/{object_id}"
@@ -168,19 +230,19 @@ def _requeue_in(
                 f"dead letter {owner}/{job_id} of {namespace}/{object_id}: its record has no"
                 f" value for column {column!r}"
             )
-    exclusive = bool(values.get("exclusive", False))
-    # Lower the alarm before the row commits (an early wake is harmless; a lost one is
-    # not), unless an exclusive job alone decides when the object wakes.
-    other_exclusive = db.execute(
-        "SELECT 1 FROM nj_jobs WHERE exclusive = 1 LIMIT 1"
-    ).fetchone() is not None
-    if exclusive or not other_exclusive:
-        catalog.execute(
-            "INSERT INTO nj_alarms (namespace, object_id, time, retry) VALUES (?, ?, ?, 0)"
-            " ON CONFLICT DO UPDATE SET time = excluded.time, retry = 0"
-            " WHERE excluded.time < time",
-            (namespace, object_id, now),
-        )
+    return values
+
+
+def _lowers_alarm(db: sqlite3.Connection, values: dict[str, Any]) -> bool:
+    """Whether the requeued row's time becomes the object's alarm: yes, unless an
+    exclusive job alone decides when the object wakes."""
+    if values.get("exclusive", False):
+        return True
+    return db.execute("SELECT 1 FROM nj_jobs WHERE exclusive = 1 LIMIT 1").fetchone() is None
+
+
+def _move_back(db: sqlite3.Connection, values: dict[str, Any], owner: str, job_id: str) -> None:
+    """Insert the job row and delete the dead letter, in one transaction."""
     columns = ", ".join(values)
     marks = ", ".join("?" for _ in values)
     db.execute("BEGIN IMMEDIATE")
@@ -193,6 +255,54 @@ def _requeue_in(
             db.execute("ROLLBACK")
         raise
     db.execute("COMMIT")
-    return Requeued(namespace=namespace, object_id=object_id, owner=owner, id=job_id, time=now)
 
 
+# -- on PostgreSQL ------------------------------------------------------------------------
+def requeue_postgres(
+    dsn: str, namespace: str, object_id: str, job_id: str, *, owner: str, now: float,
+) -> Requeued | NoDeadLetter:
+    """Move dead letter ``owner``/``job_id`` of an object in a PostgreSQL engine's
+    database back into its queue, due at ``now`` with fresh attempts, its alarm lowered
+    to ``now`` (hosts are notified: one claims it at once). Runs no alarm and no user
+    code; blocks.
+
+    Only on an object no live host holds: a host's working copy is the object's state
+    while it holds the lease, and a write behind it would be lost or undone by its next
+    ship. The edit is the engine's fenced one (``_ops.edit_unheld``): the row lock keeps
+    hosts out meanwhile, and the epoch moves on, so a host whose lease lapsed finds its
+    later writes refused.
+
+    Raises:
+        ObjectHeldError: a live host leases the object (nothing was written).
+        UnknownObjectError: no such object. DataDirectoryError: not a nursery_jobs
+            database.
+        JobOwnershipError: another owner's queued job holds the id.
+        StorageError: PostgreSQL could not be reached or written (nothing was written).
+    """
+    from nursery_jobs._engines.postgres import _ops as pg_ops
+    from nursery_jobs._ops._inspect_pg import PgReader, address_label, connect_driver
+
+    label = address_label(dsn)
+    psycopg, conn = connect_driver(dsn, label)
+
+    def edit(copy: sqlite3.Connection) -> Edit[Requeued | NoDeadLetter]:
+        values = _job_row(copy, namespace, object_id, job_id, owner, now)
+        if isinstance(values, NoDeadLetter):
+            return pg_ops.Edit(values)
+        lower = _lowers_alarm(copy, values)
+        _move_back(copy, values, owner, job_id)
+        return pg_ops.Edit(Requeued(namespace=namespace, object_id=object_id, owner=owner,
+                                    id=job_id, time=now), alarm=now if lower else None)
+
+    with conn:
+        try:
+            PgReader(conn, label=label, live=False).check_schema()
+            done = pg_ops.edit_unheld(conn, namespace, object_id, edit)
+        except psycopg.Error as exc:
+            raise StorageError(f"cannot requeue in PostgreSQL {label}: {exc};"
+                               " nothing was written") from exc
+    if done is None:
+        raise UnknownObjectError(f"no object {namespace}/{object_id} in {label}")
+    if isinstance(done, pg_ops.Held):
+        raise ObjectHeldError(namespace, object_id, done.owner, done.seconds_left)
+    return done.result

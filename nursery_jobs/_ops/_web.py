@@ -27,6 +27,7 @@ from itertools import pairwise
 from typing import TYPE_CHECKING, Any, Final, Literal, cast
 from urllib.parse import parse_qs, urlencode
 
+import attrs
 import trio
 from trio_util import periodic
 
@@ -42,15 +43,19 @@ from nursery_jobs._errors import (
     DataDirectoryError,
     HttpError,
     ObjectInUseError,
+    ObjectLeasedElsewhere,
+    StorageError,
     UnknownObjectError,
 )
 from nursery_jobs._ops._inspect import (
     DataSource,
     DeadLetterInfo,
+    Inline,
     ObjectDetail,
     ObjectRow,
     ObjectSummary,
     RuntimeSource,
+    SourceAccess,
 )
 from nursery_jobs._ops._inspect_json import detail_json, preview, report_json
 from nursery_jobs._ops._web_html import (
@@ -155,16 +160,51 @@ _SECURITY_HEADERS: Final = [
 ]
 
 
+@attrs.frozen(kw_only=True)
+class Live:
+    """What a live runtime adds to one response, read on the Trio thread before the
+    page reads its source (perhaps in a worker thread, where the runtime's state must
+    not be touched). Empty for a stopped data directory or ``serve``."""
+
+    counters: dict[str, Any] | None = None
+    totals: dict[str, int] | None = None
+    exposition: str = ""  # the runtime's own families (gauges, counters, histograms)
+    events: list[Event] | None = None  # newest first; None: no recorder
+    series: tuple[list[tuple[float, float]], list[tuple[float, float | None]]] | None = None
+    span: float = SAMPLE_INTERVAL * SAMPLES
+
+
+# The pages that read the data source.
+_SOURCE_PAGES: Final = frozenset({"/", "/object", "/metrics", "/api", "/api/objects",
+                                  "/api/object", "/api/summary"})
+
+
+def _page_args(query: dict[str, str]) -> tuple[str | None, str | None, Only, int, int]:
+    only = query.get("only", "all")
+    if only not in ("all", "active", "due"):
+        raise HttpError(400, f"only must be all, active or due, not {only!r}")
+    limit = min(max(_int(query, "limit", PAGE_SIZE), 1), MAX_PAGE_SIZE)
+    offset = min(max(_int(query, "page", 1) - 1, 0), MAX_PAGE) * limit
+    return (query.get("ns") or None, query.get("q") or None, cast(Only, only), offset,
+            limit)
+
+
 class Dashboard:
-    """The ASGI app: one ``DataSource`` (plus metrics and recent events when live)."""
+    """The ASGI app: one data source, read through a ``SourceAccess`` (plus metrics
+    and recent events when live).
+
+    A request reads the live runtime's state (counters, metrics, events) on the Trio
+    thread first, then renders its page inside ``access.read``, which may run it in a
+    worker thread (PostgreSQL): the page reads the source only.
+    """
 
     def __init__(
-        self, source: DataSource, *, clock: Callable[[], float],
+        self, access: SourceAccess, *, clock: Callable[[], float],
         metrics: Metrics | None = None, recorder: Recorder | None = None,
         writer: RuntimeSource | None = None, loopback_only: bool = True,
         counters: Callable[[float], dict[str, Any]] | None = None,
     ) -> None:
-        self.source = source
+        self.access = access
         self.clock = clock
         self.metrics = metrics
         self.recorder = recorder
@@ -193,6 +233,8 @@ class Dashboard:
             response = _text(f"{exc}; try again once it is free\n", 503)
         except (DataDirectoryError, sqlite3.DatabaseError) as exc:
             response = _text(f"cannot read the data directory: {exc}\n", 503)
+        except StorageError as exc:  # (PostgreSQL unreachable, or the runtime closing)
+            response = _text(f"{exc}\n", 503)
         except Exception:
             logger.exception("dashboard request %s %s failed", scope.get("method"),
                              scope.get("path"))
@@ -218,40 +260,140 @@ class Dashboard:
         if method not in ("GET", "HEAD"):
             raise HttpError(405, "method not allowed")
         now = self.clock()
-        if path == "/":
-            return _html(self.dashboard(query, now))
-        if path == "/object":
-            return _html(self.object_page(query, now))
-        if path == "/metrics":
-            return Response(200, self.exposition(now), "text/plain; version=0.0.4; charset=utf-8")
-        if path in ("/api", "/api/objects"):
-            namespace, search, only, offset, limit = self._page_args(query)
-            return _json(report_json(self.source, now, namespace=namespace, search=search,
-                                     only=only, offset=offset, limit=limit,
-                                     job_limit=_count(query, "jobs", 100),
-                                     letter_limit=_count(query, "letters", 100)))
-        if path == "/api/object":
-            detail = self._detail(query, now, _count(query, "jobs", 1000))
-            return _json(detail_json(detail))
-        if path == "/api/summary":
-            return _json(self.summary(now))
         if path == "/api/events":
             return _json(self.events_json())
         if path == "/favicon.ico":
             return Response(204, b"", "image/x-icon")
-        raise HttpError(404, f"no page {path!r}")
+        if path not in _SOURCE_PAGES:
+            raise HttpError(404, f"no page {path!r}")
+        live = self._live(path, now)
+        return await self.access.read(partial(self._render, path, query, now, live))
 
-    # -- reading ------------------------------------------------------------------------
-    def _page_args(self, query: dict[str, str]) -> tuple[str | None, str | None, Only, int, int]:
-        only = query.get("only", "all")
-        if only not in ("all", "active", "due"):
-            raise HttpError(400, f"only must be all, active or due, not {only!r}")
-        limit = min(max(_int(query, "limit", PAGE_SIZE), 1), MAX_PAGE_SIZE)
-        offset = min(max(_int(query, "page", 1) - 1, 0), MAX_PAGE) * limit
-        return (query.get("ns") or None, query.get("q") or None, cast(Only, only), offset,
-                limit)
+    def _render(self, path: str, query: dict[str, str], now: float, live: Live,
+                source: DataSource) -> Response:
+        view = _View(source, live, writes=self.writer is not None, token=self.token)
+        if path == "/":
+            return _html(view.dashboard(query, now))
+        if path == "/object":
+            return _html(view.object_page(query, now))
+        if path == "/metrics":
+            return Response(200, view.exposition(now), "text/plain; version=0.0.4; charset=utf-8")
+        if path in ("/api", "/api/objects"):
+            namespace, search, only, offset, limit = _page_args(query)
+            return _json(report_json(source, now, namespace=namespace, search=search,
+                                     only=only, offset=offset, limit=limit,
+                                     job_limit=_count(query, "jobs", 100),
+                                     letter_limit=_count(query, "letters", 100)))
+        if path == "/api/object":
+            detail = view.detail(query, now, _count(query, "jobs", 1000))
+            return _json(detail_json(detail))
+        assert path == "/api/summary"
+        return _json(view.summary(now))
 
-    def _detail(self, query: dict[str, str], now: float, job_limit: int) -> ObjectDetail:
+    def _live(self, path: str, now: float) -> Live:
+        """What the live runtime adds to page ``path``, read now (on the Trio thread)."""
+        counters = None
+        if self.counters is not None and path in ("/", "/metrics", "/api/summary"):
+            counters = self.counters(now)
+        exposition = ""
+        if path == "/metrics" and (counters is not None or self.metrics is not None):
+            out = Exposition()
+            if counters is not None:
+                out.gauge("active_objects", "Objects resident in memory, by namespace.",
+                          {(ns,): n for ns, n in counters["active_by_namespace"].items()},
+                          ("namespace",))
+                out.gauge("alarms_in_flight", "Alarm runs in progress.",
+                          {(): counters["alarms_in_flight"]})
+                out.gauge("due_jobs", "Due jobs in the databases of active objects, by"
+                          " namespace.",
+                          {(ns,): n for ns, n in counters["due_jobs_by_namespace"].items()},
+                          ("namespace",))
+                out.counter("events_dropped", "Events a full subscriber buffer dropped.",
+                            {(): counters["events_dropped"]}, ())
+            if self.metrics is not None:
+                expose_metrics(self.metrics, out)
+            exposition = out.text()
+        events = series = None
+        if self.recorder is not None and path == "/":
+            events = list(reversed(self.recorder.events))[:30]
+            series = self.recorder.series()
+        return Live(counters=counters,
+                    totals=None if self.metrics is None else self.metrics.totals(),
+                    exposition=exposition, events=events, series=series,
+                    span=(self.recorder.interval if self.recorder else SAMPLE_INTERVAL)
+                    * SAMPLES)
+
+    def events_json(self) -> list[dict[str, Any]]:
+        if self.recorder is None:
+            return []
+        return [{"type": e.type, "namespace": e.namespace, "id": e.object_id,
+                 "time": e.time, "data": e.data} for e in reversed(self.recorder.events)]
+
+    # -- writes ---------------------------------------------------------------------------
+    async def _form(self, receive: Receive, headers: dict[str, str]) -> dict[str, str]:
+        ctype = headers.get("content-type", "").split(";")[0].strip()
+        if ctype != "application/x-www-form-urlencoded":
+            raise HttpError(415, "POST a form (application/x-www-form-urlencoded)")
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if len(body) > MAX_BODY:
+                raise HttpError(413, "form too large")
+            if not message.get("more_body"):
+                break
+        return {k: v[-1] for k, v in parse_qs(body.decode("utf-8", "replace")).items()}
+
+    async def post(self, path: str, form: dict[str, str], headers: dict[str, str],
+                   host: str) -> Response:
+        if self.writer is None:
+            raise HttpError(403, "this dashboard is read-only"
+                                 " (open_runtime(..., http_writes=True) allows writes)")
+        origin = headers.get("origin")
+        if origin is not None and origin != f"http://{host}":
+            raise HttpError(403, f"cross-origin POST refused (Origin {origin!r})")
+        site = headers.get("sec-fetch-site")
+        if site is not None and site not in ("same-origin", "none"):
+            raise HttpError(403, f"cross-site POST refused (Sec-Fetch-Site {site!r})")
+        if not hmac.compare_digest(form.get("token", "").encode(), self.token.encode()):
+            raise HttpError(403, "missing or wrong form token: reload the page")
+        try:
+            namespace, object_id, owner, job = (form["ns"], form["id"], form["owner"],
+                                                form["job"])
+        except KeyError as exc:
+            raise HttpError(400, f"missing form field {exc.args[0]!r}") from None
+        try:
+            if path == "/actions/requeue":
+                done = await self.writer.requeue(namespace, object_id, owner, job)
+                verb = "requeued (due now)"
+            elif path == "/actions/discard":
+                done = await self.writer.discard(namespace, object_id, owner, job)
+                verb = "discarded"
+            else:
+                raise HttpError(404, f"no action {path!r}")
+        except UnknownObjectError as exc:
+            raise HttpError(404, str(exc)) from None
+        except ObjectLeasedElsewhere as exc:
+            # (PostgreSQL) Another live host holds it: its working copy is the object's
+            # state; a write from here would go behind its back.
+            raise HttpError(409, f"{exc}: requeue or discard it on that host's dashboard"
+                                 " (or here once that host has let it go)") from None
+        message = f"{owner}/{job} {verb}" if done else f"no dead letter {owner}/{job}"
+        location = f"/object?{_q(ns=namespace, id=object_id, done=message)}"
+        return Response(303, f"see {location}\n", "text/plain", [("location", location)])
+
+
+class _View:
+    """One response's pages, from one source (read where ``SourceAccess.read`` runs
+    it) and the live state read before (``Live``)."""
+
+    def __init__(self, source: DataSource, live: Live, *, writes: bool, token: str) -> None:
+        self.source = source
+        self.live = live
+        self.writes = writes
+        self.token = token
+
+    def detail(self, query: dict[str, str], now: float, job_limit: int) -> ObjectDetail:
         namespace, object_id = query.get("ns") or query.get("namespace"), query.get("id")
         if namespace is None or object_id is None:
             raise HttpError(400, "give ns and id")
@@ -268,17 +410,11 @@ class Dashboard:
             "objects": alarms.objects, "alarms": alarms.alarms, "alarms_due": alarms.due,
             "next_alarm": alarms.next_alarm,
         }
-        if self.counters is not None:
-            out.update(self.counters(now))
-        if self.metrics is not None:
-            out["totals"] = self.metrics.totals()
+        if self.live.counters is not None:
+            out.update(self.live.counters)
+        if self.live.totals is not None:
+            out["totals"] = self.live.totals
         return out
-
-    def events_json(self) -> list[dict[str, Any]]:
-        if self.recorder is None:
-            return []
-        return [{"type": e.type, "namespace": e.namespace, "id": e.object_id,
-                 "time": e.time, "data": e.data} for e in reversed(self.recorder.events)]
 
     def exposition(self, now: float) -> str:
         out = Exposition()
@@ -287,25 +423,11 @@ class Dashboard:
                   {(ns,): n for ns, n in self.source.namespaces()}, ("namespace",))
         out.gauge("alarms", "Objects with an alarm set.", {(): alarms.alarms})
         out.gauge("alarms_due", "Objects whose alarm is due now.", {(): alarms.due})
-        if self.counters is not None:
-            live = self.counters(now)
-            out.gauge("active_objects", "Objects resident in memory, by namespace.",
-                      {(ns,): n for ns, n in live["active_by_namespace"].items()},
-                      ("namespace",))
-            out.gauge("alarms_in_flight", "Alarm runs in progress.",
-                      {(): live["alarms_in_flight"]})
-            out.gauge("due_jobs", "Due jobs in the databases of active objects, by namespace.",
-                      {(ns,): n for ns, n in live["due_jobs_by_namespace"].items()},
-                      ("namespace",))
-            out.counter("events_dropped", "Events a full subscriber buffer dropped.",
-                        {(): live["events_dropped"]}, ())
-        if self.metrics is not None:
-            expose_metrics(self.metrics, out)
-        return out.text()
+        return out.text() + self.live.exposition
 
     # -- pages ----------------------------------------------------------------------------
     def dashboard(self, query: dict[str, str], now: float) -> str:
-        namespace, search, only, offset, limit = self._page_args(query)
+        namespace, search, only, offset, limit = _page_args(query)
         source = self.source
         summary = self.summary(now)
         listing = source.objects(namespace=namespace, search=search, only=only, now=now,
@@ -316,7 +438,7 @@ class Dashboard:
         parts.append(self._objects_table(listing.objects, summaries, now, query, listing.total,
                                          offset, limit))
         parts.append(self._dead_letters_section(summaries, now, query.get("dl", "")))
-        if self.recorder is not None:
+        if self.live.events is not None:
             parts.append(self._events_section(now))
         return page("dashboard", source, now, "".join(parts))
 
@@ -340,11 +462,11 @@ class Dashboard:
             for k, v in cards) + "</div>"
 
     def _charts(self, now: float) -> str:
-        if self.recorder is None:
+        if self.live.series is None:
             return ('<p class="muted">Charts of dispatch rate and alarm lateness need a live'
                     " runtime: <code>open_runtime(..., http=(\"127.0.0.1\", 8321))</code>.</p>")
-        rates, lateness = self.recorder.series()
-        span = self.recorder.interval * SAMPLES
+        rates, lateness = self.live.series
+        span = self.live.span
         return (
             '<div class="charts">'
             f'<div class="chart"><h3>Dispatch rate</h3>'
@@ -457,9 +579,8 @@ class Dashboard:
         )
 
     def _events_section(self, now: float) -> str:
-        assert self.recorder is not None
         rows = []
-        for event in list(reversed(self.recorder.events))[:30]:
+        for event in self.live.events or []:
             data = ", ".join(f"{k}={preview(v)}" for k, v in event.data.items())
             link = f"/object?{_q(ns=event.namespace, id=event.object_id)}"
             rows.append(
@@ -476,7 +597,7 @@ class Dashboard:
         )
 
     def object_page(self, query: dict[str, str], now: float) -> str:
-        detail = self._detail(query, now, OBJECT_JOB_LIMIT)
+        detail = self.detail(query, now, OBJECT_JOB_LIMIT)
         s = detail.summary
         row = s.row
         flash = ""
@@ -539,10 +660,10 @@ class Dashboard:
             f'<th></th></tr></thead><tbody>{"".join(letters)}</tbody></table></section>'
         )
         return page(f"{row.namespace}/{row.id}", self.source, now, body,
-                    refresh=not self.writer)
+                    refresh=not self.writes)
 
     def _actions(self, row: ObjectRow, letter: DeadLetterInfo) -> str:
-        if self.writer is None:
+        if not self.writes:
             return ""
         hidden = "".join(
             f'<input type="hidden" name="{k}" value="{html.escape(v, quote=True)}">'
@@ -553,54 +674,6 @@ class Dashboard:
                 "<button>Requeue</button></form> "
                 f'<form class="inline" method="post" action="/actions/discard">{hidden}'
                 '<button class="danger">Discard</button></form>')
-
-    # -- writes ---------------------------------------------------------------------------
-    async def _form(self, receive: Receive, headers: dict[str, str]) -> dict[str, str]:
-        ctype = headers.get("content-type", "").split(";")[0].strip()
-        if ctype != "application/x-www-form-urlencoded":
-            raise HttpError(415, "POST a form (application/x-www-form-urlencoded)")
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if len(body) > MAX_BODY:
-                raise HttpError(413, "form too large")
-            if not message.get("more_body"):
-                break
-        return {k: v[-1] for k, v in parse_qs(body.decode("utf-8", "replace")).items()}
-
-    async def post(self, path: str, form: dict[str, str], headers: dict[str, str],
-                   host: str) -> Response:
-        if self.writer is None:
-            raise HttpError(403, "this dashboard is read-only"
-                                 " (open_runtime(..., http_writes=True) allows writes)")
-        origin = headers.get("origin")
-        if origin is not None and origin != f"http://{host}":
-            raise HttpError(403, f"cross-origin POST refused (Origin {origin!r})")
-        site = headers.get("sec-fetch-site")
-        if site is not None and site not in ("same-origin", "none"):
-            raise HttpError(403, f"cross-site POST refused (Sec-Fetch-Site {site!r})")
-        if not hmac.compare_digest(form.get("token", "").encode(), self.token.encode()):
-            raise HttpError(403, "missing or wrong form token: reload the page")
-        try:
-            namespace, object_id, owner, job = (form["ns"], form["id"], form["owner"],
-                                                form["job"])
-        except KeyError as exc:
-            raise HttpError(400, f"missing form field {exc.args[0]!r}") from None
-        try:
-            if path == "/actions/requeue":
-                done = await self.writer.requeue(namespace, object_id, owner, job)
-                verb = "requeued (due now)"
-            elif path == "/actions/discard":
-                done = await self.writer.discard(namespace, object_id, owner, job)
-                verb = "discarded"
-            else:
-                raise HttpError(404, f"no action {path!r}")
-        except UnknownObjectError as exc:
-            raise HttpError(404, str(exc)) from None
-        message = f"{owner}/{job} {verb}" if done else f"no dead letter {owner}/{job}"
-        location = f"/object?{_q(ns=namespace, id=object_id, done=message)}"
-        return Response(303, f"see {location}\n", "text/plain", [("location", location)])
 
 
 def _matches(letter: DeadLetterInfo, needle: str) -> bool:
@@ -668,10 +741,15 @@ def _is_loopback_bind(host: str) -> bool:
 async def start_http(rt: Runtime, nursery: trio.Nursery, address: object, *,
                      writes: bool) -> None:
     """Serve ``rt``'s dashboard from its own nursery; sets ``rt.http_url``."""
+    from nursery_jobs._ops._inspect_pg import PgRuntimeAccess, postgres_engine
+
     host, port = _check_address(address)
     if not isinstance(writes, bool):
         raise TypeError(f"http_writes must be a bool, got {writes!r}")
     source = RuntimeSource(rt)
+    pg = postgres_engine(rt.engine)
+    # PostgreSQL: the whole database (every host's objects), read in the engine's pool.
+    access: SourceAccess = Inline(source) if pg is None else PgRuntimeAccess(pg)
     recorder = Recorder(rt.metrics, SAMPLE_INTERVAL)
     rt.events.add_listener(recorder.on_event)
     recorder.sample(_clock.now())
@@ -685,22 +763,24 @@ async def start_http(rt: Runtime, nursery: trio.Nursery, address: object, *,
                 "events_dropped": stats.events_dropped, "active_by_namespace": active,
                 "due_jobs_by_namespace": source.due_jobs_in_active_objects(now)}
 
-    app = Dashboard(source, clock=_clock.now, metrics=rt.metrics, recorder=recorder,
+    app = Dashboard(access, clock=_clock.now, metrics=rt.metrics, recorder=recorder,
                     writer=source if writes else None, loopback_only=_is_loopback_bind(host),
                     counters=counters)
     rt.http_url = await nursery.start(_serve, app, (host, port))
     nursery.start_soon(recorder.run)
-    logger.info("dashboard of %s at %s%s", source.label, rt.http_url,
+    logger.info("dashboard of %s at %s%s", access.label, rt.http_url,
                 " (writes allowed)" if writes else "")
 
 
 async def serve_offline(
-    source: DataSource, address: tuple[str, int], *,
+    source: DataSource | SourceAccess, address: tuple[str, int], *,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve a stopped data directory's dashboard, read-only (``nursery-jobs serve``)."""
+    """Serve a stopped data directory's dashboard (a ``DataSource``), or a PostgreSQL
+    database's (``_inspect_pg.PgDatabase``), read-only: ``nursery-jobs serve``."""
     host, port = _check_address(address)
-    app = Dashboard(source, clock=time.time, loopback_only=_is_loopback_bind(host))
+    access = source if isinstance(source, SourceAccess) else Inline(source)
+    app = Dashboard(access, clock=time.time, loopback_only=_is_loopback_bind(host))
     await _serve(app, (host, port), task_status=task_status)
 
 

@@ -9,6 +9,7 @@ import time
 from typing import TYPE_CHECKING, Final
 from urllib.parse import urlencode
 
+from nursery_jobs._ops._inspect import is_postgres_address
 from nursery_jobs._ops._inspect_json import printable
 
 if TYPE_CHECKING:
@@ -106,7 +107,12 @@ form.inline { display:inline; }
 
 def page(title: str, source: DataSource, now: float, body: str, *,
          refresh: bool = True) -> str:
-    mode = "live runtime" if source.live else "stopped data directory · read-only"
+    if source.live:
+        mode = "live runtime"
+    elif is_postgres_address(source.label):
+        mode = "PostgreSQL · read-only"
+    else:
+        mode = "stopped data directory · read-only"
     meta = f'<meta http-equiv="refresh" content="{REFRESH_SECONDS}">' if refresh else ""
     stamp = time.strftime("%H:%M:%S", time.gmtime(now))
     return (

@@ -53,17 +53,7 @@ def load_copy(
                            factory=WorkingCopy)
     conn.execute("PRAGMA cache_size=-8192")
     prepare(conn, label=label)
-    grouped: dict[str, list[list[object]]] = defaultdict(list)
-    for tbl, data in rows:
-        grouped[tbl].append(json.loads(data))
-    conn.execute("BEGIN")
-    for tbl, values in grouped.items():
-        table = TABLES_BY_NAME.get(tbl)
-        if table is None:
-            conn.execute("ROLLBACK")
-            raise StorageError(f"{label}: stored rows of unknown table {tbl!r}")
-        conn.executemany(table.insert, values)
-    conn.execute("COMMIT")
+    load_rows(conn, label, rows)
     conn.execute(
         "CREATE TEMP TABLE nj_changed (tbl TEXT NOT NULL, key TEXT NOT NULL,"
         " PRIMARY KEY (tbl, key)) WITHOUT ROWID"
@@ -72,6 +62,55 @@ def load_copy(
         for statement in capture_sql(table):
             conn.execute(statement)
     return conn
+
+
+def captured_rows(
+    conn: sqlite3.Connection, keys: list[tuple[str, str]]
+) -> tuple[list[tuple[str, str, str]], list[tuple[str, str]]]:
+    """The rows behind the changed ``keys`` of a working copy (as read from
+    ``temp.nj_changed``): (table, key, JSON row) for those that exist, (table, key) for
+    those deleted. Forgets the captured keys."""
+    upserts: list[tuple[str, str, str]] = []
+    deletes: list[tuple[str, str]] = []
+    by_table: dict[str, list[str]] = defaultdict(list)
+    for tbl, key in keys:
+        by_table[tbl].append(key)
+    for tbl, table_keys in by_table.items():
+        table = TABLES_BY_NAME[tbl]
+        found = set()
+        for row in conn.execute(
+            f"{table.select} WHERE {table.key} IN"
+            " (SELECT key FROM temp.nj_changed WHERE tbl = ?)", (tbl,)
+        ):
+            found.add(row[0])
+            upserts.append((tbl, row[0], json.dumps(row[1:])))
+        deletes.extend((tbl, key) for key in table_keys if key not in found)
+    conn.execute("DELETE FROM temp.nj_changed")
+    return upserts, deletes
+
+
+def load_rows(conn: sqlite3.Connection, label: str, rows: list[tuple[str, str]]) -> None:
+    """Insert ``rows`` ((table, JSON row)) into the tables of a database with the object
+    schema, in one transaction (nothing, on an error).
+
+    Raises:
+        StorageError: a row of a table the object schema does not have.
+        ValueError, sqlite3.Error: a row that is not one of its table's.
+    """
+    grouped: dict[str, list[list[object]]] = defaultdict(list)
+    for tbl, data in rows:
+        grouped[tbl].append(json.loads(data))
+    conn.execute("BEGIN")
+    try:
+        for tbl, values in grouped.items():
+            table = TABLES_BY_NAME.get(tbl)
+            if table is None:
+                raise StorageError(f"{label}: stored rows of unknown table {tbl!r}")
+            conn.executemany(table.insert, values)
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
 
 
 class PgObject:
@@ -148,22 +187,7 @@ class PgObject:
         keys = conn.execute("SELECT tbl, key FROM temp.nj_changed").fetchall()
         if not keys and self._pending_alarm is None and not self._clear_crashes:
             return None
-        upserts: list[tuple[str, str, str]] = []
-        deletes: list[tuple[str, str]] = []
-        by_table: dict[str, list[str]] = defaultdict(list)
-        for tbl, key in keys:
-            by_table[tbl].append(key)
-        for tbl, table_keys in by_table.items():
-            table = TABLES_BY_NAME[tbl]
-            found = set()
-            for row in conn.execute(
-                f"{table.select} WHERE {table.key} IN"
-                " (SELECT key FROM temp.nj_changed WHERE tbl = ?)", (tbl,)
-            ):
-                found.add(row[0])
-                upserts.append((tbl, row[0], json.dumps(row[1:])))
-            deletes.extend((tbl, key) for key in table_keys if key not in found)
-        conn.execute("DELETE FROM temp.nj_changed")
+        upserts, deletes = captured_rows(conn, keys)
         change = Change(
             namespace=self.key[0], object_id=self.key[1], epoch=self.epoch, keys=keys,
             upserts=upserts, deletes=deletes, alarm=self._pending_alarm,

@@ -261,6 +261,20 @@ class PostgresEngine:
                 clock.autojump_threshold = hold[1]
                 del _CLOCK_HOLDS[id(clock)]
 
+    async def read(self, fn: Callable[[Any], T]) -> T:
+        """Run ``fn(conn)`` in one read-only, repeatable-read transaction (a consistent
+        snapshot) on a pooled connection, in a worker thread: what the operator faces
+        (the dashboard, ``/api``, ``/metrics``) read while this host runs. ``fn`` must
+        not touch the runtime (it runs outside the Trio thread). Checkpoints.
+
+        Raises:
+            StorageError: PostgreSQL could not be read (or the engine is closed).
+        """
+        try:
+            return await self._db(ops.read_only, fn)
+        except psycopg.Error as exc:
+            raise StorageError(f"cannot read PostgreSQL {self._label}: {exc}") from exc
+
     # -- objects ----------------------------------------------------------------------
     async def open_object(self, namespace: str, object_id: str, class_path: str) -> PgObject:
         key = (namespace, object_id)

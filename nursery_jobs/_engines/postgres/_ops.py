@@ -6,14 +6,17 @@ one transaction.
 from __future__ import annotations
 
 import json
-from typing import Any
+import sqlite3
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
 
 import attrs
 
-from nursery_jobs._engines.postgres._copy import Change
+from nursery_jobs._engines.postgres._copy import Change, captured_rows, load_copy
 
 Key = tuple[str, str]
 Conn = Any  # psycopg.Connection[Any]: psycopg is an optional dependency
+T = TypeVar("T")
 
 
 @attrs.frozen
@@ -311,3 +314,105 @@ def sweep(conn: Conn, ttl: float, call_max_age: float) -> tuple[int, int]:
             (call_max_age,),
         ).rowcount
     return int(hosts), int(calls)
+
+
+# -- what the operator faces need (inspect, serve, the dashboard, requeue) ---------------------
+def read_only(conn: Conn, fn: Callable[[Conn], T]) -> T:
+    """``fn(conn)`` inside one read-only, repeatable-read transaction: one consistent
+    snapshot of every table, in which the server refuses any write."""
+    with conn.transaction():
+        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        return fn(conn)
+
+
+@attrs.frozen
+class Held:
+    """An object a live host leases: it was not edited."""
+
+    owner: str
+    seconds_left: float
+
+
+@attrs.frozen
+class Edit(Generic[T]):
+    """What an edit of a working copy gives back: its result, and the time to lower the
+    object's alarm to (None: leave it)."""
+
+    result: T
+    alarm: float | None = None
+
+
+# An edit waits this long for the object's row lock (a host's ship or take holds it for
+# a statement or two) before it gives up.
+EDIT_LOCK_TIMEOUT = "5s"
+
+
+def edit_unheld(
+    conn: Conn, namespace: str, object_id: str,
+    edit: Callable[[sqlite3.Connection], Edit[T]],
+) -> Edit[T] | Held | None:
+    """Edit the stored state of an object no live host leases, from outside any host
+    (``nursery-jobs requeue``), as one transaction; None if there is no such object.
+
+    Under the object's row lock: a live lease is left alone (``Held``: nothing is read
+    or written). Otherwise the object's rows are loaded into a working copy and
+    ``edit`` runs on it; if it changed rows, they are written back with the object's
+    lease taken away from whoever held it last — ``epoch + 1``, no owner — so a host
+    whose lease lapsed (paused, partitioned) finds every later write of its refused by
+    the fence and drops the object, and the next host to take it loads these rows. The
+    work such a host's flight list shows running becomes crash tokens, as when another
+    host takes an object over. A lowered alarm notifies the hosts' claim loops.
+    """
+    with conn.transaction():
+        conn.execute(f"SET LOCAL lock_timeout = '{EDIT_LOCK_TIMEOUT}'")
+        found = conn.execute(
+            "SELECT owner, lease_until IS NOT NULL AND lease_until >= now(),"
+            " extract(epoch FROM lease_until - now()) FROM nj_objects"
+            " WHERE namespace = %s AND object_id = %s FOR UPDATE",
+            (namespace, object_id),
+        ).fetchone()
+        if found is None:
+            return None
+        owner, live, left = found
+        if live:
+            return Held(owner=str(owner), seconds_left=float(left))
+        rows = conn.execute(
+            "SELECT tbl, data FROM nj_rows WHERE namespace = %s AND object_id = %s",
+            (namespace, object_id),
+        ).fetchall()
+        copy = load_copy(f"{namespace}/{object_id}", rows)
+        try:
+            done = edit(copy)
+            keys = copy.execute("SELECT tbl, key FROM temp.nj_changed").fetchall()
+            upserts, deletes = captured_rows(copy, keys)
+        finally:
+            copy.close()
+        if not upserts and not deletes:
+            return done
+        if owner is not None:
+            _inherit_crashes(conn, [(namespace, object_id, owner)])
+        with conn.cursor() as cur:
+            if deletes:
+                cur.executemany(
+                    "DELETE FROM nj_rows WHERE namespace = %s AND object_id = %s"
+                    " AND tbl = %s AND key = %s",
+                    [(namespace, object_id, tbl, key) for tbl, key in deletes],
+                )
+            if upserts:
+                cur.executemany(
+                    "INSERT INTO nj_rows (namespace, object_id, tbl, key, data)"
+                    " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (namespace, object_id, tbl,"
+                    " key) DO UPDATE SET data = excluded.data",
+                    [(namespace, object_id, tbl, key, data) for tbl, key, data in upserts],
+                )
+        conn.execute(
+            "UPDATE nj_objects SET owner = NULL, lease_until = NULL, epoch = epoch + 1,"
+            " alarm_retry = CASE WHEN %(t)s::float8 < alarm_time OR alarm_time IS NULL"
+            "  THEN 0 ELSE alarm_retry END,"
+            " alarm_time = least(alarm_time, %(t)s::float8)"
+            " WHERE namespace = %(ns)s AND object_id = %(oid)s",
+            {"t": done.alarm, "ns": namespace, "oid": object_id},
+        )
+        if done.alarm is not None:
+            conn.execute("NOTIFY nj_alarm")
+    return done
