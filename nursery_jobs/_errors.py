@@ -28,6 +28,7 @@ lookup errors derive from :class:`LookupError`::
      ├─ DataDirectoryError                (operator faces) a path that is no data directory
      ├─ UnknownObjectError (LookupError)  (operator faces) no such object in the catalog
      ├─ ObjectInUseError                  (operator faces) another process holds the object
+     │   └─ ObjectHeldError               a live PostgreSQL host leases it  .owner
      └─ HttpError                         (the dashboard) a refused request, with its .status
 
 Two signals travel between an engine and the runtime and never reach a caller:
@@ -170,6 +171,23 @@ class UnknownObjectError(NurseryJobsError, LookupError):
 
 class ObjectInUseError(NurseryJobsError):
     """Another process holds an object's database."""
+
+
+class ObjectHeldError(ObjectInUseError):
+    """A live host leases the object (PostgreSQL): a write from outside it would go
+    behind its back, so nothing was written."""
+
+    def __init__(self, namespace: str, object_id: str, owner: str, seconds_left: float) -> None:
+        super().__init__(
+            f"{namespace}/{object_id} is held by host {owner} (its lease runs"
+            f" {max(seconds_left, 0.0):.1f} s more, and it renews while the object is"
+            " active): nothing was written. Requeue it on that host (its dashboard, with"
+            " open_runtime(..., http=..., http_writes=True)), or here once the host has"
+            " let it go (idle_timeout after its last call or alarm)"
+        )
+        self.namespace = namespace
+        self.object_id = object_id
+        self.owner = owner
 
 
 class HttpError(NurseryJobsError):

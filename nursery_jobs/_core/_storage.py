@@ -7,7 +7,7 @@ import sqlite3
 import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final
 
 import sqlite_utils
 
@@ -18,6 +18,7 @@ from nursery_jobs._errors import AlarmOwnedError, StorageError, StorageKeyError
 if TYPE_CHECKING:
     import datetime
 
+    from nursery_jobs._core._alarm import ObjectAlarm
     from nursery_jobs._core._transactions import ObjectTransactions
 
 # storage.put (named: the benchmark's floor runs the same text).
@@ -38,16 +39,6 @@ _CONNECTION_STATE: Final = (
 )
 
 
-class AlarmSlot(Protocol):
-    """What storage needs from the host to keep an object's alarm."""
-
-    owner: str | None  # who claimed the alarm (storage.set_alarm is then refused)
-
-    def get(self) -> float | None: ...
-    def set(self, time: float) -> None: ...
-    def delete(self) -> None: ...
-
-
 class Storage:
     """``ctx.storage``: the object's own database. Every call is synchronous.
 
@@ -59,7 +50,7 @@ class Storage:
     __slots__ = ("_alarm", "_conn", "_cursors", "_db", "_tx", "pinned")
 
     def __init__(
-        self, conn: sqlite3.Connection, alarm: AlarmSlot, transactions: ObjectTransactions
+        self, conn: sqlite3.Connection, alarm: ObjectAlarm, transactions: ObjectTransactions
     ) -> None:
         self._conn = conn
         self._db: sqlite_utils.Database | None = None

@@ -20,6 +20,7 @@ from nursery_jobs._engines._faults import fault_cause
 from nursery_jobs._errors import (
     DataDirectoryError,
     NurseryJobsError,
+    ObjectHeldError,
     ObjectInUseError,
     RuntimeLockedError,
     StorageError,
@@ -52,23 +53,6 @@ class NoDeadLetter:
     owner: str
     id: str
     others: tuple[str, ...]
-
-
-class ObjectHeldError(ObjectInUseError):
-    """A live host leases the object (PostgreSQL): a write from outside it would go
-    behind its back, so nothing was written."""
-
-    def __init__(self, namespace: str, object_id: str, owner: str, seconds_left: float) -> None:
-        super().__init__(
-            f"{namespace}/{object_id} is held by host {owner} (its lease runs"
-            f" {max(seconds_left, 0.0):.1f} s more, and it renews while the object is"
-            " active): nothing was written. Requeue it on that host (its dashboard, with"
-            " open_runtime(..., http=..., http_writes=True)), or here once the host has"
-            " let it go (idle_timeout after its last call or alarm)"
-        )
-        self.namespace = namespace
-        self.object_id = object_id
-        self.owner = owner
 
 
 @contextlib.contextmanager
