@@ -373,17 +373,24 @@ class Runtime:
                 return  # the host re-timed its alarm (ObjectHost.run)
             await host.run_alarm()
 
-    async def _stop_on(self, received: AsyncIterator[int], stopping: trio.CancelScope) -> None:
+    async def _stop_on(
+        self, received: AsyncIterator[int], stopping: trio.CancelScope,
+        watching: trio.CancelScope,
+    ) -> None:
         """Turn the first stop signal ``received`` into a graceful stop: cancel the
-        runtime's block (``stopping``), which then exits normally."""
-        async for signum in received:
-            name = signal.Signals(signum).name
-            self.events.emit(
-                "runtime:stopping", "", "", signal=name,
-                _log=(logging.WARNING, "%s received: stopping gracefully (running jobs"
-                      " are cancelled and run again at the next start)", (name,)))
-            stopping.cancel(reason=f"{name}: a graceful stop")
-            return
+        runtime's block (``stopping``), which then exits normally. Ends when ``watching``
+        is cancelled (the block is over)."""
+        with watching:
+            if watching.cancel_called:
+                return
+            async for signum in received:
+                name = signal.Signals(signum).name
+                self.events.emit(
+                    "runtime:stopping", "", "", signal=name,
+                    _log=(logging.WARNING, "%s received: stopping gracefully (running jobs"
+                          " are cancelled and run again at the next start)", (name,)))
+                stopping.cancel(reason=f"{name}: a graceful stop")
+                return
 
     async def _memory_watchdog(self) -> None:
         """Sample memory; over the limit, reset every object whose alarm work runs."""
@@ -520,7 +527,11 @@ async def open_runtime(
                             # moment on is a graceful stop); watched by a task.
                             received = handlers.enter_context(
                                 trio.open_signal_receiver(*signals))
-                            nursery.start_soon(rt._stop_on, received, stopping)
+                            watching = trio.CancelScope()
+                            # (Ended before the receiver closes: the block may end before
+                            # the task has even started.)
+                            handlers.callback(watching.cancel)
+                            nursery.start_soon(rt._stop_on, received, stopping, watching)
                         with stopping:  # (a stop signal cancels the block: it exits normally)
                             yield rt
                 except BaseException as exc:
