@@ -492,3 +492,21 @@ async def test_turn_error_is_a_storage_error_whose_message_names_the_fix(
     assert isinstance(error, nj.TurnError)
     assert "ctx.turn()" in str(error)
     assert "object-7" in str(error)
+
+
+async def test_each_slow_turn_warns_once_and_quick_ones_never(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Back-to-back slow turns each get their own ``object:turn_slow``; a stream of quick
+    turns, however long it lasts in all, gets none."""
+    events: list[nj.Event] = []
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(engine.location, turn_warning=2.0) as rt:
+            rt.events.add_listener(events.append)
+            slow = rt.get(Slow, "s")
+            for _ in range(30):
+                await slow.take(0.5)  # 15 s of turns, none of them slow
+            await slow.take(3)  # from 15 to 18: warned at 17
+            await slow.take(3)  # from 18 to 21: warned at 20
+            times = [e.time - EPOCH for e in events if e.type == "object:turn_slow"]
+            assert times == [17, 20]

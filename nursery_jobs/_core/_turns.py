@@ -121,7 +121,7 @@ class Holder:
 class Turn:
     """One held turn: who entered it, for what, since when."""
 
-    __slots__ = ("held", "holder", "id", "kind", "since", "tasks")
+    __slots__ = ("held", "holder", "id", "kind", "since", "tasks", "warned")
 
     def __init__(self, kind: Kind, holder: str, task: Task) -> None:
         self.id = f"{_PREFIX}.{next(_SERIAL)}"
@@ -129,6 +129,7 @@ class Turn:
         self.holder = holder
         self.since = trio.current_time()
         self.held = False  # (admitted: True)
+        self.warned = False  # object:turn_slow emitted
         # The task that entered it and tasks re-entering it by call chain.
         self.tasks: list[Holder] = [Holder(task)]
 
@@ -146,7 +147,8 @@ class TurnGate:
     """The turns of one object: one writing turn, or any number of read turns, at a
     time; the rest wait in arrival order."""
 
-    __slots__ = ("_emit", "_label", "_readers", "_slow", "_waiters", "writer", "writer_task")
+    __slots__ = ("_emit", "_label", "_readers", "_slow", "_waiters", "watched", "writer",
+                 "writer_task")
 
     def __init__(
         self, label: str, *, slow: SlowTurns | None = None,
@@ -161,6 +163,7 @@ class TurnGate:
         self.writer_task: Task | None = None
         self._readers: list[Turn] = []
         self._waiters: deque[_Waiter] = deque()
+        self.watched = False  # (SlowTurns has a look at this gate due)
 
     @property
     def waiting(self) -> bool:
@@ -291,7 +294,7 @@ class TurnGate:
         else:
             self._readers.append(turn)
         if self._slow is not None:
-            self._slow.watch(turn, self._emit)
+            self._slow.watch(self, turn.since)
 
     def _leave(self, turn: Turn) -> None:
         if turn is self.writer:
@@ -302,6 +305,22 @@ class TurnGate:
             return
         turn.held = False
         self._admit_waiters()
+
+    def warn_slow(self, warning: float, now: float) -> float | None:
+        """Emit ``object:turn_slow`` once for each turn held ``warning`` seconds by
+        ``now``; return when a turn held now would reach it (None: none is held)."""
+        held = [self.writer] if self.writer is not None else list(self._readers)
+        later: float | None = None
+        for turn in held:
+            assert turn is not None
+            if turn.warned:
+                continue
+            if turn.since + warning <= now:
+                turn.warned = True
+                self._emit(warning, turn.holder)
+            elif later is None or turn.since < later:
+                later = turn.since
+        return later
 
     def _admit_waiters(self) -> None:
         """Hand the object to the waiters at the head of the line: one writer, or every
@@ -329,21 +348,23 @@ class TurnGate:
 
 class SlowTurns:
     """The runtime's watch for turns held past ``turn_warning``: one task and one heap
-    for every object (a push per turn, no task per turn)."""
+    entry per object at most (no task per turn, and no turn kept alive by the watch
+    after it ends: a busy object's calls come and go by the ten thousand)."""
 
     def __init__(self, warning: float) -> None:
         self.warning = warning
-        self._heap: list[tuple[float, int, Turn, Callable[[float, str], None]]] = []
+        self._heap: list[tuple[float, int, TurnGate]] = []
         self._serial = itertools.count()
         self._scope: trio.CancelScope | None = None
 
-    def watch(self, turn: Turn, emit: Callable[[float, str], None]) -> None:
-        """Emit ``object:turn_slow`` through ``emit`` if ``turn`` is still held at
-        ``turn.since + warning``. Does not checkpoint."""
-        if math.isinf(self.warning):
+    def watch(self, gate: TurnGate, since: float) -> None:
+        """A turn of ``gate`` began at ``since``: look at the gate then + warning, unless
+        a look at it is due already. Does not checkpoint."""
+        if math.isinf(self.warning) or gate.watched:
             return
-        due = turn.since + self.warning
-        heapq.heappush(self._heap, (due, next(self._serial), turn, emit))
+        gate.watched = True
+        due = since + self.warning
+        heapq.heappush(self._heap, (due, next(self._serial), gate))
         scope = self._scope
         if scope is not None and due < scope.deadline:
             scope.deadline = due
@@ -355,9 +376,11 @@ class SlowTurns:
                 await trio.sleep_forever()
             now = trio.current_time()
             while heap and heap[0][0] <= now:
-                _, _, turn, emit = heapq.heappop(heap)
-                if turn.held:
-                    emit(self.warning, turn.holder)
+                _, _, gate = heapq.heappop(heap)
+                gate.watched = False
+                next_look = gate.warn_slow(self.warning, now)
+                if next_look is not None:
+                    self.watch(gate, next_look)
 
 
 # How long an alarm run cancelled during a hand-over waits to get the object back for
