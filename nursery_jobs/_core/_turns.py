@@ -121,14 +121,13 @@ class Holder:
 class Turn:
     """One held turn: who entered it, for what, since when."""
 
-    __slots__ = ("held", "holder", "id", "kind", "since", "tasks", "warned")
+    __slots__ = ("holder", "id", "kind", "since", "tasks", "warned")
 
     def __init__(self, kind: Kind, holder: str, task: Task) -> None:
         self.id = f"{_PREFIX}.{next(_SERIAL)}"
         self.kind = kind
         self.holder = holder
         self.since = trio.current_time()
-        self.held = False  # (admitted: True)
         self.warned = False  # object:turn_slow emitted
         # The task that entered it and tasks re-entering it by call chain.
         self.tasks: list[Holder] = [Holder(task)]
@@ -287,7 +286,6 @@ class TurnGate:
         return kind == "read" or not self._readers
 
     def _admit(self, turn: Turn) -> None:
-        turn.held = True
         turn.since = trio.current_time()
         if turn.kind == "write":
             self.writer, self.writer_task = turn, turn.tasks[0].task
@@ -303,7 +301,6 @@ class TurnGate:
             self._readers.remove(turn)
         else:
             return
-        turn.held = False
         self._admit_waiters()
 
     def warn_slow(self, warning: float, now: float) -> float | None:
