@@ -14,11 +14,11 @@ import datetime as dt
 from pathlib import Path
 from typing import Any
 
-import outcome
 import pytest
 import trio
 import trio.testing
 from conftest import EPOCH, engine
+from held_calls import Held, serve_calls
 
 import nursery_jobs as nj
 
@@ -55,9 +55,7 @@ class Env:
     async def serve(self) -> None:
         """Run the calls the test sends through ``Held``, inside the current task's turn:
         calls made "while a task runs" can only come from that task (DESIGN section 2)."""
-        async for name, args, kwargs, reply in self.calls_out:
-            assert self.stub is not None
-            reply.send_nowait(await outcome.acapture(self.stub.call, name, *args, **kwargs))
+        await serve_calls(self.calls_out, self.stub)
 
     def record(self, name: str, payload: Any, attempt: int | None = None) -> None:
         self.runs.append((name, rel(), payload, attempt))
@@ -70,21 +68,6 @@ class Env:
 
     def of(self, type: str) -> list[nj.Event]:
         return [e for e in self.events if e.type == type]
-
-
-class Held:
-    """The agent as its running "nap" task sees it: each call runs inside the nap's turn."""
-
-    def __init__(self, env: Env) -> None:
-        self._env = env
-
-    def __getattr__(self, name: str) -> Any:
-        async def call(*args: Any, **kwargs: Any) -> Any:
-            reply, result = trio.open_memory_channel[Any](1)
-            await self._env.calls_in.send((name, args, kwargs, reply))
-            return (await result.receive()).unwrap()
-
-        return call
 
 
 class Worker(nj.Agent):
@@ -526,7 +509,7 @@ async def test_list_schedules_during_a_run_omits_tasks_already_done(
             await agent.queue("nap", 10, id="nap")
             await env.napping.wait()
             await trio.sleep(5)  # "a" and "b" are done; "nap" runs until 10
-            assert [t.id for t in await Held(env).list_schedules()] == ["nap", "later"]
+            assert [t.id for t in await Held(env.calls_in).list_schedules()] == ["nap", "later"]
             await trio.sleep(10)
             assert [t.id for t in await agent.list_schedules()] == ["later"]
 
@@ -566,7 +549,7 @@ async def test_get_and_list_queued_tasks(autojump_clock: trio.testing.MockClock)
             # from inside its turn, as only the running task can meanwhile).
             await agent.queue("nap", 10, id="nap")
             await env.napping.wait()
-            agent = Held(env)
+            agent = Held(env.calls_in)
             await trio.sleep(1)
             await agent.queue("work", {"n": 1}, id="a", max_retries=2)
             await trio.sleep(1)
@@ -599,7 +582,7 @@ async def test_dequeue_removes_one_queued_task(autojump_clock: trio.testing.Mock
         async with nj.open_runtime(engine.location, env=env) as rt:
             await rt.get(Worker, "w").queue("nap", 10, id="nap")
             await env.napping.wait()
-            agent = Held(env)  # (reached from inside the nap's turn until it ends)
+            agent = Held(env.calls_in)  # (reached from inside the nap's turn until it ends)
             await agent.queue("work", "a", id="a")
             await agent.queue("work", "b", id="b")
             await agent.schedule(5, "work", "scheduled", id="s")
@@ -639,7 +622,7 @@ async def test_dequeue_all_and_by_method(autojump_clock: trio.testing.MockClock)
         async with nj.open_runtime(engine.location, env=env) as rt:
             await rt.get(Worker, "w").queue("nap", 10, id="nap")
             await env.napping.wait()
-            agent = Held(env)  # (reached from inside the nap's turn until it ends)
+            agent = Held(env.calls_in)  # (reached from inside the nap's turn until it ends)
             await trio.sleep(1)
             for n in range(3):
                 await agent.queue("work", n, id=f"w{n}")

@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-import outcome
 import pytest
 import trio
 import trio.testing
 from conftest import EPOCH, engine
+from held_calls import Held, serve_calls
 
 import nursery_jobs as nj
 
@@ -120,31 +120,9 @@ class Env:
         runs" can only come from the running job itself (DESIGN section 2, Turns)."""
         async with trio.open_nursery() as nursery:
 
-            async def serve() -> None:
-                async for name, args, kwargs, reply in self.calls_out:
-                    assert self.stub is not None
-                    result = await outcome.acapture(self.stub.call, name, *args, **kwargs)
-                    reply.send_nowait(result)
-
-            nursery.start_soon(serve)
+            nursery.start_soon(serve_calls, self.calls_out, self.stub)
             await self.gate.wait()
             nursery.cancel_scope.cancel()
-
-
-class Held:
-    """The object as the running gate item sees it: each call runs inside the item's
-    turn (a re-entrant call of the running job)."""
-
-    def __init__(self, env: Env) -> None:
-        self._env = env
-
-    def __getattr__(self, name: str) -> Any:
-        async def call(*args: Any, **kwargs: Any) -> Any:
-            reply, result = trio.open_memory_channel[Any](1)
-            await self._env.calls_in.send((name, args, kwargs, reply))
-            return (await result.receive()).unwrap()
-
-        return call
 
 
 class Uploads(nj.DurableObject):
@@ -196,7 +174,7 @@ async def hold_the_queue(obj: nj.Stub, env: Env) -> Held:
     turn)."""
     await obj.push("gate", id="gate")
     await env.gate_entered.wait()
-    return Held(env)
+    return Held(env.calls_in)
 
 
 def alarm(rt: nj.Runtime, object_id: str = "o") -> float | None:
@@ -297,7 +275,7 @@ async def test_a_higher_priority_push_overtakes_a_due_backlog(
             await obj.push_all([("gate", None, {"id": "gate"})]
                                + [("rec", f"n{n}", {"id": f"n{n}"}) for n in range(3)])
             await env.gate_entered.wait()
-            held = Held(env)
+            held = Held(env.calls_in)
             await trio.sleep(100)
             await held.push("rec", "urgent", id="urgent", priority=1)
             env.gate.set()
@@ -347,7 +325,7 @@ async def test_replacing_a_running_item_runs_the_new_payload_too(
             listen(rt, env)
             await obj.push("slow", "old", id="s")
             await env.gate_entered.wait()
-            held = Held(env)
+            held = Held(env.calls_in)
             await trio.sleep(2)
             await held.push("slow", "new", id="s")
             await held.push("rec", "behind", id="behind")
@@ -378,7 +356,7 @@ async def test_a_run_that_replaces_its_item_then_fails_is_undone_with_its_replac
             listen(rt, env)
             await obj.push("slow", "old", id="s")
             await env.gate_entered.wait()
-            held = Held(env)
+            held = Held(env.calls_in)
             await held.push("slow", "new", id="s")
             env.gate.set()  # the old run now raises: its last attempt
             await trio.sleep(1)
