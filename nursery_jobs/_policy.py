@@ -75,6 +75,35 @@ def _check_retry(instance: RetryOptions, attribute: Any, value: Any) -> None:
         raise JobError(f"RetryOptions.{attribute.name} must be a finite number >= 0, got {value!r}")
 
 
+def error_name(error_type: type[BaseException]) -> str:
+    """How an exception type is named in ``give_up_on`` (and stored): ``module.QualName``."""
+    return f"{error_type.__module__}.{error_type.__qualname__}"
+
+
+def _give_up_on(value: Any) -> tuple[str, ...]:
+    """``give_up_on`` as stored: exception types (or their ``module.QualName``) as names,
+    sorted and without repeats, so options compare equal after a round trip."""
+    if isinstance(value, (type, str)):
+        value = (value,)
+    if not isinstance(value, (tuple, list, frozenset, set)):
+        raise JobError(
+            "RetryOptions.give_up_on must be a tuple of exception types, got"
+            f" {type(value).__name__}"
+        )
+    names = set()
+    for item in value:
+        if isinstance(item, type) and issubclass(item, BaseException):
+            names.add(error_name(item))
+        elif isinstance(item, str) and "." in item and item.strip() == item and len(item) <= 512:
+            names.add(item)
+        else:
+            raise JobError(
+                "RetryOptions.give_up_on must hold exception types (or 'module.QualName'"
+                f" strings), got {item!r}"
+            )
+    return tuple(sorted(names))
+
+
 @attrs.frozen(kw_only=True)
 class RetryOptions:
     """How often a failing job is retried: ``max_attempts`` counts the first run; the
@@ -85,6 +114,15 @@ class RetryOptions:
     max_delay: float = attrs.field(default=3.0, validator=_check_retry)
     jitter: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
     """With ``jitter=False`` the wait is exactly the bound (the Agent's 1, 2, 4 ... s)."""
+    give_up_on: tuple[str, ...] = attrs.field(default=(), converter=_give_up_on)
+    """Errors that end the job at once, remaining attempts skipped (Temporal's
+    non-retryable errors): exception types, kept by name (``module.QualName``, so they
+    survive in the job row); an error whose class, or a base class, is named matches."""
+
+    def gives_up_on(self, error: BaseException) -> bool:
+        """Whether ``error`` skips the remaining attempts."""
+        names = self.give_up_on
+        return bool(names) and any(error_name(cls) in names for cls in type(error).__mro__)
 
     def backoff_bound(self, attempt: int) -> float:
         """Upper bound of the wait after failed attempt ``attempt`` (1-based)."""

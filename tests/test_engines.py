@@ -150,3 +150,36 @@ async def test_every_new_object_database_carries_the_schema_version(tmp_path: Pa
         assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     finally:
         raw.close()
+
+
+async def test_a_database_of_schema_2_gains_the_columns_of_3_and_keeps_its_jobs(
+    tmp_path: Path,
+) -> None:
+    async with nj.open_runtime(tmp_path, env=[]) as rt:
+        shop = rt.get(Shop, "v2")
+        await shop.items()
+        await rt.get(Shop, "v2").call("items")
+    file = tmp_path / "objects" / object_file_name(Shop.namespace, "v2")
+    raw = sqlite3.connect(file)
+    raw.execute(
+        "INSERT INTO nj_jobs (id, owner, fn, time, payload, max_attempts, base_delay,"
+        " max_delay, jitter, singleflight, hung_timeout, exclusive, recovery_loop, created_at)"
+        " VALUES ('host-later', 'host', 'later', 4e9, NULL, 3, 0.1, 3.0, 1, 0, 30.0, 0, 0, 1.8e9)"
+    )
+    for column in ("timeout", "give_up_on", "trace"):
+        raw.execute(f"ALTER TABLE nj_jobs DROP COLUMN {column}")
+    raw.execute("DROP TABLE nj_attempts")
+    raw.execute("PRAGMA user_version = 2")
+    raw.commit()
+    raw.close()
+    async with nj.open_runtime(tmp_path, env=[]) as rt:
+        [job] = await rt.get(Shop, "v2").host_jobs()
+        assert (job.id, job.timeout, job.retry.give_up_on) == ("host-later", None, ())
+    raw = sqlite3.connect(file)
+    try:
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+        columns = {row[1] for row in raw.execute("PRAGMA table_info(nj_jobs)")}
+        assert {"timeout", "give_up_on", "trace"} <= columns
+        assert raw.execute("SELECT COUNT(*) FROM nj_attempts").fetchone() == (0,)
+    finally:
+        raw.close()

@@ -3,6 +3,7 @@ working copy and its shipping, leases and the epoch fence, crash tokens on takeo
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -105,11 +106,15 @@ def test_an_unreachable_server_is_a_storage_error_without_the_password() -> None
 def test_schema_is_created_and_a_newer_one_refused(pg_dsn: str) -> None:
     with opened(pg_dsn):
         pass
-    assert sql(pg_dsn, "SELECT version, object_schema FROM nj_schema") == [(1, 2)]
+    assert sql(pg_dsn, "SELECT version, object_schema FROM nj_schema") == [(1, 3)]
     with opened(pg_dsn):  # an existing schema of this version is fine
         pass
+    sql(pg_dsn, "UPDATE nj_schema SET object_schema = 2")  # older objects: brought up
+    with opened(pg_dsn):
+        pass
+    assert sql(pg_dsn, "SELECT version, object_schema FROM nj_schema") == [(1, 3)]
     sql(pg_dsn, "UPDATE nj_schema SET version = 99")
-    with pytest.raises(StorageError, match=r"schema version 99 \(objects 2\), newer than"):
+    with pytest.raises(StorageError, match=r"schema version 99 \(objects 3\), newer than"):
         PostgresEngine(pg_dsn).open(NOW)
     assert sql(pg_dsn, "SELECT version FROM nj_schema") == [(99,)]
     assert sql(pg_dsn, "SELECT count(*) FROM nj_hosts") == [(0,)]
@@ -247,3 +252,22 @@ async def test_a_dead_hosts_running_job_becomes_a_crash_token(pg_dsn: str) -> No
         assert sql(pg_dsn, "SELECT count(*) FROM nj_crashes") == [(0,)]
         assert pool is not None
         pool.close()
+
+
+async def test_a_job_row_stored_by_object_schema_2_loads_with_the_new_columns_empty(
+    pg_dsn: str,
+) -> None:
+    with opened(pg_dsn) as a:
+        state = await a.open_object(NS, "old-row", CP)
+        state.close()
+    # The 20 columns object schema 2 stored, as its JSON array.
+    row = [7, "j1", "host", "f", 5.5, None, 3, 0.1, 3.0, 1, 0, 30.0, 0, 0, 1.0, 0, None, 0,
+           None, 0]
+    sql(pg_dsn, "INSERT INTO nj_rows VALUES (%s, %s, 'nj_jobs', 'j1', %s)",
+        (NS, "old-row", json.dumps(row)))
+    with opened(pg_dsn) as b:
+        state = await b.open_object(NS, "old-row", CP)
+        assert state.conn.execute(
+            "SELECT id, priority, timeout, give_up_on, trace FROM nj_jobs"
+        ).fetchall() == [("j1", 0, None, None, None)]
+        state.close()

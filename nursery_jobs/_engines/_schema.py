@@ -5,7 +5,9 @@ as an in-memory working copy). The version is ``PRAGMA user_version``:
 
 - 0 with no tables: a new database (created at the current version);
 - 0 with tables: written by release 0.1 (Queue priority folded into the due time);
-- 2: priority is a column of ``nj_jobs``.
+- 2: priority is a column of ``nj_jobs``;
+- 3: ``nj_jobs`` has ``timeout``, ``give_up_on`` and ``trace`` (the pushing span's
+  context); ``nj_attempts`` keeps the recent failed attempts of each job.
 
 A database with a newer version than this code knows is refused, never written.
 """
@@ -19,7 +21,7 @@ from typing import Final
 from nursery_jobs._codec import decode_payload
 from nursery_jobs._errors import StorageError
 
-SCHEMA_VERSION: Final = 2
+SCHEMA_VERSION: Final = 3
 
 _TABLES = """
 CREATE TABLE IF NOT EXISTS nj_kv (key TEXT PRIMARY KEY, value TEXT) WITHOUT ROWID;
@@ -43,7 +45,10 @@ CREATE TABLE IF NOT EXISTS nj_jobs (
     running_since REAL,
     crash_strikes INTEGER NOT NULL DEFAULT 0,
     last_crash REAL,
-    priority INTEGER NOT NULL DEFAULT 0
+    priority INTEGER NOT NULL DEFAULT 0,
+    timeout REAL,
+    give_up_on TEXT,
+    trace TEXT
 );
 CREATE TABLE IF NOT EXISTS nj_dead_letters (
     owner TEXT NOT NULL,
@@ -55,8 +60,24 @@ CREATE TABLE IF NOT EXISTS nj_dead_letters (
     time REAL NOT NULL,
     PRIMARY KEY (owner, id)
 ) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS nj_meta (key TEXT PRIMARY KEY, value) WITHOUT ROWID
+CREATE TABLE IF NOT EXISTS nj_meta (key TEXT PRIMARY KEY, value) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS nj_attempts (
+    owner TEXT NOT NULL,
+    id TEXT NOT NULL,
+    attempt INTEGER NOT NULL,
+    started REAL NOT NULL,
+    seconds REAL NOT NULL,
+    error TEXT NOT NULL,
+    PRIMARY KEY (owner, id, attempt)
+) WITHOUT ROWID
 """
+# Columns added to ``nj_jobs`` after it was first created (version: column definition).
+_ADDED_JOB_COLUMNS: Final = {
+    "priority": "INTEGER NOT NULL DEFAULT 0",  # 2
+    "timeout": "REAL",  # 3
+    "give_up_on": "TEXT",  # 3
+    "trace": "TEXT",  # 3
+}
 
 _INDEXES = """
 CREATE INDEX IF NOT EXISTS nj_jobs_due ON nj_jobs (time);
@@ -100,9 +121,11 @@ def prepare(conn: sqlite3.Connection, *, label: str) -> None:
     }
     statements = f"{_TABLES}; {_INDEXES}; PRAGMA user_version = {SCHEMA_VERSION}"
     try:
-        if "nj_jobs" in existing and version < 2:
+        if "nj_jobs" in existing:
             conn.execute("BEGIN IMMEDIATE")  # the migration and the rest: all or nothing
-            _migrate_priority_column(conn)
+            _add_job_columns(conn)
+            if version < 2:
+                _migrate_priority_column(conn)
             for statement in statements.split(";"):
                 if statement.strip():
                     conn.execute(statement)
@@ -119,11 +142,16 @@ def prepare(conn: sqlite3.Connection, *, label: str) -> None:
         raise
 
 
-def _migrate_priority_column(conn: sqlite3.Connection) -> None:
-    """0.1 -> 2: a ``priority`` column, and Queue items' real due times back."""
+def _add_job_columns(conn: sqlite3.Connection) -> None:
+    """Add the ``nj_jobs`` columns of later versions that the table lacks."""
     columns = {row[1] for row in conn.execute("PRAGMA table_info(nj_jobs)")}
-    if "priority" not in columns:
-        conn.execute("ALTER TABLE nj_jobs ADD COLUMN priority INTEGER NOT NULL DEFAULT 0")
+    for name, definition in _ADDED_JOB_COLUMNS.items():
+        if name not in columns:
+            conn.execute(f"ALTER TABLE nj_jobs ADD COLUMN {name} {definition}")
+
+
+def _migrate_priority_column(conn: sqlite3.Connection) -> None:
+    """0.1 -> 2: Queue items' real due times back (the column is added before)."""
     rows = conn.execute("SELECT seq, time, payload FROM nj_jobs WHERE owner != 'host'").fetchall()
     for seq, time, payload in rows:
         try:

@@ -41,6 +41,9 @@ class Job:
     created_at: float
     priority: int = 0
     """Among due jobs, a higher priority runs first (the Queue's ``priority``)."""
+    timeout: float | None = None
+    """A run still going after this many seconds is cancelled: a failed attempt
+    (``JobTimeoutError``)."""
 
 
 @attrs.frozen(kw_only=True, slots=False)  # (attrs builds a __dict__ class's faster: one per run)
@@ -57,7 +60,7 @@ _new_object = object.__new__
 def checked_job(
     id: str, owner: str, fn: str, time: float, payload: Any, retry: RetryOptions,
     singleflight: bool, hung_timeout: float, exclusive: bool, recovery_loop: bool,
-    created_at: float, priority: int,
+    created_at: float, priority: int, timeout: float | None = None,
 ) -> Job:
     """A ``Job`` of fields already checked (by a push's argument checks, or read back
     from our own table), built without attrs' frozen ``__init__``: one
@@ -67,6 +70,7 @@ def checked_job(
         id=id, owner=owner, fn=fn, time=time, payload=payload, retry=retry,
         singleflight=singleflight, hung_timeout=hung_timeout, exclusive=exclusive,
         recovery_loop=recovery_loop, created_at=created_at, priority=priority,
+        timeout=timeout,
     )
     return job
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import sqlite3
 from collections.abc import Iterator
@@ -207,6 +208,9 @@ def _job_row(
             values[column] = record.get("payload")  # still encoded: stored as is
         elif column in record:
             values[column] = record[column]
+        elif column == "give_up_on":  # a list in the record, JSON (or NULL) in the row
+            names = retry.get(column) or []
+            values[column] = json.dumps(names) if names else None
         elif column in retry:
             values[column] = retry[column]
         elif notnull and default is None:

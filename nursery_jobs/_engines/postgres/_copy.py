@@ -106,7 +106,12 @@ def load_rows(conn: sqlite3.Connection, label: str, rows: list[tuple[str, str]])
             table = TABLES_BY_NAME.get(tbl)
             if table is None:
                 raise StorageError(f"{label}: stored rows of unknown table {tbl!r}")
-            conn.executemany(table.insert, values)
+            width = len(table.columns)
+            # A row stored by an older object schema lacks the columns added since (at
+            # the end, each NULL by default).
+            conn.executemany(
+                table.insert, [row + [None] * (width - len(row)) for row in values]
+            )
     except BaseException:
         conn.execute("ROLLBACK")
         raise

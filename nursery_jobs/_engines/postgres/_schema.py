@@ -112,10 +112,13 @@ def ensure_schema(conn: Any, label: str) -> None:
         if exists:
             row = conn.execute("SELECT version, object_schema FROM nj_schema").fetchone()
             if row is not None:
-                version = int(row[0])
-                check_version(f"the PostgreSQL database {label}", version, int(row[1]))
-                if version == PG_SCHEMA_VERSION:
+                version, object_schema = int(row[0]), int(row[1])
+                check_version(f"the PostgreSQL database {label}", version, object_schema)
+                if (version, object_schema) == (PG_SCHEMA_VERSION, OBJECT_SCHEMA_VERSION):
                     return
+                # Older: the DDL below is idempotent, and the row records the versions
+                # written from now on (rows of an older object schema load padded,
+                # ``_copy.load_rows``), so an older nursery_jobs refuses the database.
         for statement in _DDL.split(";"):
             if statement.strip():
                 conn.execute(statement)
@@ -162,10 +165,13 @@ ROW_TABLES: Final = (
         "seq", "id", "owner", "fn", "time", "payload", "max_attempts", "base_delay",
         "max_delay", "jitter", "singleflight", "hung_timeout", "exclusive", "recovery_loop",
         "created_at", "attempts", "running_since", "crash_strikes", "last_crash", "priority",
+        "timeout", "give_up_on", "trace",
     )),
     RowTable("nj_dead_letters", ("owner", "id"),
              ("owner", "id", "job", "error", "attempts", "reason", "time")),
     RowTable("nj_meta", ("key",), ("key", "value")),
+    RowTable("nj_attempts", ("owner", "id", "attempt"),
+             ("owner", "id", "attempt", "started", "seconds", "error")),
 )
 TABLES_BY_NAME: Final = {table.name: table for table in ROW_TABLES}
 
