@@ -127,6 +127,7 @@ class ObjectHost:
         "for_alarm",
         "instance",
         "key",
+        "memory_mark",
         "namespace",
         "object_id",
         "phase",
@@ -165,6 +166,8 @@ class ObjectHost:
         self._busy = 0
         self._destroy = False  # delete its data once its work ends (then it leaves)
         self._alarm_work = 0
+        # The memory sample before its current alarm work began (``_memory``).
+        self.memory_mark: float | None = None
         self.transactions: ObjectTransactions | None = None
         # One task changes the object at a time: calls, alarm runs and startup take turns.
         self.turns = TurnGate(self.label, slow=site.slow_turns, emit=self._turn_slow)
@@ -401,6 +404,8 @@ class ObjectHost:
             self._work_scopes.discard(scope)
             self._busy -= 1
             self._alarm_work -= alarm
+            if self._alarm_work == 0:
+                self.memory_mark = None
             if self._busy == 0:
                 if self._destroy:
                     self._leave("destroyed")

@@ -28,6 +28,7 @@ from nursery_jobs import _clock
 from nursery_jobs._core._alarm import Key, Timer, retry_unreachable
 from nursery_jobs._core._host import ObjectHost, Phase
 from nursery_jobs._core._location import engine_for
+from nursery_jobs._core._memory import MemoryWatch
 from nursery_jobs._core._metrics import Metrics
 from nursery_jobs._core._object import DurableObject, resolve_namespace
 from nursery_jobs._core._stall import StallWatch
@@ -393,22 +394,14 @@ class Runtime:
                 return
 
     async def _memory_watchdog(self) -> None:
-        """Sample memory; over the limit, reset every object whose alarm work runs."""
+        """Sample memory; over the limit, reset the objects whose alarm work grew it
+        (``_memory.MemoryWatch``). Holds no host between samples: a reset object must
+        be free to leave memory."""
         assert self.memory_limit is not None
+        watch = MemoryWatch(self.memory_limit, self.memory_probe)
         while True:
             await trio.sleep(MEMORY_CHECK_INTERVAL)
-            used = self.memory_probe()
-            if used <= self.memory_limit:
-                continue
-            victims = [h for h in self._hosts.values()
-                       if h.serving and h.running_alarm_work]
-            if not victims:
-                continue
-            logger.error("memory %d > limit %d: resetting %d object(s) running alarm work",
-                         used, self.memory_limit, len(victims))
-            for host in victims:
-                host.reset(f"memory limit exceeded ({used:.0f} > {self.memory_limit})",
-                           memory=True)
+            watch.check(self._hosts.values())
 
     def _close(self) -> None:
         for host in list(self._hosts.values()):
