@@ -166,6 +166,10 @@ class Runtime:
         self._hosts: OrderedDict[Key, ObjectHost] = OrderedDict()
         # The hosts whose database is open (or opening), least recently used first.
         self._open: OrderedDict[Key, ObjectHost] = OrderedDict()
+        # Where objects' databases are files, how many may be open at once (whatever
+        # state their objects are in), and the activations and wakes waiting for one.
+        self._file_budget = default_max_active() if engine.holds_files else None
+        self._files_freed = trio.lowlevel.ParkingLot()
         self._nursery: trio.Nursery | None = None
         self._limiter = trio.CapacityLimiter(_MAX_CONCURRENT_ALARMS)
         self._closing = False
@@ -194,10 +198,45 @@ class Runtime:
     def database_closed(self, host: ObjectHost) -> None:
         if self._open.get(host.key) is host:
             del self._open[host.key]
+            if self._files_freed:
+                self._files_freed.unpark()
 
-    def database_opened(self, host: ObjectHost) -> None:
-        self._open[host.key] = host
-        self._evict_over_limit()
+    async def open_slot(self, host: ObjectHost) -> None:
+        """Count ``host``'s database, about to open, as open. Where databases are
+        files, wait while the open-file budget is spent — asking idle objects to doze or
+        leave — rather than open one more (past it, opens fail with EMFILE and so does
+        the application's own ``open()``). Checkpoints."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        budget = self._file_budget
+        if budget is not None and host.key not in self._open:
+            while len(self._open) >= budget and host.phase is not Phase.CLOSED:
+                self._free_files(len(self._open) - budget + 1)
+                await self._files_freed.park()
+        # Counted with no checkpoint since the look at the count (those that wake at
+        # once must not all see the same free file).
+        if host.phase is not Phase.CLOSED:
+            self._open[host.key] = host
+            self._open.move_to_end(host.key)
+            self._evict_over_limit()
+        await trio.lowlevel.cancel_shielded_checkpoint()
+
+    def host_idle(self, host: ObjectHost) -> None:
+        if self._files_freed:  # someone waits for a file: an idle object gives one up
+            self._free_files(len(self._files_freed))
+
+    def _free_files(self, n: int) -> None:
+        """Ask up to ``n`` idle objects, least recently used first, to close their
+        databases: they doze (with dormancy on) or leave memory. One asked already
+        counts. Does not checkpoint."""
+        for host in list(self._open.values()):
+            if n <= 0:
+                break
+            if host.doze_pending or host.leaving:
+                n -= 1
+            elif host.serving and not host.busy:
+                if self.dormant_after is None or not host.doze_now():
+                    host.evict("evicted: max_active (the open-file limit)")
+                n -= 1
 
     async def _activate(
         self, cls: type[DurableObject], namespace: str, object_id: str, *,
@@ -214,8 +253,6 @@ class Runtime:
             if host is None:
                 host = ObjectHost(self, cls, namespace, object_id, for_alarm=for_alarm)
                 self._hosts[key] = host
-                self._open[key] = host
-                self._evict_over_limit()
                 try:
                     await self._nursery.start(host.run)
                 except BaseException as exc:
@@ -242,16 +279,7 @@ class Runtime:
         if self._bounds_open:
             # The open-file limit's bound, with dormancy on: past it the least recently
             # used idle objects doze at once (one that may not doze leaves memory).
-            excess = len(self._open) - self.max_active
-            for host in list(self._open.values()):
-                if excess <= 0:
-                    break
-                if host.doze_pending:
-                    excess -= 1
-                elif host.serving and not host.busy:
-                    if not host.doze_now():
-                        host.evict("evicted: max_active (the open-file limit)")
-                    excess -= 1
+            self._free_files(len(self._open) - self.max_active)
             return
         if self.max_active is None or len(self._hosts) <= self.max_active:
             return
