@@ -43,6 +43,18 @@ def test_every_python_block_compiles() -> None:
         compile(block, "README.md", "exec")
 
 
+# What a block must hold to be run by a test below.
+RUN_BY_A_TEST = ("class Counter(", "class Mailer(", "class Uploads(", "class Notes(",
+                 "class CleanupAgent(",
+                 "sleep_forever()                    #", "nj_runtime")
+
+
+def test_every_block_is_run_by_a_test_or_says_why_not() -> None:
+    for block in BLOCKS:
+        tested = [marker for marker in RUN_BY_A_TEST if marker in block]
+        assert len(tested) == 1 or (not tested and block.startswith("# not run: ")), block
+
+
 def test_the_durable_object_keeps_its_count(tmp_path: Path) -> None:
     block = _block("class Counter(")
     assert _run(block, tmp_path).split() == ["2"]
@@ -58,6 +70,7 @@ def test_the_callback_examples_define_their_classes(tmp_path: Path) -> None:
     block = _block("class Uploads(")
     _run(block + "\nassert issubclass(Reminders, nj.Agent)\n", tmp_path)
     _run(_block("class Notes("), tmp_path)
+    _run(_block("class CleanupAgent("), tmp_path)
 
 
 def test_sigterm_stops_the_runtime_and_the_program_goes_on(tmp_path: Path) -> None:
