@@ -328,3 +328,40 @@ def test_addresses_are_shown_whole_with_the_password_masked(given: str, shown: s
     assert address_label(given) == shown
     for secret in secrets_of(given):
         assert secret not in shown
+
+
+def _without(monkeypatch: pytest.MonkeyPatch, package: str) -> None:
+    """As if ``package`` were not installed (a module an earlier test imported included)."""
+    for name in {package} | {m for m in sys.modules if m.startswith(f"{package}.")}:
+        monkeypatch.setitem(sys.modules, name, None)
+
+
+@pytest.mark.parametrize("command", [
+    ("inspect",), ("inspect", "--json"), ("requeue", "ns", "obj", "job"),
+    ("serve", "--port", "0"),
+])
+def test_postgres_faces_without_the_driver_name_the_extra_in_one_line(
+    command: tuple[str, ...], monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _without(monkeypatch, "psycopg")
+    address = "postgresql://app:secret@127.0.0.1:1/jobs"
+    code, out, err = run_cli(command[0], address, *command[1:], capsys=capsys)
+    assert (code, out) == (2, "")
+    assert err.count("\n") == 1, err
+    assert "pip install 'nursery_jobs[postgres]'" in err
+    assert "secret" not in err
+
+
+def test_the_postgres_bench_without_the_driver_names_the_extra_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    _without(monkeypatch, "psycopg")
+    monkeypatch.delitem(sys.modules, "nursery_jobs.bench._pg", raising=False)
+    code, out, err = run_cli("bench", "--engine", "postgres", "--dsn",
+                             "postgresql://app:secret@127.0.0.1:1/jobs", "--quick",
+                             capsys=capsys)
+    assert (code, out) == (2, "")
+    assert err.count("\n") == 1, err
+    assert "pip install 'nursery_jobs[postgres]'" in err
+    assert "secret" not in err
