@@ -30,7 +30,9 @@ def rel() -> float:
 
 
 class Env:
-    def __init__(self) -> None:
+    def __init__(self, jobs: int = 0) -> None:
+        self.jobs = jobs  # how many jobs end before ``done`` is set
+        self.done = trio.Event()
         self.running = 0
         self.most = 0
         self.started: list[tuple[str, float, int]] = []  # (object, time, attempt)
@@ -57,6 +59,8 @@ class Worker(nj.DurableObject):
         finally:
             env.running -= 1
         env.ended.append((self.ctx.id, rel()))
+        if len(env.ended) == env.jobs:
+            env.done.set()
 
     async def push(self, seconds: float, **kwargs: Any) -> None:
         await self.lifecycle.jobs.push("work", payload=seconds, **kwargs)
@@ -75,14 +79,13 @@ class Other(Worker):
 async def test_a_concurrency_limit_of_3_runs_12_jobs_in_4_rounds(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    env = Env()
+    env = Env(12)
     limits = {Worker: nj.Limit(concurrency=3)}
     with trio.fail_after(HANG):
         async with nj.open_runtime(engine.location, env=env, limits=limits) as rt:
             for i in range(12):
                 await rt.get(Worker, f"w{i:02}").push(10)
-            while len(env.ended) < 12:
-                await trio.sleep(1)
+            await env.done.wait()
     assert max(t for _o, t in env.ended) == 40.0
     assert env.most == 3
     assert sorted(t for _o, t, _a in env.started) == [0.0] * 3 + [10.0] * 3 + [20.0] * 3 + [
@@ -94,7 +97,7 @@ async def test_a_concurrency_limit_of_3_runs_12_jobs_in_4_rounds(
 async def test_a_rate_of_2_per_second_never_starts_3_in_any_second(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    env = Env()
+    env = Env(10)
     with trio.fail_after(HANG):
         async with nj.open_runtime(engine.location, env=env,
                                    limits={Worker.namespace: nj.Limit(rate=(2, 1.0))}) as rt:
@@ -103,8 +106,7 @@ async def test_a_rate_of_2_per_second_never_starts_3_in_any_second(
             one = rt.get(Worker, "many")  # one object's own jobs are limited too
             for _ in range(3):
                 await one.push(0)
-            while len(env.ended) < 10:
-                await trio.sleep(0.125)
+            await env.done.wait()
     starts = sorted(t for _o, t, _a in env.started)
     assert starts == [0.0, 0.0, 1.0, 1.0, 2.0, 2.0, 3.0, 3.0, 4.0, 4.0]
     for t in starts:

@@ -14,6 +14,7 @@ next in line when the delivery ends. The object's alarm meanwhile stays a fallba
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
@@ -76,7 +77,8 @@ class NamespaceLimit:
     ) -> None:
         self.namespace = namespace
         self._concurrency = math.inf if limit.concurrency is None else limit.concurrency
-        self._rate, self._per = (math.inf, 0.0) if limit.rate is None else limit.rate
+        self._rate: float = math.inf if limit.rate is None else limit.rate[0]
+        self._per: float = 0.0 if limit.rate is None else limit.rate[1]
         self._wake = wake
         self._start_soon = start_soon
         self.running = 0  # permits held: running jobs and reservations
@@ -176,9 +178,8 @@ class JobLimits:
         start_soon: Callable[..., Any],
     ) -> None:
         self._by_namespace = {
-            namespace: NamespaceLimit(
-                namespace, limit, lambda object_id, ns=namespace: wake(ns, object_id),
-                start_soon)
+            namespace: NamespaceLimit(namespace, limit, functools.partial(wake, namespace),
+                                      start_soon)
             for namespace, limit in limits.items()
         }
 

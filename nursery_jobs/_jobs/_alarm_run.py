@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any, Final
 import trio
 
 from nursery_jobs import _clock
-from nursery_jobs._errors import describe_error, safe_repr
 from nursery_jobs._core._limits import PARK_FOR
+from nursery_jobs._errors import describe_error, safe_repr
 from nursery_jobs._jobs._capability import Capability
 from nursery_jobs._jobs._records import (
     HOST,
