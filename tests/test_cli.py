@@ -328,3 +328,40 @@ def test_addresses_are_shown_whole_with_the_password_masked(given: str, shown: s
     assert address_label(given) == shown
     for secret in secrets_of(given):
         assert secret not in shown
+
+
+async def test_pause_and_resume_edit_a_stopped_data_directory(
+    tmp_path: Path, autojump_clock: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = tmp_path / "data"
+    await build(data)
+    async with nj.open_runtime(data) as rt:
+        await rt.get(Mailer, "news").push("send", id="soon", delay=5)
+
+    code, out, err = run_cli("pause", str(data), Mailer.namespace, "news", capsys=capsys)
+    assert code == 0, err
+    assert out.strip() == f"paused every job of {Mailer.namespace}/news in {data}"
+    code, out, _ = run_cli("pause", str(data), Mailer.namespace, "news", "--owner", "queue",
+                           capsys=capsys)
+    assert code == 0 and "paused the jobs of queue" in out
+    code, out, _ = run_cli("inspect", str(data), "--json", capsys=capsys)
+    assert json.loads(out)["objects"][0]["paused"] == [None, "queue"]
+    code, out, _ = run_cli("inspect", str(data), capsys=capsys)
+    assert ", paused\n" in out
+
+    async with nj.open_runtime(data) as rt:
+        await trio.sleep(10)
+        assert "ran:soon" not in await rt.get(Mailer, "news").ran()  # paused for good
+
+    code, out, _ = run_cli("resume", str(data), Mailer.namespace, "news", capsys=capsys)
+    assert code == 0 and out.startswith("resumed every job")
+    code, out, _ = run_cli("inspect", str(data), "--json", capsys=capsys)
+    assert json.loads(out)["objects"][0]["paused"] == ["queue"]
+    code, out, _ = run_cli("inspect", str(data), capsys=capsys)
+    assert ", paused: queue\n" in out
+    code, _, err = run_cli("resume", str(data), Mailer.namespace, "nobody", capsys=capsys)
+    assert code == 2 and "no object" in err
+
+    async with nj.open_runtime(data) as rt:
+        await trio.sleep(1)
+        assert "ran:soon" in await rt.get(Mailer, "news").ran()  # the resume woke it
