@@ -353,12 +353,19 @@ async def test_pause_and_resume_edit_a_stopped_data_directory(
         await trio.sleep(10)
         assert "ran:soon" not in await rt.get(Mailer, "news").ran()  # paused for good
 
-    code, out, _ = run_cli("resume", str(data), Mailer.namespace, "news", capsys=capsys)
-    assert code == 0 and out.startswith("resumed every job")
+    code, out, _ = run_cli("resume", str(data), Mailer.namespace, "news", "--owner", "queue",
+                           capsys=capsys)
+    assert code == 0 and out.startswith("resumed the jobs of queue")
     code, out, _ = run_cli("inspect", str(data), "--json", capsys=capsys)
-    assert json.loads(out)["objects"][0]["paused"] == ["queue"]
+    assert json.loads(out)["objects"][0]["paused"] == [None]
+    code, out, _ = run_cli("pause", str(data), Mailer.namespace, "news", "--owner", "host",
+                           capsys=capsys)
     code, out, _ = run_cli("inspect", str(data), capsys=capsys)
-    assert ", paused: queue\n" in out
+    assert ", paused\n" in out
+    code, out, _ = run_cli("resume", str(data), Mailer.namespace, "news", capsys=capsys)
+    assert code == 0 and out.startswith("resumed every job")  # every pause of the object
+    code, out, _ = run_cli("inspect", str(data), "--json", capsys=capsys)
+    assert json.loads(out)["objects"][0]["paused"] == []
     code, _, err = run_cli("resume", str(data), Mailer.namespace, "nobody", capsys=capsys)
     assert code == 2 and "no object" in err
 

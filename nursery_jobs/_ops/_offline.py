@@ -322,6 +322,10 @@ def _pause_in(db: sqlite3.Connection, owner: str | None, paused: bool) -> tuple[
         if paused:
             cursor = db.execute(
                 "INSERT INTO nj_meta (key, value) VALUES (?, 1) ON CONFLICT DO NOTHING", (key,))
+        elif owner is None:  # (as ``lifecycle.resume(None)``: every pause of the object)
+            cursor = db.execute(
+                "DELETE FROM nj_meta WHERE key = ? OR substr(key, 1, ?) = ?",
+                (PAUSED_ALL, len(PAUSED_PREFIX), PAUSED_PREFIX))
         else:
             cursor = db.execute("DELETE FROM nj_meta WHERE key = ?", (key,))
         changed = cursor.rowcount > 0
@@ -339,8 +343,9 @@ def pause_offline(
     data: str | os.PathLike[str], namespace: str, object_id: str, *, owner: str | None,
     paused: bool, now: float,
 ) -> PauseChanged:
-    """Pause (``paused``) or resume the jobs of ``owner`` (None: the whole object) of an
-    object in a stopped data directory. A resume lowers the object's alarm to ``now``
+    """Pause (``paused``) or resume the jobs of ``owner`` (None: the whole object; a
+    resume of None lifts every pause, as ``lifecycle.resume(None)``) of an object in a
+    stopped data directory. A resume lowers the object's alarm to ``now``
     (an early wake is harmless: the next runtime runs what is due and re-arms). Runs no
     alarm and no user code; blocks.
 
@@ -416,7 +421,7 @@ def pause_postgres(
         return pg_ops.Edit(
             PauseChanged(namespace=namespace, object_id=object_id, owner=owner, paused=paused,
                          changed=changed),
-            alarm=now if not paused and has_jobs else None)
+            alarm=now if changed and not paused and has_jobs else None)
 
     with conn:
         try:
