@@ -33,6 +33,7 @@ from nursery_jobs._errors import CodecError as CodecError
 from nursery_jobs._errors import EngineError as EngineError
 from nursery_jobs._errors import JobError as JobError
 from nursery_jobs._errors import JobOwnershipError as JobOwnershipError
+from nursery_jobs._errors import LimitError as LimitError
 from nursery_jobs._errors import NurseryJobsError as NurseryJobsError
 from nursery_jobs._errors import ObjectFencedError as ObjectFencedError
 from nursery_jobs._errors import ObjectIdError as ObjectIdError
@@ -59,6 +60,7 @@ from nursery_jobs._jobs._strikes import MemoryLimitContext as MemoryLimitContext
 from nursery_jobs._jobs._views import CapabilityLifecycle as CapabilityLifecycle
 from nursery_jobs._jobs._views import Jobs as Jobs
 from nursery_jobs._ops._web import start_http as _start_http
+from nursery_jobs._policy import Limit as Limit
 from nursery_jobs._policy import RetryOptions as RetryOptions
 
 # The operator faces plug into the runtime from above (the runtime never imports them).
@@ -84,6 +86,8 @@ __all__ = [
     "JobOwnershipError",
     "Jobs",
     "Lifecycle",
+    "Limit",
+    "LimitError",
     "MemoryLimitContext",
     "NurseryJobsError",
     "ObjectContext",

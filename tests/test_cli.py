@@ -365,3 +365,47 @@ def test_the_postgres_bench_without_the_driver_names_the_extra_in_one_line(
     assert err.count("\n") == 1, err
     assert "pip install 'nursery_jobs[postgres]'" in err
     assert "secret" not in err
+
+
+async def test_pause_and_resume_edit_a_stopped_data_directory(
+    tmp_path: Path, autojump_clock: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = tmp_path / "data"
+    await build(data)
+    async with nj.open_runtime(data) as rt:
+        await rt.get(Mailer, "news").push("send", id="soon", delay=5)
+
+    code, out, err = run_cli("pause", str(data), Mailer.namespace, "news", capsys=capsys)
+    assert code == 0, err
+    assert out.strip() == f"paused every job of {Mailer.namespace}/news in {data}"
+    code, out, _ = run_cli("pause", str(data), Mailer.namespace, "news", "--owner", "queue",
+                           capsys=capsys)
+    assert code == 0 and "paused the jobs of queue" in out
+    code, out, _ = run_cli("inspect", str(data), "--json", capsys=capsys)
+    assert json.loads(out)["objects"][0]["paused"] == [None, "queue"]
+    code, out, _ = run_cli("inspect", str(data), capsys=capsys)
+    assert ", paused\n" in out
+
+    async with nj.open_runtime(data) as rt:
+        await trio.sleep(10)
+        assert "ran:soon" not in await rt.get(Mailer, "news").ran()  # paused for good
+
+    code, out, _ = run_cli("resume", str(data), Mailer.namespace, "news", "--owner", "queue",
+                           capsys=capsys)
+    assert code == 0 and out.startswith("resumed the jobs of queue")
+    code, out, _ = run_cli("inspect", str(data), "--json", capsys=capsys)
+    assert json.loads(out)["objects"][0]["paused"] == [None]
+    code, out, _ = run_cli("pause", str(data), Mailer.namespace, "news", "--owner", "host",
+                           capsys=capsys)
+    code, out, _ = run_cli("inspect", str(data), capsys=capsys)
+    assert ", paused\n" in out
+    code, out, _ = run_cli("resume", str(data), Mailer.namespace, "news", capsys=capsys)
+    assert code == 0 and out.startswith("resumed every job")  # every pause of the object
+    code, out, _ = run_cli("inspect", str(data), "--json", capsys=capsys)
+    assert json.loads(out)["objects"][0]["paused"] == []
+    code, _, err = run_cli("resume", str(data), Mailer.namespace, "nobody", capsys=capsys)
+    assert code == 2 and "no object" in err
+
+    async with nj.open_runtime(data) as rt:
+        await trio.sleep(1)
+        assert "ran:soon" in await rt.get(Mailer, "news").ran()  # the resume woke it

@@ -41,6 +41,7 @@ from nursery_jobs._events import EventBus
 from nursery_jobs._policy import LOCKED_RETRY, Backoff
 
 if TYPE_CHECKING:
+    from nursery_jobs._core._limits import JobLimits
     from nursery_jobs._core._runtime import Stub
     from nursery_jobs._engines.base import Engine, FlightSlot, ObjectState
 
@@ -99,6 +100,7 @@ class HostSite(Protocol):
     dormancy: trio.Lock
     probation: trio.Lock
     slow_turns: SlowTurns
+    limits: JobLimits  # (open_runtime(limits=...))
 
     def get(self, cls: type[DurableObject], object_id: str) -> Stub: ...
     def host_closed(self, host: ObjectHost) -> None: ...

@@ -16,7 +16,7 @@ import signal
 import sqlite3
 import threading
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import ExitStack, asynccontextmanager
 from typing import Any, Final, Literal, Protocol
 
@@ -27,6 +27,7 @@ import trio
 from nursery_jobs import _clock
 from nursery_jobs._core._alarm import Key, Timer, retry_unreachable
 from nursery_jobs._core._host import ObjectHost, Phase
+from nursery_jobs._core._limits import JobLimits, check_limits
 from nursery_jobs._core._location import engine_for
 from nursery_jobs._core._memory import MemoryWatch
 from nursery_jobs._core._metrics import Metrics
@@ -45,6 +46,7 @@ from nursery_jobs._errors import (
     lone_interrupt,
 )
 from nursery_jobs._events import EventBus
+from nursery_jobs._policy import Limit
 
 logger = logging.getLogger("nursery_jobs")
 
@@ -143,6 +145,7 @@ class Runtime:
         memory_probe: Callable[[], float] | None = None,
         dormant_after: float | None = None,
         turn_warning: float = 10.0,
+        limits: dict[str, Limit] | None = None,
     ) -> None:
         self.engine = engine
         self.slow_turns = SlowTurns(turn_warning)
@@ -176,6 +179,18 @@ class Runtime:
         # Work under suspicion of killing the process runs one at a time (the
         # Lifecycle holds it around jobs with crash strikes).
         self.probation = trio.Lock()
+        # Permits per limited namespace (open_runtime(limits=...)); empty: no cost.
+        self.limits = JobLimits(limits or {}, self._wake_limited, self._start_soon)
+
+    def _wake_limited(self, namespace: str, object_id: str) -> None:
+        """A permit of the namespace's limit is reserved for a held object: deliver its
+        alarm now (its run takes the permit)."""
+        if not self._closing:
+            self.timer.deliver_now((namespace, object_id))
+
+    def _start_soon(self, fn: Callable[..., Any], *args: Any) -> None:
+        if self._nursery is not None and not self._closing:
+            self._nursery.start_soon(fn, *args)
 
     @property
     def path(self) -> Any:
@@ -386,6 +401,14 @@ class Runtime:
     async def _deliver(self, key: Key) -> None:
         """Activate the object of a due alarm (if needed) and run its alarm."""
         namespace, object_id = key
+        try:
+            await self._activate_and_run(namespace, object_id)
+        finally:
+            if self.limits:
+                # A permit reserved for this object that its run did not take goes on.
+                self.limits.delivered(namespace, object_id)
+
+    async def _activate_and_run(self, namespace: str, object_id: str) -> None:
         async with self._limiter:
             cls = resolve_namespace(namespace, self.engine.class_path(namespace))
             if cls is None:
@@ -453,6 +476,7 @@ async def open_runtime(
     lease_ttl: float | None = None,
     pool_size: int | None = None,
     turn_warning: float = 10.0,
+    limits: Mapping[str | type[DurableObject], Limit] | None = None,
     stop_on: Iterable[int] = (signal.SIGTERM,),
 ) -> AsyncIterator[Runtime]:
     """Open a runtime on data directory ``path`` (None: everything in memory; or an
@@ -486,8 +510,15 @@ async def open_runtime(
     stop of its block: running jobs are cancelled, keep their attempts, get no crash
     strike and run again at once on the next start; then the block exits normally.
     ``stop_on=()`` leaves signals to the application.
+
+    ``limits={namespace or class: nj.Limit(concurrency=N, rate=(k, per_seconds))}``
+    bounds how many of that namespace's jobs run at once in this runtime, and how many
+    start in any ``per_seconds`` window (on PostgreSQL: per host). A held job stays due,
+    in order, and uses up no attempt; a held object waits in line holding nothing else
+    (no turn: calls to it do not wait; no alarm slot).
     """
     signals = _check_stop_on(stop_on)
+    checked_limits = check_limits(limits)
     if (isinstance(turn_warning, bool) or not isinstance(turn_warning, (int, float))
             or math.isnan(turn_warning) or turn_warning <= 0):
         raise ValueError(f"turn_warning must be a number of seconds > 0, got {turn_warning!r}")
@@ -524,7 +555,7 @@ async def open_runtime(
     rt = Runtime(engine, env=env, idle_timeout=float(idle_timeout), max_active=max_active,
                  durability=durability, memory_limit=memory_limit, memory_probe=memory_probe,
                  dormant_after=None if dormant_after is None else float(dormant_after),
-                 turn_warning=float(turn_warning))
+                 turn_warning=float(turn_warning), limits=checked_limits)
     engine.open(_clock.now())
     body_error: BaseException | None = None
     try:
