@@ -100,6 +100,10 @@ class AlarmRunner:
         self._watch_scope: trio.CancelScope | None = None
         self._watch_job: Job | None = None
         self._watch_deadline = math.inf
+        # Owners whose backlog was warned of: warned once per backlog, not per alarm
+        # run (a drain of 100k jobs printed 4,793 warnings, issue 22 #10); again once an
+        # alarm run has found it cleared.
+        self._backlogged: set[str] = set()
 
     async def __call__(self, info: Any) -> None:
         lc, store = self._lc, self._store
@@ -147,11 +151,15 @@ class AlarmRunner:
 
     async def _run_due(self, run: AlarmRun, now: float) -> None:
         store = self._store
-        for owner, count in store.due_counts(now):
-            if count >= BACKLOG_WARNING:
+        backlogged = {owner: count for owner, count in store.due_counts(now)
+                      if count >= BACKLOG_WARNING}
+        for owner, count in backlogged.items():
+            if owner not in self._backlogged:
                 self._lc.emit("job:backlog_warning", owner=owner, count=count,
-                              _log=(logging.WARNING, "%s: %d due jobs of %r in one alarm",
+                              _log=(logging.WARNING, "%s: %d due jobs of %r in one alarm"
+                                    " (warned once until the backlog clears)",
                                     (self._lc.label, count, owner)))
+        self._backlogged = set(backlogged)
         cursor = _START
         ran: set[str] = set()
         readmitted: set[str] = set()
