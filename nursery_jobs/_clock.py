@@ -114,6 +114,16 @@ def now() -> float:
     return _epoch0() + trio.current_time()
 
 
+def fresh_now() -> float:
+    """``now()`` after a ``reanchor()``: for a relative delay, measured from when it was
+    pushed. Between the once-a-second checks a stepped wall clock leaves ``now()``
+    stale by the step (a ``delay=1`` pushed after a 5 s step back fired 6 s later,
+    issue 22 #11); reading the wall clock costs well under a microsecond, a push
+    hundreds. Does not checkpoint."""
+    reanchor()
+    return now()
+
+
 def _may_reanchor(anchor: _Anchor) -> bool:
     if _pinned is not None or anchor.pinned:
         return False
