@@ -90,7 +90,8 @@ class StallWatch:
             self._emit(late, _NOBODY)
             return
         ends = [start for start, _ in segments[1:]] + [due + late]
-        spans = [(end - start, culprit) for (start, culprit), end in zip(segments, ends, strict=True)]
+        spans = [(end - start, culprit)
+                 for (start, culprit), end in zip(segments, ends, strict=True)]
         long_ones = [span for span in spans if span[0] > self._threshold]
         # Pieces each shorter than a stall (the thread saw several jobs in turn) are
         # one stall of their sum, named by the first.
