@@ -22,7 +22,7 @@ import trio
 import trio.testing
 
 from nursery_jobs import _clock
-from nursery_jobs._engines._faults import GuardedConnection
+from nursery_jobs._engines._faults import GuardedConnection, fault_cause
 from nursery_jobs._engines._schema import prepare
 from nursery_jobs._engines.base import EngineSite, FlightSlot
 from nursery_jobs._engines.files._catalog import Catalog, connect, object_file_name, reopen
@@ -326,8 +326,8 @@ class FilesEngine(CatalogEngine):
             damage = self.catalog.check()
             if damage is not None:
                 self.catalog.close()
-        except StorageFaultError as exc:
-            if exc.cause != "corrupt":
+        except sqlite3.DatabaseError as exc:  # typed, or raised from a row of a read
+            if fault_cause(exc) != "corrupt":
                 raise
             with suppress(AttributeError):
                 self.catalog.close()
