@@ -15,6 +15,8 @@ lookup errors derive from :class:`LookupError`::
      ├─ StorageError                      an object's database cannot be opened
      │   ├─ StorageFaultError (also sqlite3.DatabaseError)  a fault of the file or disk:
      │   │                                .label .file .cause (full, locked, corrupt ...)
+     │   ├─ DataDirectoryAccessError (also DataDirectoryError)  the data directory cannot
+     │   │                                be written: read-only, permission denied  .path .cause
      │   └─ TurnError                     storage touched by a task that holds no turn of the
      │                                    object, or a write in a read-only turn  .object_label
      ├─ ObjectFencedError                 another host took the object over; the write was refused
@@ -55,7 +57,8 @@ if TYPE_CHECKING:
     from nursery_jobs._core._object import DurableObject
 
 # Why a database cannot be used (``StorageFaultError.cause``).
-Cause = Literal["full", "readonly", "locked", "corrupt", "io", "cantopen", "missing"]
+Cause = Literal["full", "readonly", "denied", "locked", "corrupt", "io", "cantopen",
+                "missing"]
 
 # The longest error text kept in a dead letter, an event or a log line.
 ERROR_TEXT_LIMIT: Final = 2000
@@ -100,9 +103,10 @@ class StorageError(NurseryJobsError):
 
 class StorageFaultError(StorageError, sqlite3.DatabaseError):
     """A database cannot be read or written for a reason of its file or disk: full,
-    read-only, locked by another process, damaged or failing. ``label`` names the object
-    (or the catalog), ``file`` the file, ``cause`` one of ``full``, ``readonly``,
-    ``locked``, ``corrupt``, ``io``, ``cantopen``, ``missing``."""
+    read-only, not this process's to write, locked by another process, damaged or
+    failing. ``label`` names the object (or the catalog), ``file`` the file, ``cause``
+    one of ``full``, ``readonly``, ``denied``, ``locked``, ``corrupt``, ``io``,
+    ``cantopen``, ``missing``."""
 
     def __init__(self, message: str, *, label: str, file: str, cause: Cause) -> None:
         super().__init__(message)
@@ -163,6 +167,18 @@ class UnknownCallbackError(NurseryJobsError, ValueError, LookupError):
 
 class DataDirectoryError(NurseryJobsError):
     """A path is not a nursery_jobs data directory (no catalog)."""
+
+
+class DataDirectoryAccessError(DataDirectoryError, StorageError):
+    """The data directory (its lock file, its ``objects`` directory) cannot be written
+    when a runtime opens it. ``path`` names what was refused, ``cause`` says why:
+    ``readonly`` (a read-only filesystem), ``denied`` (permission denied), else the
+    operating system's name for the error (``ENOSPC``...)."""
+
+    def __init__(self, message: str, *, path: str, cause: str) -> None:
+        super().__init__(message)
+        self.path = path
+        self.cause = cause
 
 
 class UnknownObjectError(NurseryJobsError, LookupError):

@@ -100,8 +100,11 @@ def connect(
     Raises:
         StorageFaultError: the file cannot be opened (locked, damaged, disk full...).
     """
-    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False,
-                           timeout=busy_timeout, factory=factory)
+    try:
+        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False,
+                               timeout=busy_timeout, factory=factory)
+    except sqlite3.Error as exc:  # typed as a statement's fault is (issue 22 #9)
+        raise fault_error(exc, label=label, file=path, doing="opening it") from exc
     assert isinstance(conn, GuardedConnection)
     conn.name(label, path, quarantines=exclusive)
     try:

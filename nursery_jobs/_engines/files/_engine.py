@@ -36,7 +36,7 @@ from nursery_jobs._engines.files._rebuild import (
     quarantine_path,
     stamp_identity,
 )
-from nursery_jobs._errors import RuntimeLockedError, StorageFaultError
+from nursery_jobs._errors import DataDirectoryAccessError, RuntimeLockedError, StorageFaultError
 from nursery_jobs._policy import LOCKED_RETRY, Backoff
 
 if TYPE_CHECKING:
@@ -289,8 +289,11 @@ class FilesEngine(CatalogEngine):
         return self.objects_dir / object_file_name(namespace, object_id)
 
     def open(self, now: float) -> None:
-        self.objects_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path / "runtime.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            self.objects_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path / "runtime.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise _unwritable(self.path, exc) from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -493,6 +496,22 @@ class FilesEngine(CatalogEngine):
                     await trio.to_thread.run_sync(Catalog.checkpoint, str(catalog))
                 except sqlite3.Error as exc:
                     logger.warning("checkpointing the catalog failed: %s", exc)
+
+
+def _unwritable(data: Path, exc: OSError) -> DataDirectoryAccessError:
+    """The typed error for a data directory the runtime may not write (issue 22 #9: a
+    raw ``OSError`` on ``runtime.lock`` was all a read-only mount said)."""
+    where = exc.filename or data
+    if exc.errno == errno.EROFS:
+        cause, why = "readonly", "it is on a read-only filesystem"
+    elif exc.errno in (errno.EACCES, errno.EPERM):
+        cause, why = "denied", "permission denied: this process may not write it"
+    else:
+        cause = errno.errorcode.get(exc.errno or 0, "OSError")
+        why = os.strerror(exc.errno) if exc.errno else str(exc)
+    return DataDirectoryAccessError(
+        f"cannot open the data directory {data}: {where}: {why}", path=str(where), cause=cause,
+    )
 
 
 def _why_not(path: Path) -> str:
