@@ -47,8 +47,9 @@ become a failure of the runtime (issue 10 #2).
 
 from __future__ import annotations
 
+import os
 import sqlite3
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 import trio
@@ -269,26 +270,50 @@ def safe_repr(obj: object, limit: int = ERROR_TEXT_LIMIT) -> str:
     return _cut(text, limit)
 
 
-def lone_interrupt(group: BaseExceptionGroup[BaseException]) -> KeyboardInterrupt | None:
-    """The KeyboardInterrupt of ``group`` if, at any depth, it holds nothing else but
-    ``trio.Cancelled`` (the unwinding a Ctrl-C causes); else None.
+def lone_interrupt(
+    group: BaseExceptionGroup[BaseException],
+) -> KeyboardInterrupt | SystemExit | None:
+    """The KeyboardInterrupt or SystemExit of ``group`` if, at any depth, it holds
+    nothing else but ``trio.Cancelled`` (the unwinding it causes); else None.
 
     Under load a Ctrl-C lands in whatever runtime task holds the Trio thread (a job),
     and reaches ``open_runtime`` wrapped in the nursery's group: the application must
-    see it as the plain KeyboardInterrupt it sees on an idle runtime (issue 10 #9).
+    see it as the plain KeyboardInterrupt it sees on an idle runtime (issue 10 #9). A
+    job's ``SystemExit(3)`` likewise, so that the process exits with status 3 (issue 22
+    #3).
     """
-    found: KeyboardInterrupt | None = None
-    for exc in group.exceptions:
-        if isinstance(exc, BaseExceptionGroup):
-            inner = lone_interrupt(exc)
-            if inner is None:
-                return None
-            found = found or inner
-        elif isinstance(exc, KeyboardInterrupt):
+    found: KeyboardInterrupt | SystemExit | None = None
+    for exc in _leaves(group):
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
             found = found or exc
         elif not isinstance(exc, trio.Cancelled):
             return None
     return found
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> Iterator[BaseException]:
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            yield from _leaves(exc)
+        else:
+            yield exc
+
+
+# Where Trio's SIGINT handler (and its delivery at a checkpoint) raise KeyboardInterrupt.
+_TRIO_DIR: Final = os.path.dirname(trio.__file__) + os.sep
+
+
+def from_signal(error: BaseException) -> bool:
+    """Whether ``error`` is a KeyboardInterrupt that a real SIGINT raised, wherever it
+    landed (Trio's handler raises it in the frame that runs: a CPU-bound job's), as
+    opposed to one that code raised itself. A signal is never the failure of the job
+    it interrupts (issue 22 #3). Does not checkpoint."""
+    if not isinstance(error, KeyboardInterrupt):
+        return False
+    tb, last = error.__traceback__, None
+    while tb is not None:
+        last, tb = tb, tb.tb_next
+    return last is not None and last.tb_frame.f_code.co_filename.startswith(_TRIO_DIR)
 
 
 def _type_name(obj: object) -> str:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Final
 import trio
 
 from nursery_jobs import _clock
-from nursery_jobs._errors import describe_error, safe_repr
+from nursery_jobs._errors import describe_error, from_signal, safe_repr
 from nursery_jobs._jobs._capability import Capability
 from nursery_jobs._jobs._records import (
     HOST,
@@ -134,6 +134,15 @@ class AlarmRunner:
                 # A graceful shutdown is no failure: what was due stays due, so the
                 # object wakes as soon as a runtime opens the path again.
                 store.rearm()
+            raise
+        except (KeyboardInterrupt, SystemExit):
+            # The process stops: what is due stays due (the fallback alarm is 30 s out),
+            # so the next start runs it at once.
+            try:
+                store.rearm()
+            except Exception as exc:
+                logger.warning("the alarm of %s was not re-armed as the process stopped:"
+                               " %s", lc.label, describe_error(exc))
             raise
         except Exception:
             store.flush()  # the jobs that completed stay completed
@@ -297,11 +306,14 @@ class AlarmRunner:
             store.flush()
             await self._lc.memory_error(job, exc)
         except (KeyboardInterrupt, SystemExit) as exc:
-            # The job asked the process to stop: it may, once — with a crash strike for
-            # the job first, so a job that does it every time is sealed, never a loop.
             store.fail()
             store.flush()
-            self._lc.strike_job(job.id, started, why=f"it raised {type(exc).__name__}")
+            if not from_signal(exc):
+                # The job asked the process to stop: it may, once — with a crash strike
+                # for the job first, so a job that does it every time is sealed, never
+                # a loop. A Ctrl-C that landed in its code is no act of the job's: a
+                # stop, as a cancellation is (issue 22 #3).
+                self._lc.strike_job(job.id, started, why=f"it raised {type(exc).__name__}")
             raise
         except BaseExceptionGroup as group:
             if (group.split(trio.Cancelled)[1] is None
