@@ -37,12 +37,15 @@ REANCHOR_INTERVAL: Final = 1.0
 class _Anchor:
     """The epoch of one Trio run, and who to tell when it moves."""
 
-    __slots__ = ("epoch", "listeners", "pinned")
+    __slots__ = ("epoch", "listeners", "mock_clock", "pinned")
 
     def __init__(self, epoch: float, *, pinned: bool = False) -> None:
         self.epoch = epoch
         self.pinned = pinned
         self.listeners: list[Callable[[float], object]] = []
+        # The run's clock never changes: asked once (an ABC isinstance check costs a
+        # microsecond, and every push with a delay asks, issue 22 #11).
+        self.mock_clock = isinstance(trio.lowlevel.current_clock(), trio.testing.MockClock)
 
 
 _ANCHOR: trio.lowlevel.RunVar[_Anchor] = trio.lowlevel.RunVar("nursery_jobs_epoch")
@@ -129,10 +132,7 @@ def _may_reanchor(anchor: _Anchor) -> bool:
         return False
     # A MockClock's time has nothing to do with the system clock: comparing them would
     # drag now() back to the real time. A test that steps a wall clock sets its own.
-    return not (
-        _wall_clock is _SYSTEM_WALL_CLOCK
-        and isinstance(trio.lowlevel.current_clock(), trio.testing.MockClock)
-    )
+    return not (_wall_clock is _SYSTEM_WALL_CLOCK and anchor.mock_clock)
 
 
 def reanchor() -> float | None:
