@@ -953,6 +953,32 @@ async def test_backlog_warning_at_ten_due_jobs_of_one_owner(
                 assert (event.time, event.data) == (EPOCH + 10, {"owner": "host", "count": 10})
 
 
+async def test_backlog_warning_once_per_backlog_not_per_alarm(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 22 #10: a drain of 100k jobs over many alarm runs printed 4,793 warnings.
+    A backlog is warned of when it builds up; again only after it has cleared (an alarm
+    run found fewer than ten due jobs of that owner) and built up again."""
+    caplog.set_level(logging.WARNING, "nursery_jobs")
+    env = make_env()
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(engine.location, env=env) as rt:
+            listen(rt, env)
+            obj = rt.get(Host, "o")
+            # Alarm runs at 10, 11 and 12 each find 20 due jobs (one backlog); the run
+            # at 13 finds 5 (it cleared); the run at 14 finds 20 again (a new one).
+            for at, count in ((10, 20), (11, 20), (12, 20), (13, 5), (14, 20)):
+                for i in range(count):
+                    await obj.push("f", id=f"j{at}-{i}", time=EPOCH + at)
+            await trio.sleep(20)
+            assert len(env.runs) == 85
+            warnings = env.of("job:backlog_warning")
+            assert [(e.time - EPOCH, e.data) for e in warnings] == [
+                (10, {"owner": "host", "count": 20}), (14, {"owner": "host", "count": 20})]
+            logged = [r for r in caplog.records if "due jobs of" in r.getMessage()]
+            assert len(logged) == 2
+
+
 async def test_slow_dispatch_event(
     autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
 ) -> None:

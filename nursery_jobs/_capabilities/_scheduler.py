@@ -276,7 +276,7 @@ class Scheduler(CallbackCapability):
                 ``missed="skip"`` with a one-shot too); nothing is written.
             UnknownCallbackError: ``callback`` is not registered.
         """
-        now = _clock.now()
+        now = _clock.fresh_now()  # a delay counts from the wall clock as it is now
         missed = check_missed(missed)
         cron: str | None = None
         kind: Kind
@@ -346,7 +346,7 @@ class Scheduler(CallbackCapability):
             )
         interval = float(seconds)
         dedupe = True if idempotent is None else _check_idempotent(idempotent)
-        anchor = _clock.now()
+        anchor = _clock.fresh_now()
         return await self._upsert("interval", anchor + interval, callback, payload, id=id,
                                   retry=retry, dedupe=dedupe, cron=None, interval=interval,
                                   anchor=anchor, tz=DEFAULT_TZ, missed=missed)
