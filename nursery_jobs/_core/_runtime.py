@@ -24,7 +24,7 @@ import attrs
 import psutil
 import trio
 
-from nursery_jobs import _clock
+from nursery_jobs import _clock, _codec
 from nursery_jobs._core._alarm import Key, Timer, retry_unreachable
 from nursery_jobs._core._host import ObjectHost, Phase
 from nursery_jobs._core._location import engine_for
@@ -43,7 +43,7 @@ from nursery_jobs._errors import (
     RuntimeClosedError,
     lone_interrupt,
 )
-from nursery_jobs._events import EventBus
+from nursery_jobs._events import Event, EventBus
 
 logger = logging.getLogger("nursery_jobs")
 
@@ -78,6 +78,10 @@ class RuntimeStatistics:
     events_dropped: int
 
 
+# (A stub call may return them; Event lives beside the codec, which cannot import it.)
+_codec.register_record(RuntimeStatistics, "RuntimeStatistics")
+_codec.register_record(Event, "Event")
+
 _STUB_TOKEN: Final = object()  # what only Runtime.get passes
 
 
@@ -101,20 +105,41 @@ class Stub:
         return f"<Stub {self._ns}/{self._id!r}>"
 
     async def call(self, name: str, /, *args: Any, **kwargs: Any) -> Any:
-        """Call method ``name`` on the object, activating it if needed. Checkpoints."""
+        """Call method ``name`` on the object, activating it if needed. Checkpoints.
+
+        The arguments and the result are copied through the payload codec, on every
+        engine (a call that works on one works on all); exceptions the method raises
+        reach the caller as they are.
+
+        Raises:
+            CodecError: an argument (nothing ran) or the result cannot be encoded;
+                ``CallCodecError.part`` says which.
+        """
+        if args or kwargs:
+            copied, named = _codec.copy_arguments(args, kwargs, self._method(name))
+        else:
+            copied, named = args, kwargs
         for _ in range(2):
             try:
                 host = await self._rt._activate(self._cls, self._ns, self._id)
             except ObjectLeasedElsewhere as moved:  # hook(pg): another host holds it
+                # (It copies through the codec on its way: the original arguments go.)
                 return await moved.forward_call(self._cls, self._id, name, args, kwargs,
                                                 self.call, call_chain())
             try:
-                return await host.call(name, args, kwargs)
+                result = await host.call(name, copied, named)
             except ObjectMoved as moved:
                 # (hook(pg)) This host's lease lapsed before the method ran: the object
                 # was dropped here; route the call again — once.
                 error = moved
+            else:
+                if result is None:
+                    return None
+                return _codec.copy_result(result, self._method(name))
         raise ObjectFencedError(f"{self._ns}/{self._id}: {error}") from error
+
+    def _method(self, name: str) -> str:
+        return f"{self._ns}/{self._id}.{name}()"
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):

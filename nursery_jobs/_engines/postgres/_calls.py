@@ -1,7 +1,8 @@
 """Calls across hosts: a stub call for an object another live host leases travels as a
 row of ``nj_calls`` plus a notification on the owner's channel; the owner runs it as a
 local stub call and answers the same way. Arguments and results go through the payload
-codec; an exception raised by the call travels pickled (an ``RpcError`` naming it when it
+codec, as the same envelope every engine's stub call copies through
+(``_codec.encode_call``, ``encode_result``); an exception raised by the call travels pickled (an ``RpcError`` naming it when it
 cannot).
 """
 
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
-from nursery_jobs._codec import decode_payload, encode_payload
+from nursery_jobs._codec import decode_call, decode_payload, encode_call, encode_result
 from nursery_jobs._errors import (
     NurseryJobsError,
     ObjectLeasedElsewhere,
@@ -177,7 +178,7 @@ class CallRouter:
         label = f"{namespace}/{object_id}.{name}()"
         # The call chain travels with the call: a call back into a turn it holds there
         # re-enters it (A -> B -> A across hosts never deadlocks).
-        payload = encode_payload([list(args), kwargs, list(chain)])
+        payload = encode_call(args, kwargs, chain, label)
         try:
             call_id = await self._db(_send, self._me, target, namespace, object_id,
                                      class_path, name, payload)
@@ -277,12 +278,9 @@ class CallRouter:
             state = "moved"
         else:
             try:
-                envelope: Any = decode_payload(payload)
-                args, kwargs, *rest = envelope
-                chain = tuple(str(turn) for turn in rest[0]) if rest else ()
-                value = await site.run_call(namespace, object_id, name, tuple(args),
-                                            dict(kwargs), chain)
-                result = encode_payload(value)
+                args, kwargs, chain = decode_call(payload)
+                value = await site.run_call(namespace, object_id, name, args, kwargs, chain)
+                result = encode_result(value, label)
             except (ObjectLeasedElsewhere, ObjectMoved):
                 # (ObjectMoved: this host's lease lapsed before the method ran; nothing
                 # of it ran here.) The caller routes the call again.
