@@ -23,9 +23,8 @@ from typing import Any, Final
 from uuid import UUID
 from zoneinfo import ZoneInfo
 
-import cattrs
-
 import attrs
+import cattrs
 
 from nursery_jobs._errors import CallCodecError, CodecError
 

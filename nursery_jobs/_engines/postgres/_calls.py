@@ -1,9 +1,9 @@
 """Calls across hosts: a stub call for an object another live host leases travels as a
 row of ``nj_calls`` plus a notification on the owner's channel; the owner runs it as a
 local stub call and answers the same way. Arguments and results go through the payload
-codec, as the same envelope every engine's stub call copies through
-(``_codec.encode_call``, ``encode_result``); an exception raised by the call travels pickled (an ``RpcError`` naming it when it
-cannot).
+codec, in the envelope every engine's stub call copies through (``_codec.encode_call``,
+``encode_result``); an exception raised by the call travels pickled (an ``RpcError``
+naming it when it cannot).
 """
 
 from __future__ import annotations
