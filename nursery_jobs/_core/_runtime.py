@@ -35,6 +35,7 @@ from nursery_jobs._core._turns import SlowTurns, adopt_chain, call_chain, forget
 from nursery_jobs._engines.base import Engine
 from nursery_jobs._engines.files._catalog import check_object_id
 from nursery_jobs._errors import (
+    EngineError,
     ObjectFencedError,
     ObjectLeasedElsewhere,
     ObjectMoved,
@@ -368,6 +369,9 @@ class Runtime:
         finally:
             forget_chain(token)
 
+    def serves(self, namespace: str, class_path: str | None) -> bool:
+        return resolve_namespace(namespace, class_path) is not None
+
     def fenced(self, namespace: str, object_id: str) -> None:
         host = self._hosts.get((namespace, object_id))
         if host is not None:
@@ -458,13 +462,17 @@ async def open_runtime(
     pool_size: int | None = None,
     turn_warning: float = 10.0,
     stop_on: Iterable[int] = (signal.SIGTERM,),
+    client_only: bool = False,
 ) -> AsyncIterator[Runtime]:
     """Open a runtime on data directory ``path`` (None: everything in memory; or an
     ``Engine``). A ``scheme://`` address no engine serves raises ``EngineError``.
 
     With a ``postgresql://`` address this process is a host of that database's cluster
     (DESIGN section 9): ``lease_ttl`` (seconds, default 10) and ``pool_size`` (default 8)
-    go to its ``PostgresEngine``; they are refused for any other location.
+    go to its ``PostgresEngine``; they are refused for any other location. With
+    ``client_only=True`` (a ``postgresql://`` address only; ``EngineError`` naming it
+    elsewhere) the runtime holds no object and claims no alarm: every call is forwarded
+    to a host (``RpcError`` when none is running).
 
     Leaving the block stops the timer, cancels in-flight work and closes every
     database. Raises ``RuntimeLockedError`` if another runtime holds ``path``.
@@ -522,8 +530,18 @@ async def open_runtime(
         raise ValueError(f"max_active must be None or an int >= 1, got {max_active!r}")
     if durability not in _SYNCHRONOUS:
         raise ValueError(f"durability must be 'normal' or 'full', got {durability!r}")
-    cluster = {name: value for name, value in (("lease_ttl", lease_ttl),
-                                               ("pool_size", pool_size)) if value is not None}
+    if not isinstance(client_only, bool):
+        raise TypeError(f"client_only must be a bool, got {client_only!r}")
+    if client_only and not _is_postgres(path):
+        raise EngineError(
+            f"client_only=True needs a postgresql:// address (a client forwards every call"
+            f" to a host of that database), not {path!r}: a data directory or memory has"
+            " no other host to run its objects")
+    cluster: dict[str, Any] = {
+        name: value for name, value in (("lease_ttl", lease_ttl), ("pool_size", pool_size))
+        if value is not None}
+    if client_only:
+        cluster["client_only"] = True
     engine = engine_for(path, synchronous=_SYNCHRONOUS[durability], **cluster)
     rt = Runtime(engine, env=env, idle_timeout=float(idle_timeout), max_active=max_active,
                  durability=durability, memory_limit=memory_limit, memory_probe=memory_probe,
@@ -577,6 +595,11 @@ async def open_runtime(
     finally:
         rt._closing = True
         rt._close()
+
+
+def _is_postgres(location: object) -> bool:
+    return isinstance(location, str) and location.partition("://")[0].lower() in (
+        "postgresql", "postgres")
 
 
 def _check_stop_on(stop_on: object) -> tuple[signal.Signals, ...]:

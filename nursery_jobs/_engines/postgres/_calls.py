@@ -164,11 +164,12 @@ class CallRouter:
     async def forward(
         self, target: str, cls: type[DurableObject], object_id: str, name: str,
         args: tuple[Any, ...], kwargs: dict[str, Any], again: Callable[..., Awaitable[Any]],
-        class_path: str, chain: tuple[str, ...] = (),
+        class_path: str, chain: tuple[str, ...] = (), place: bool = False,
     ) -> Any:
         """Run ``name(*args, **kwargs)`` on the object at host ``target`` and return its
         result (or raise its exception). ``again`` is the stub call, for when the object
-        moved before the call ran. Checkpoints.
+        moved before the call ran. ``place``: the target takes the object if nobody
+        holds it (a ``client_only`` caller, which holds none). Checkpoints.
 
         Raises:
             RpcError: the host holding the object stopped answering after it took the
@@ -178,7 +179,7 @@ class CallRouter:
         label = f"{namespace}/{object_id}.{name}()"
         # The call chain travels with the call: a call back into a turn it holds there
         # re-enters it (A -> B -> A across hosts never deadlocks).
-        payload = encode_call(args, kwargs, chain, label)
+        payload = encode_call(args, kwargs, chain, label, place=place)
         try:
             call_id = await self._db(_send, self._me, target, namespace, object_id,
                                      class_path, name, payload)
@@ -271,14 +272,18 @@ class CallRouter:
         classes.setdefault(namespace, class_path)
         label = f"{namespace}/{object_id}.{name}()"
         state, result = "ok", None
-        if not self._holds(namespace, object_id):
+        try:
+            args, kwargs, chain, place = decode_call(payload)
+        except Exception as exc:
+            state, result, place = "error", _dump_error(exc, label), True
+        if not place and not self._holds(namespace, object_id):
             # Released since the caller looked (or the caller's hint of where it lives
             # is stale): the caller activates it, as it does any object nobody holds,
-            # rather than this host taking it back.
+            # rather than this host taking it back. (A client_only caller holds none:
+            # it places the call, and this host takes the object.)
             state = "moved"
-        else:
+        elif state == "ok":
             try:
-                args, kwargs, chain = decode_call(payload)
                 value = await site.run_call(namespace, object_id, name, args, kwargs, chain)
                 result = encode_result(value, label)
             except (ObjectLeasedElsewhere, ObjectMoved):
