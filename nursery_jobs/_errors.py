@@ -9,6 +9,7 @@ lookup errors derive from :class:`LookupError`::
      ├─ TimeArgumentError (TypeError, ValueError)  a bad time, delay or jitter argument
      ├─ StorageKeyError (TypeError, ValueError)    a storage key that is not a non-empty str
      ├─ CodecError (ValueError)           a payload that cannot be stored
+     │   └─ CallCodecError                a stub call's argument or result  .method .part
      ├─ RuntimeLockedError                another runtime holds the data directory
      ├─ RuntimeClosedError                the runtime is not running
      ├─ EngineError (ValueError)          no engine serves the data location given
@@ -86,6 +87,21 @@ class StorageKeyError(NurseryJobsError, TypeError, ValueError):
 
 class CodecError(NurseryJobsError, ValueError):
     """A payload holds a value the codec cannot store, or is too large."""
+
+
+class CallCodecError(CodecError):
+    """A stub call's argument or result cannot go through the payload codec (every
+    engine copies them through it). ``method`` names the call (``ns/id.name()``),
+    ``part`` what was refused: ``args[0]``, ``kwargs['by']``, ``result``, or
+    ``arguments`` (their size together)."""
+
+    def __init__(self, message: str, method: str = "", part: str = "") -> None:
+        super().__init__(message)
+        self.method = method
+        self.part = part
+
+    def __reduce__(self) -> tuple[Any, ...]:  # (travels pickled between hosts)
+        return (type(self), (str(self), self.method, self.part))
 
 
 class RuntimeLockedError(NurseryJobsError):

@@ -24,7 +24,7 @@ from typing import Any, Final, Literal
 import attrs
 from cronsim import CronSim, CronSimError
 
-from nursery_jobs import _clock
+from nursery_jobs import _clock, _codec
 from nursery_jobs._capabilities._queue import call_callback
 from nursery_jobs._codec import content_text
 from nursery_jobs._errors import JobError, UnknownCallbackError, safe_repr
@@ -79,6 +79,9 @@ class Schedule:
     retry: RetryOptions
     tz: str = DEFAULT_TZ
     missed: Missed = "coalesce"
+
+
+_codec.register_record(Schedule, "Schedule")  # (a stub call may return it)
 
 
 def schedule_of(job: Job) -> Schedule:

@@ -184,3 +184,8 @@ class EngineSite(Protocol):
 
     def fenced(self, namespace: str, object_id: str) -> None:
         """Another host took the object over: cancel its scope and drop it, now."""
+
+    def serves(self, namespace: str, class_path: str | None) -> bool:
+        """Whether this runtime can resolve ``namespace`` to a class (its registry, or
+        ``class_path`` imported): an engine shared by hosts claims alarms of those
+        namespaces only."""
