@@ -155,8 +155,8 @@ async def test_a_failing_jobs_span_has_error_status_per_attempt(
     assert [r.attributes["nursery_jobs.attempt"] for r in runs if r.attributes] == [1, 2]
     for run in runs:
         assert run.status.status_code is StatusCode.ERROR
-        assert run.status.description == "RuntimeError: attempt %d broke" % (
-            run.attributes or {})["nursery_jobs.attempt"]
+        attempt = (run.attributes or {})["nursery_jobs.attempt"]
+        assert run.status.description == f"RuntimeError: attempt {attempt} broke"
         (event,) = run.events
         assert event.name == "exception"
         assert (event.attributes or {})["exception.type"] == "RuntimeError"
@@ -172,7 +172,7 @@ async def test_a_push_stores_the_span_context_as_w3c_trace_context(traced: Trace
     call = traced.one("tests.tracing.Mailer.send")
     ctx = _context(call)
     assert json.loads(stored) == {
-        "traceparent": f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-01",
+        "traceparent": f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{ctx.trace_flags:02x}",
     }
 
 
@@ -247,8 +247,12 @@ async def test_a_job_pushed_on_one_host_and_run_on_another_links_to_the_push(
         with a.tracer.start_as_current_span("request on A") as request:
             await rt_a.get(Mailer, "pg1").send("cross", delay=1.0)
     # A stopped (its lease released, the row with its trace shipped); B claims the alarm.
-    (stored,) = sql(pg_dsn, "SELECT trace FROM nj_jobs WHERE id = 'cross'")[0]
-    assert stored is not None
+    from nursery_jobs._engines.postgres._schema import TABLES_BY_NAME
+
+    ((data,),) = sql(pg_dsn, "SELECT data FROM nj_rows WHERE tbl = 'nj_jobs' AND key = 'cross'")
+    stored = json.loads(data)[TABLES_BY_NAME["nj_jobs"].columns.index("trace")]
+    assert json.loads(stored)["traceparent"].split("-")[1] == (
+        f"{request.get_span_context().trace_id:032x}")
     async with nj.open_runtime(PostgresEngine(pg_dsn), tracing=b.provider) as rt_b:
         async def ran() -> bool:
             return bool(b.spans("job mail"))

@@ -42,6 +42,7 @@ from nursery_jobs._policy import LOCKED_RETRY, Backoff
 
 if TYPE_CHECKING:
     from nursery_jobs._core._runtime import Stub
+    from nursery_jobs._core._tracing import Tracing
     from nursery_jobs._engines.base import Engine, FlightSlot, ObjectState
 
 logger = logging.getLogger("nursery_jobs")
@@ -99,6 +100,7 @@ class HostSite(Protocol):
     dormancy: trio.Lock
     probation: trio.Lock
     slow_turns: SlowTurns
+    tracing: Tracing | None  # open_runtime(tracing=...); None: off
 
     def get(self, cls: type[DurableObject], object_id: str) -> Stub: ...
     def host_closed(self, host: ObjectHost) -> None: ...

@@ -32,6 +32,7 @@ from nursery_jobs._core._memory import MemoryWatch
 from nursery_jobs._core._metrics import Metrics
 from nursery_jobs._core._object import DurableObject, resolve_namespace
 from nursery_jobs._core._stall import StallWatch
+from nursery_jobs._core._tracing import Tracing, tracing_for
 from nursery_jobs._core._turns import SlowTurns, adopt_chain, call_chain, forget_chain
 from nursery_jobs._engines.base import Engine
 from nursery_jobs._engines.files._catalog import check_object_id
@@ -103,12 +104,20 @@ class Stub:
 
     async def call(self, name: str, /, *args: Any, **kwargs: Any) -> Any:
         """Call method ``name`` on the object, activating it if needed. Checkpoints."""
+        tracing = self._rt.tracing
+        if tracing is not None:  # (tracing: a span around the call; else one `is None`)
+            with tracing.call_span(self._ns, self._id, name):
+                return await self._route(name, args, kwargs)
+        return await self._route(name, args, kwargs)
+
+    async def _route(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         for _ in range(2):
             try:
                 host = await self._rt._activate(self._cls, self._ns, self._id)
             except ObjectLeasedElsewhere as moved:  # hook(pg): another host holds it
                 return await moved.forward_call(self._cls, self._id, name, args, kwargs,
-                                                self.call, call_chain())
+                                                self.call, call_chain(),
+                                                self._rt.trace_context())  # (tracing)
             try:
                 return await host.call(name, args, kwargs)
             except ObjectMoved as moved:
@@ -143,8 +152,11 @@ class Runtime:
         memory_probe: Callable[[], float] | None = None,
         dormant_after: float | None = None,
         turn_warning: float = 10.0,
+        tracing: Tracing | None = None,
     ) -> None:
         self.engine = engine
+        # open_runtime(tracing=...): spans for calls and job runs (None: off).
+        self.tracing = tracing
         self.slow_turns = SlowTurns(turn_warning)
         self.memory_limit = memory_limit
         self.memory_probe = memory_probe or process_rss
@@ -331,7 +343,16 @@ class Runtime:
 
     async def run_call(
         self, namespace: str, object_id: str, name: str, args: tuple[Any, ...],
-        kwargs: dict[str, Any], chain: tuple[str, ...] = (),
+        kwargs: dict[str, Any], chain: tuple[str, ...] = (), trace: str | None = None,
+    ) -> Any:
+        if self.tracing is not None:  # a span here, a child of the caller's (tracing)
+            with self.tracing.served_call_span(namespace, object_id, name, trace):
+                return await self._run_call(namespace, object_id, name, args, kwargs, chain)
+        return await self._run_call(namespace, object_id, name, args, kwargs, chain)
+
+    async def _run_call(
+        self, namespace: str, object_id: str, name: str, args: tuple[Any, ...],
+        kwargs: dict[str, Any], chain: tuple[str, ...],
     ) -> Any:
         cls = resolve_namespace(namespace, self.engine.class_path(namespace))
         if cls is None:
@@ -343,6 +364,10 @@ class Runtime:
             return await host.call(name, args, kwargs)
         finally:
             forget_chain(token)
+
+    def trace_context(self) -> str | None:
+        """The current span's context to carry with a forwarded call (None: untraced)."""
+        return None if self.tracing is None else self.tracing.push_context()
 
     def fenced(self, namespace: str, object_id: str) -> None:
         host = self._hosts.get((namespace, object_id))
@@ -426,6 +451,7 @@ async def open_runtime(
     pool_size: int | None = None,
     turn_warning: float = 10.0,
     stop_on: Iterable[int] = (signal.SIGTERM,),
+    tracing: object = None,
 ) -> AsyncIterator[Runtime]:
     """Open a runtime on data directory ``path`` (None: everything in memory; or an
     ``Engine``). A ``scheme://`` address no engine serves raises ``EngineError``.
@@ -458,8 +484,15 @@ async def open_runtime(
     stop of its block: running jobs are cancelled, keep their attempts, get no crash
     strike and run again at once on the next start; then the block exits normally.
     ``stop_on=()`` leaves signals to the application.
+
+    With ``tracing`` (an OpenTelemetry ``TracerProvider``; the ``otel`` extra), stub
+    calls and job runs make spans, and a push stores the current span's context with the
+    job, so its run links to the trace that asked for it. Raises ``TracingError`` (a
+    ``TypeError``) for a value that is no TracerProvider, ``MissingExtraError`` where
+    OpenTelemetry is not installed; nothing is opened then.
     """
     signals = _check_stop_on(stop_on)
+    tracer = tracing_for(tracing)
     if (isinstance(turn_warning, bool) or not isinstance(turn_warning, (int, float))
             or math.isnan(turn_warning) or turn_warning <= 0):
         raise ValueError(f"turn_warning must be a number of seconds > 0, got {turn_warning!r}")
@@ -496,7 +529,7 @@ async def open_runtime(
     rt = Runtime(engine, env=env, idle_timeout=float(idle_timeout), max_active=max_active,
                  durability=durability, memory_limit=memory_limit, memory_probe=memory_probe,
                  dormant_after=None if dormant_after is None else float(dormant_after),
-                 turn_warning=float(turn_warning))
+                 turn_warning=float(turn_warning), tracing=tracer)
     engine.open(_clock.now())
     body_error: BaseException | None = None
     try:

@@ -163,7 +163,7 @@ class CallRouter:
     async def forward(
         self, target: str, cls: type[DurableObject], object_id: str, name: str,
         args: tuple[Any, ...], kwargs: dict[str, Any], again: Callable[..., Awaitable[Any]],
-        class_path: str, chain: tuple[str, ...] = (),
+        class_path: str, chain: tuple[str, ...] = (), trace: str | None = None,
     ) -> Any:
         """Run ``name(*args, **kwargs)`` on the object at host ``target`` and return its
         result (or raise its exception). ``again`` is the stub call, for when the object
@@ -177,7 +177,9 @@ class CallRouter:
         label = f"{namespace}/{object_id}.{name}()"
         # The call chain travels with the call: a call back into a turn it holds there
         # re-enters it (A -> B -> A across hosts never deadlocks).
-        payload = encode_payload([list(args), kwargs, list(chain)])
+        # So does the caller's span context (``trace``, with tracing on): the call's span
+        # there is a child of the caller's. (A host of an older release ignores it.)
+        payload = encode_payload([list(args), kwargs, list(chain), trace])
         try:
             call_id = await self._db(_send, self._me, target, namespace, object_id,
                                      class_path, name, payload)
@@ -280,8 +282,9 @@ class CallRouter:
                 envelope: Any = decode_payload(payload)
                 args, kwargs, *rest = envelope
                 chain = tuple(str(turn) for turn in rest[0]) if rest else ()
+                trace = rest[1] if len(rest) > 1 and isinstance(rest[1], str) else None
                 value = await site.run_call(namespace, object_id, name, tuple(args),
-                                            dict(kwargs), chain)
+                                            dict(kwargs), chain, trace)
                 result = encode_payload(value)
             except (ObjectLeasedElsewhere, ObjectMoved):
                 # (ObjectMoved: this host's lease lapsed before the method ran; nothing
