@@ -71,10 +71,18 @@ class Mailer(nj.DurableObject):
         rows = self.ctx.storage.execute("SELECT id, trace FROM nj_jobs").fetchall()
         return {job_id: text for job_id, text in rows}
 
+    async def requeue(self, job_id: str) -> None:
+        await self.lifecycle.requeue(job_id)
+
+    async def set_trace(self, job_id: str, text: str) -> None:
+        self.ctx.storage.execute("UPDATE nj_jobs SET trace = ? WHERE id = ?", [text, job_id])
+
     async def done(self) -> list[str]:
         return list(self.ctx.storage.get("done", []))
 
     async def on_job(self, ctx: nj.JobContext) -> None:
+        if ctx.job.fn == "forever":
+            await trio.sleep_forever()
         if ctx.job.fn == "broken":
             raise RuntimeError(f"attempt {ctx.attempt} broke")
         self.ctx.storage.put("done", [*self.ctx.storage.get("done", []), ctx.job.id])
@@ -174,6 +182,50 @@ async def test_a_push_stores_the_span_context_as_w3c_trace_context(traced: Trace
     assert json.loads(stored) == {
         "traceparent": f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{ctx.trace_flags:02x}",
     }
+
+
+async def test_a_requeued_job_links_to_the_span_that_requeued_it(
+    traced: Traced, autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with nj.open_runtime(tracing=traced.provider) as rt:
+        m = rt.get(Mailer, "m7")
+        await m.send("bad", fn="broken")
+        await trio.sleep(10)
+        await run_until_idle(rt)
+        assert "bad" not in await m.traces()  # a dead letter now
+        with traced.tracer.start_as_current_span("operator") as operator:
+            await m.requeue("bad")
+        stored = json.loads((await m.traces())["bad"])
+    assert stored["traceparent"].split("-")[1] == f"{operator.get_span_context().trace_id:032x}"
+
+
+async def test_a_stored_trace_that_is_not_trace_context_leaves_the_run_unlinked(
+    traced: Traced, autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with nj.open_runtime(tracing=traced.provider) as rt:
+        m = rt.get(Mailer, "m8")
+        for job_id, text in [("a", "not json"), ("b", "[1, 2]"), ("c", '{"traceparent": 7}'),
+                             ("d", '{"traceparent": "00-zz-zz-01"}'), ("e", "x" * 10_000)]:
+            await m.send(job_id, delay=1)
+            await m.set_trace(job_id, text)
+        await trio.sleep(1)
+        await run_until_idle(rt)
+        assert sorted(await m.done()) == ["a", "b", "c", "d", "e"]
+    runs = traced.spans("job mail")
+    assert len(runs) == 5
+    assert all(len(run.links) == 0 for run in runs)
+
+
+async def test_a_run_cut_off_by_shutdown_is_marked_cancelled_not_failed(
+    traced: Traced, autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with nj.open_runtime(tracing=traced.provider, stop_on=()) as rt:
+        await rt.get(Mailer, "m9").send("long", fn="forever")
+        await trio.sleep(5)  # running, then the block ends: a graceful shutdown
+    run = traced.one("job forever")
+    assert run.status.status_code is StatusCode.UNSET
+    assert (run.attributes or {})["nursery_jobs.cancelled"] is True
+    assert len(run.events) == 0
 
 
 @pytest.mark.parametrize("where", ["memory", "files"])
