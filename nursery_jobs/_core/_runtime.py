@@ -104,13 +104,6 @@ class Stub:
 
     async def call(self, name: str, /, *args: Any, **kwargs: Any) -> Any:
         """Call method ``name`` on the object, activating it if needed. Checkpoints."""
-        tracing = self._rt.tracing
-        if tracing is not None:  # (tracing: a span around the call; else one `is None`)
-            with tracing.call_span(self._ns, self._id, name):
-                return await self._route(name, args, kwargs)
-        return await self._route(name, args, kwargs)
-
-    async def _route(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         for _ in range(2):
             try:
                 host = await self._rt._activate(self._cls, self._ns, self._id)
@@ -135,6 +128,19 @@ class Stub:
 
         remote.__name__ = name
         return remote
+
+
+class TracedStub(Stub):
+    """The stub of a runtime with tracing on: each call in a span (``Tracing.call_span``).
+    A class apart, so that a call without tracing pays nothing, not even a check."""
+
+    __slots__ = ()
+
+    async def call(self, name: str, /, *args: Any, **kwargs: Any) -> Any:
+        tracing = self._rt.tracing
+        assert tracing is not None
+        with tracing.call_span(self._ns, self._id, name):
+            return await super().call(name, *args, **kwargs)
 
 
 class Runtime:
@@ -196,7 +202,9 @@ class Runtime:
         checkpoint."""
         if not (isinstance(cls, type) and issubclass(cls, DurableObject)):
             raise TypeError(f"get() needs a DurableObject subclass, got {cls!r}")
-        return Stub(self, cls, check_object_id(object_id), _token=_STUB_TOKEN)
+        # (tracing) with tracing on, stubs whose calls make spans
+        stub = Stub if self.tracing is None else TracedStub
+        return stub(self, cls, check_object_id(object_id), _token=_STUB_TOKEN)
 
     def host_closed(self, host: ObjectHost) -> None:
         if self._hosts.get(host.key) is host:

@@ -16,9 +16,9 @@ application set: the row outlives the process that wrote it.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 import trio
 
@@ -26,7 +26,7 @@ from nursery_jobs._errors import MissingExtraError, TracingError, describe_error
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
-    from opentelemetry.trace import Span, Tracer
+    from opentelemetry.trace import Link, Span, SpanKind, Tracer
 
 NAMESPACE: Final = "nursery_jobs.namespace"
 OBJECT: Final = "nursery_jobs.object"
@@ -55,8 +55,7 @@ def open_tracing(provider: object) -> OtelTracing:
             f" {safe_repr(provider, 80)}"
         )
     try:
-        from opentelemetry import trace
-        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+        import opentelemetry.trace  # noqa: F401
     except ImportError:
         raise MissingExtraError("open_runtime(tracing=...)", "otel") from None
     tracer = get_tracer("nursery_jobs")
@@ -65,18 +64,26 @@ def open_tracing(provider: object) -> OtelTracing:
             f"tracing must be an OpenTelemetry TracerProvider: {type(provider).__name__}"
             f".get_tracer() returned {type(tracer).__name__}, not a Tracer"
         )
-    return OtelTracing(tracer, trace, TraceContextTextMapPropagator())
+    return OtelTracing(tracer)
 
 
 class OtelTracing:
     """The ``Tracing`` seam on an OpenTelemetry tracer."""
 
-    __slots__ = ("_propagator", "_trace", "_tracer")
+    __slots__ = ("_link", "_propagator", "_root_context", "_trace", "_tracer")
 
-    def __init__(self, tracer: Tracer, trace_api: Any, propagator: Any) -> None:
+    def __init__(self, tracer: Tracer) -> None:
+        # (Imported here, not at the top: OpenTelemetry is optional; open_tracing
+        # checked that it is installed.)
+        from opentelemetry import trace
+        from opentelemetry.context import Context
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
         self._tracer = tracer
-        self._trace = trace_api  # the opentelemetry.trace module (imported on demand)
-        self._propagator = propagator
+        self._trace = trace
+        self._root_context = Context
+        self._link = trace.Link
+        self._propagator = TraceContextTextMapPropagator()
 
     @contextmanager
     def call_span(self, namespace: str, object_id: str, method: str) -> Iterator[object]:
@@ -88,11 +95,9 @@ class OtelTracing:
     def served_call_span(
         self, namespace: str, object_id: str, method: str, caller: str | None
     ) -> Iterator[object]:
-        from opentelemetry.context import Context
-
         parent = self._extract(caller)
         with self._span(f"{namespace}.{method}", self._trace.SpanKind.SERVER,
-                        Context() if parent is None else parent, (),
+                        self._root_context() if parent is None else parent, (),
                         {NAMESPACE: namespace, OBJECT: object_id, METHOD: method}) as span:
             yield span
 
@@ -106,24 +111,21 @@ class OtelTracing:
         self, namespace: str, object_id: str, job_id: str, fn: str, owner: str,
         attempt: int, stored: str | None,
     ) -> Iterator[object]:
-        from opentelemetry.context import Context
-        from opentelemetry.trace import Link
-
-        links = []
+        links: list[Link] = []
         pushed = self._extract(stored)
         if pushed is not None:
-            links.append(Link(self._trace.get_current_span(pushed).get_span_context()))
+            links.append(self._link(self._trace.get_current_span(pushed).get_span_context()))
         # A root of its own (Context()): the run is caused by the push it links to, not
         # by whatever span was current when the runtime was opened.
-        with self._span(f"job {fn}", self._trace.SpanKind.CONSUMER, Context(), links,
+        with self._span(f"job {fn}", self._trace.SpanKind.CONSUMER, self._root_context(), links,
                         {NAMESPACE: namespace, OBJECT: object_id, JOB_ID: job_id,
                          JOB_FN: fn, JOB_OWNER: owner, ATTEMPT: attempt}) as span:
             yield span
 
     @contextmanager
     def _span(
-        self, name: str, kind: Any, context: Context | None, links: Any,
-        attributes: dict[str, Any],
+        self, name: str, kind: SpanKind, context: Context | None, links: Sequence[Link],
+        attributes: dict[str, str | int],
     ) -> Iterator[Span]:
         with self._tracer.start_as_current_span(
             name, context=context, kind=kind, links=links, attributes=attributes,
@@ -138,7 +140,8 @@ class OtelTracing:
     def _failed(self, span: Span, error: BaseException) -> None:
         """An exception left the span's block: an error, unless it is a cancellation (a
         shutdown, a reset: no failure of the call or the job)."""
-        if isinstance(error, trio.Cancelled):
+        if isinstance(error, trio.Cancelled) or (
+                isinstance(error, BaseExceptionGroup) and error.split(trio.Cancelled)[1] is None):
             span.set_attribute("nursery_jobs.cancelled", True)
             return
         span.record_exception(error)
