@@ -34,6 +34,7 @@ from nursery_jobs._errors import CodecError as CodecError
 from nursery_jobs._errors import EngineError as EngineError
 from nursery_jobs._errors import JobError as JobError
 from nursery_jobs._errors import JobOwnershipError as JobOwnershipError
+from nursery_jobs._errors import LimitError as LimitError
 from nursery_jobs._errors import NurseryJobsError as NurseryJobsError
 from nursery_jobs._errors import ObjectFencedError as ObjectFencedError
 from nursery_jobs._errors import ObjectIdError as ObjectIdError
@@ -61,6 +62,7 @@ from nursery_jobs._jobs._views import CapabilityLifecycle as CapabilityLifecycle
 from nursery_jobs._jobs._views import Jobs as Jobs
 from nursery_jobs._ops._tracing import open_tracing as _open_tracing
 from nursery_jobs._ops._web import start_http as _start_http
+from nursery_jobs._policy import Limit as Limit
 from nursery_jobs._policy import RetryOptions as RetryOptions
 
 # The operator faces plug into the runtime from above (the runtime never imports them).
@@ -87,6 +89,8 @@ __all__ = [
     "JobOwnershipError",
     "Jobs",
     "Lifecycle",
+    "Limit",
+    "LimitError",
     "MemoryLimitContext",
     "NurseryJobsError",
     "ObjectContext",

@@ -27,6 +27,8 @@ EXPECTED = [
     "JobOwnershipError",
     "Jobs",
     "Lifecycle",
+    "Limit",
+    "LimitError",
     "MemoryLimitContext",
     "NurseryJobsError",
     "ObjectContext",

@@ -41,6 +41,7 @@ from nursery_jobs._events import EventBus
 from nursery_jobs._policy import LOCKED_RETRY, Backoff
 
 if TYPE_CHECKING:
+    from nursery_jobs._core._limits import JobLimits
     from nursery_jobs._core._runtime import Stub
     from nursery_jobs._core._tracing import Tracing
     from nursery_jobs._engines.base import Engine, FlightSlot, ObjectState
@@ -100,13 +101,17 @@ class HostSite(Protocol):
     dormancy: trio.Lock
     probation: trio.Lock
     slow_turns: SlowTurns
+    limits: JobLimits  # (open_runtime(limits=...))
     tracing: Tracing | None  # open_runtime(tracing=...); None: off
 
     def get(self, cls: type[DurableObject], object_id: str) -> Stub: ...
     def host_closed(self, host: ObjectHost) -> None: ...
-    # A resident object's database was closed (it dozed) or opened again (it woke).
+    # A resident object's database was closed (it dozed), or is about to be opened (its
+    # activation or wake waits here while the open-file budget is spent).
     def database_closed(self, host: ObjectHost) -> None: ...
-    def database_opened(self, host: ObjectHost) -> None: ...
+    async def open_slot(self, host: ObjectHost) -> None: ...
+    # Its last work ended (an object waiting for the budget may take its file).
+    def host_idle(self, host: ObjectHost) -> None: ...
 
 
 class ObjectHost:
@@ -186,6 +191,7 @@ class ObjectHost:
         site = self.site
         start_error: Exception | None = None
         try:
+            await site.open_slot(self)
             try:
                 self.state = state = await site.engine.open_object(
                     self.namespace, self.object_id, class_path(self.cls)
@@ -338,11 +344,14 @@ class ObjectHost:
         attempt = 0
         # (The state is looked at again after each wait: a reset meanwhile closes it.)
         while state is not None and state is self.state and state.dormant:
+            await self.site.open_slot(self)
+            if state is not self.state or not state.dormant:
+                continue  # (a reset closed it, or another task woke it meanwhile)
             try:
                 await state.wake()
-                self.site.database_opened(self)
                 break
             except StorageFaultError as exc:
+                self.site.database_closed(self)
                 delay = LOCKED_RETRY.delay(attempt) if exc.cause == "locked" else None
                 if delay is None:
                     raise
@@ -413,6 +422,7 @@ class ObjectHost:
                     self._leave("destroyed")
                 else:
                     self._idle_scope.deadline = self._idle_deadline()
+                    self.site.host_idle(self)
 
     def evict(self, reason: str = "evicted") -> None:
         """Ask an idle object to leave memory."""
