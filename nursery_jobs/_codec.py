@@ -604,12 +604,13 @@ def _encode_part(value: object, method: str, part: str) -> object:
 
 def encode_call(
     args: tuple[Any, ...], kwargs: dict[str, Any], chain: tuple[str, ...], method: str,
-    *, place: bool = False,
+    *, place: bool = False, trace: str | None = None,
 ) -> str:
     """The envelope of a stub call ``method`` (``ns/id.name()``, for messages): its
     arguments and call chain, as payload text; ``place``: the host it is sent to takes
-    the object if nobody holds it (a call from a ``client_only`` runtime). Does not
-    checkpoint.
+    the object if nobody holds it (a call from a ``client_only`` runtime); ``trace``:
+    the caller's span context (tracing on), so the call's span there is its child. Does
+    not checkpoint.
 
     Raises:
         CallCodecError: an argument cannot be encoded (``part`` says which:
@@ -623,8 +624,10 @@ def encode_call(
     if _TAG in named:  # (**{"$t": ...}: as _encode_dict writes a dict it cannot key)
         keywords = {_TAG: "map", "v": [x for pair in named.items() for x in pair]}
     envelope: list[object] = [positional, keywords, list(chain)]
-    if place:
-        envelope.append(1)
+    if place or trace is not None:
+        envelope.append(1 if place else 0)
+    if trace is not None:
+        envelope.append(trace)
     text, size = _text_of(envelope)
     if size > MAX_PAYLOAD_BYTES:
         raise CallCodecError(
@@ -635,21 +638,22 @@ def encode_call(
 
 def decode_call(
     text: str,
-) -> tuple[tuple[Any, ...], dict[str, Any], tuple[str, ...], bool]:
-    """Arguments, keyword arguments, call chain and ``place`` of an envelope from
-    ``encode_call``.
+) -> tuple[tuple[Any, ...], dict[str, Any], tuple[str, ...], bool, str | None]:
+    """Arguments, keyword arguments, call chain, ``place`` and ``trace`` of an envelope
+    from ``encode_call``.
 
     Raises:
         CodecError: the text is not such an envelope.
     """
     envelope = decode_payload(text)
-    if type(envelope) is not list or not 2 <= len(envelope) <= 4:
+    if type(envelope) is not list or not 2 <= len(envelope) <= 5:
         raise CodecError("call envelope: not [args, kwargs, chain]")
     args, kwargs, *rest = envelope
     if type(args) is not list or type(kwargs) is not dict:
         raise CodecError("call envelope: not [args, kwargs, chain]")
     chain = tuple(str(turn) for turn in rest[0]) if rest else ()
-    return tuple(args), kwargs, chain, len(rest) > 1 and rest[1] == 1
+    trace = rest[2] if len(rest) > 2 and isinstance(rest[2], str) else None
+    return tuple(args), kwargs, chain, len(rest) > 1 and rest[1] == 1, trace
 
 
 def copy_arguments(
@@ -676,7 +680,7 @@ def copy_arguments(
         else:
             if cost <= MAX_PAYLOAD_BYTES - 64:
                 return args, kwargs
-    copied, named, _, _ = decode_call(encode_call(args, kwargs, (), method))
+    copied, named, *_ = decode_call(encode_call(args, kwargs, (), method))
     return copied, named
 
 

@@ -13,6 +13,8 @@ lookup errors derive from :class:`LookupError`::
      ├─ RuntimeLockedError                another runtime holds the data directory
      ├─ RuntimeClosedError                the runtime is not running
      ├─ EngineError (ValueError)          no engine serves the data location given
+     ├─ TracingError (TypeError)          ``open_runtime(tracing=...)`` is no TracerProvider
+     ├─ MissingExtraError (ImportError)   a feature whose extra is not installed  .extra
      ├─ StorageError                      an object's database cannot be opened
      │   ├─ StorageFaultError (also sqlite3.DatabaseError)  a fault of the file or disk:
      │   │                                .label .file .cause (full, locked, corrupt ...)
@@ -114,6 +116,20 @@ class RuntimeClosedError(NurseryJobsError):
 
 class EngineError(NurseryJobsError, ValueError):
     """``open_runtime`` was given a location no engine serves (an unknown ``scheme://``)."""
+
+
+class TracingError(NurseryJobsError, TypeError):
+    """``open_runtime(tracing=...)`` was given something that is not an OpenTelemetry
+    ``TracerProvider`` (an object with a ``get_tracer`` method)."""
+
+
+class MissingExtraError(NurseryJobsError, ImportError):
+    """A feature needs an extra that is not installed; the message is one line naming the
+    ``pip install`` that brings it. ``extra`` is the extra's name (``"otel"``)."""
+
+    def __init__(self, feature: str, extra: str) -> None:
+        super().__init__(f"{feature} needs the {extra} extra: pip install 'nursery_jobs[{extra}]'")
+        self.extra = extra
 
 
 class StorageError(NurseryJobsError):
@@ -248,7 +264,7 @@ class ObjectLeasedElsewhere(NurseryJobsError):
     ) -> None:
         super().__init__(f"{label} is held by host {owner}")
         self.owner = owner
-        # forward(cls, object_id, name, args, kwargs, again, chain) -> the call's result;
+        # forward(cls, object_id, name, args, kwargs, again, chain, trace) -> the result;
         # ``again`` is the stub call, for an object that moved before the call ran;
         # ``chain`` the caller's call chain (turn ids).
         self.forward = forward
@@ -256,8 +272,10 @@ class ObjectLeasedElsewhere(NurseryJobsError):
     async def forward_call(
         self, cls: type[DurableObject], object_id: str, name: str, args: tuple[Any, ...],
         kwargs: dict[str, Any], again: Callable[..., Awaitable[Any]], chain: tuple[str, ...],
+        trace: str | None = None,
     ) -> Any:
-        return await self.forward(cls, object_id, name, args, kwargs, again, chain)
+        # (trace: the caller's span context, W3C trace context as JSON; None untraced.)
+        return await self.forward(cls, object_id, name, args, kwargs, again, chain, trace)
 
 
 class ObjectMoved(NurseryJobsError):

@@ -33,6 +33,7 @@ from nursery_jobs._core._memory import MemoryWatch
 from nursery_jobs._core._metrics import Metrics
 from nursery_jobs._core._object import DurableObject, resolve_namespace
 from nursery_jobs._core._stall import StallWatch
+from nursery_jobs._core._tracing import Tracing, tracing_for
 from nursery_jobs._core._turns import SlowTurns, adopt_chain, call_chain, forget_chain
 from nursery_jobs._engines.base import Engine
 from nursery_jobs._engines.files._catalog import check_object_id
@@ -129,7 +130,8 @@ class Stub:
             except ObjectLeasedElsewhere as moved:  # hook(pg): another host holds it
                 # (It copies through the codec on its way: the original arguments go.)
                 return await moved.forward_call(self._cls, self._id, name, args, kwargs,
-                                                self.call, call_chain())
+                                                self.call, call_chain(),
+                                                self._rt.trace_context())  # (tracing)
             try:
                 result = await host.call(name, copied, named)
             except ObjectMoved as moved:
@@ -156,6 +158,19 @@ class Stub:
         return remote
 
 
+class TracedStub(Stub):
+    """The stub of a runtime with tracing on: each call in a span (``Tracing.call_span``).
+    A class apart, so that a call without tracing pays nothing, not even a check."""
+
+    __slots__ = ()
+
+    async def call(self, name: str, /, *args: Any, **kwargs: Any) -> Any:
+        tracing = self._rt.tracing
+        assert tracing is not None
+        with tracing.call_span(self._ns, self._id, name):
+            return await super().call(name, *args, **kwargs)
+
+
 class Runtime:
     """Owns the engine, the timer and the active objects. Made by ``open_runtime``."""
 
@@ -172,8 +187,11 @@ class Runtime:
         dormant_after: float | None = None,
         turn_warning: float = 10.0,
         limits: dict[str, Limit] | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self.engine = engine
+        # open_runtime(tracing=...): spans for calls and job runs (None: off).
+        self.tracing = tracing
         self.slow_turns = SlowTurns(turn_warning)
         self.memory_limit = memory_limit
         self.memory_probe = memory_probe or process_rss
@@ -229,7 +247,9 @@ class Runtime:
         checkpoint."""
         if not (isinstance(cls, type) and issubclass(cls, DurableObject)):
             raise TypeError(f"get() needs a DurableObject subclass, got {cls!r}")
-        return Stub(self, cls, check_object_id(object_id), _token=_STUB_TOKEN)
+        # (tracing) with tracing on, stubs whose calls make spans
+        stub = Stub if self.tracing is None else TracedStub
+        return stub(self, cls, check_object_id(object_id), _token=_STUB_TOKEN)
 
     def host_closed(self, host: ObjectHost) -> None:
         if self._hosts.get(host.key) is host:
@@ -400,7 +420,16 @@ class Runtime:
 
     async def run_call(
         self, namespace: str, object_id: str, name: str, args: tuple[Any, ...],
-        kwargs: dict[str, Any], chain: tuple[str, ...] = (),
+        kwargs: dict[str, Any], chain: tuple[str, ...] = (), trace: str | None = None,
+    ) -> Any:
+        if self.tracing is not None:  # a span here, a child of the caller's (tracing)
+            with self.tracing.served_call_span(namespace, object_id, name, trace):
+                return await self._run_call(namespace, object_id, name, args, kwargs, chain)
+        return await self._run_call(namespace, object_id, name, args, kwargs, chain)
+
+    async def _run_call(
+        self, namespace: str, object_id: str, name: str, args: tuple[Any, ...],
+        kwargs: dict[str, Any], chain: tuple[str, ...],
     ) -> Any:
         cls = resolve_namespace(namespace, self.engine.class_path(namespace))
         if cls is None:
@@ -415,6 +444,10 @@ class Runtime:
 
     def serves(self, namespace: str, class_path: str | None) -> bool:
         return resolve_namespace(namespace, class_path) is not None
+
+    def trace_context(self) -> str | None:
+        """The current span's context to carry with a forwarded call (None: untraced)."""
+        return None if self.tracing is None else self.tracing.push_context()
 
     def fenced(self, namespace: str, object_id: str) -> None:
         host = self._hosts.get((namespace, object_id))
@@ -508,6 +541,7 @@ async def open_runtime(
     limits: Mapping[str | type[DurableObject], Limit] | None = None,
     stop_on: Iterable[int] = (signal.SIGTERM,),
     client_only: bool = False,
+    tracing: object = None,
 ) -> AsyncIterator[Runtime]:
     """Open a runtime on data directory ``path`` (None: everything in memory; or an
     ``Engine``). A ``scheme://`` address no engine serves raises ``EngineError``.
@@ -549,9 +583,16 @@ async def open_runtime(
     start in any ``per_seconds`` window (on PostgreSQL: per host). A held job stays due,
     in order, and uses up no attempt; a held object waits in line holding nothing else
     (no turn: calls to it do not wait; no alarm slot).
+
+    With ``tracing`` (an OpenTelemetry ``TracerProvider``; the ``otel`` extra), stub
+    calls and job runs make spans, and a push stores the current span's context with the
+    job, so its run links to the trace that asked for it. Raises ``TracingError`` (a
+    ``TypeError``) for a value that is no TracerProvider, ``MissingExtraError`` where
+    OpenTelemetry is not installed; nothing is opened then.
     """
     signals = _check_stop_on(stop_on)
     checked_limits = check_limits(limits)
+    tracer = tracing_for(tracing)
     if (isinstance(turn_warning, bool) or not isinstance(turn_warning, (int, float))
             or math.isnan(turn_warning) or turn_warning <= 0):
         raise ValueError(f"turn_warning must be a number of seconds > 0, got {turn_warning!r}")
@@ -598,7 +639,7 @@ async def open_runtime(
     rt = Runtime(engine, env=env, idle_timeout=float(idle_timeout), max_active=max_active,
                  durability=durability, memory_limit=memory_limit, memory_probe=memory_probe,
                  dormant_after=None if dormant_after is None else float(dormant_after),
-                 turn_warning=float(turn_warning), limits=checked_limits)
+                 turn_warning=float(turn_warning), limits=checked_limits, tracing=tracer)
     engine.open(_clock.now())
     body_error: BaseException | None = None
     try:

@@ -20,6 +20,7 @@ import trio
 
 from nursery_jobs import _clock
 from nursery_jobs._core._limits import PARK_FOR
+from nursery_jobs._core._tracing import traced_run
 from nursery_jobs._errors import describe_error, from_signal, safe_repr
 from nursery_jobs._jobs._capability import Capability
 from nursery_jobs._jobs._records import (
@@ -96,6 +97,7 @@ class AlarmRunner:
         self._claim = lifecycle.claim
         self._metrics = lifecycle.claim.metrics
         self._namespace = lifecycle.ctx.namespace
+        self._tracing = lifecycle.store.tracing  # (tracing) None: off
         self._turns = lifecycle.claim.turns
         self._rng = rng
         self._watch_scope: trio.CancelScope | None = None
@@ -326,6 +328,9 @@ class AlarmRunner:
         run.job, run.started, run.tracked = job, started, False
         ctx = job_context(job, row.attempts + 1)
         self._watch(job, clock)
+        if self._tracing is not None:  # (tracing) the run in a span linked to its push
+            on_job = traced_run(self._tracing, self._namespace, self._lc.ctx.id, job.id,
+                                job.fn, job.owner, store.trace(row), on_job)
         try:
             outcome = coerce_outcome(await on_job(ctx))
         except trio.Cancelled as exc:

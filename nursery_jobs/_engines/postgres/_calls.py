@@ -165,6 +165,7 @@ class CallRouter:
         self, target: str, cls: type[DurableObject], object_id: str, name: str,
         args: tuple[Any, ...], kwargs: dict[str, Any], again: Callable[..., Awaitable[Any]],
         class_path: str, chain: tuple[str, ...] = (), place: bool = False,
+        trace: str | None = None,
     ) -> Any:
         """Run ``name(*args, **kwargs)`` on the object at host ``target`` and return its
         result (or raise its exception). ``again`` is the stub call, for when the object
@@ -179,7 +180,9 @@ class CallRouter:
         label = f"{namespace}/{object_id}.{name}()"
         # The call chain travels with the call: a call back into a turn it holds there
         # re-enters it (A -> B -> A across hosts never deadlocks).
-        payload = encode_call(args, kwargs, chain, label, place=place)
+        # So does the caller's span context (``trace``, with tracing on): the call's span
+        # there is a child of the caller's.
+        payload = encode_call(args, kwargs, chain, label, place=place, trace=trace)
         try:
             call_id = await self._db(_send, self._me, target, namespace, object_id,
                                      class_path, name, payload)
@@ -273,9 +276,9 @@ class CallRouter:
         label = f"{namespace}/{object_id}.{name}()"
         state, result = "ok", None
         try:
-            args, kwargs, chain, place = decode_call(payload)
+            args, kwargs, chain, place, trace = decode_call(payload)
         except Exception as exc:
-            state, result, place = "error", _dump_error(exc, label), True
+            state, result, place, trace = "error", _dump_error(exc, label), True, None
         if not place and not self._holds(namespace, object_id):
             # Released since the caller looked (or the caller's hint of where it lives
             # is stale): the caller activates it, as it does any object nobody holds,
@@ -284,7 +287,8 @@ class CallRouter:
             state = "moved"
         elif state == "ok":
             try:
-                value = await site.run_call(namespace, object_id, name, args, kwargs, chain)
+                value = await site.run_call(namespace, object_id, name, args, kwargs, chain,
+                                            trace)
                 result = encode_result(value, label)
             except (ObjectLeasedElsewhere, ObjectMoved):
                 # (ObjectMoved: this host's lease lapsed before the method ran; nothing

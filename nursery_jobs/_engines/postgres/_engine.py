@@ -376,12 +376,12 @@ class PostgresEngine:
 
         async def forward(cls: Any, object_id: str, name: str, args: tuple[Any, ...],
                           kwargs: dict[str, Any], again: Callable[..., Any],
-                          chain: tuple[str, ...]) -> Any:
+                          chain: tuple[str, ...], trace: str | None = None) -> Any:
             try:
                 return await self._calls.forward(
                     target, cls, object_id, name, args, kwargs,
                     functools.partial(fresh, again), class_path=class_path, chain=chain,
-                    place=place,
+                    place=place, trace=trace,
                 )
             except RpcError:
                 self._elsewhere.pop(key, None)
