@@ -56,6 +56,33 @@ class Worker(nj.DurableObject):
         return None
 
 
+class Idle(nj.DurableObject):
+    namespace = "tests.test_descriptor_budget.Idle"
+
+    async def touch(self) -> None:
+        self.ctx.storage.put("k", 1)
+
+
+async def test_idle_objects_are_bounded_by_default_whatever_the_open_file_limit(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An open object database holds ~220 KiB: by default at most DEFAULT_OPEN_DATABASES
+    idle ones stay (patched to 10 here), even where the open-file limit allows far more;
+    busy objects are held back only by the open-file limit."""
+    import nursery_jobs._core._runtime as runtime_module
+
+    monkeypatch.setattr(runtime_module, "DEFAULT_OPEN_DATABASES", 10)
+    assert runtime_module.open_file_budget() > 10
+    async with nj.open_runtime(tmp_path / "data", idle_timeout=3600) as rt:
+        assert rt.max_active == 10
+        for i in range(30):
+            await rt.get(Idle, f"i{i}").touch()
+        await trio.sleep(0.01)
+        resident = [i for i in range(30) if rt.is_active(Idle.namespace, f"i{i}")]
+        assert resident == list(range(20, 30))
+        assert open_object_files(tmp_path / "data") == 10
+
+
 @pytest.mark.parametrize("dormant_after", [None, 0.5])
 async def test_busy_objects_never_open_more_databases_than_the_budget(
     tmp_path: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch,
@@ -63,6 +90,7 @@ async def test_busy_objects_never_open_more_databases_than_the_budget(
 ) -> None:
     import nursery_jobs._core._runtime as runtime_module
 
+    monkeypatch.setattr(runtime_module, "open_file_budget", lambda: 3)
     monkeypatch.setattr(runtime_module, "default_max_active", lambda: 3)
     data = tmp_path / "data"
     env: dict[str, Any] = {"data": data, "most": 0, "done": []}
