@@ -602,6 +602,13 @@ class ObjectHost:
         self._idle_scope.deadline = math.inf
         try:
             self.ctx.nursery.start_soon(self._alarm_task, done)
+        except RuntimeError:
+            # Its nursery is closed to new arrivals: the object is going away (a task of
+            # it raised, a Ctrl-C among them) between the delivery and here. The alarm
+            # stays in the index for its next activation.
+            self._busy -= 1
+            await trio.lowlevel.checkpoint()
+            return
         except BaseException:
             self._busy -= 1
             raise
