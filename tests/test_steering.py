@@ -131,7 +131,6 @@ async def run_fn(obj: Steered, ctx: nj.JobContext) -> nj.JobOutcome:
         assert env.raise_ is not None
         raise env.raise_
     elif fn == "with work":
-        env.log.append((ctx.job.id, "start", rel(), ctx.attempt))
         assert obj.lifecycle.track_alarm_work(tracked_sleep, env, ctx.job.id)
         await long_run(env, ctx)
     elif fn == "stubborn":
@@ -236,8 +235,9 @@ async def test_on_job_error_sees_the_timeout_error(
             assert isinstance(error, nj.NurseryJobsError)
             assert (error.job_id, error.timeout) == ("c", 2.5)
             assert "'c'" in str(error) and "2.5 s" in str(error)
-            # on_job_error returned None: the job is done, no dead letter.
-            assert await obj.dead_letters() == []
+            # on_job_error returned None: a dead letter, as for any error.
+            [letter] = await obj.dead_letters()
+            assert letter.attempts == 1 and letter.error.startswith("JobTimeoutError")
             assert await obj.jobs() == []
 
 
@@ -438,7 +438,7 @@ async def test_an_error_not_given_up_on_is_retried(
 ) -> None:
     env = Env()
     env.raise_ = RuntimeError("transient")
-    retry = nj.RetryOptions(max_attempts=3, base_delay=1, max_delay=1, jitter=False,
+    retry = nj.RetryOptions(max_attempts=3, base_delay=1, max_delay=10, jitter=False,
                             give_up_on=(ValueError,))
     with trio.fail_after(HANG):
         async with open_rt(env) as rt:
@@ -463,7 +463,9 @@ async def test_give_up_on_lets_on_job_error_decide(
             await trio.sleep(100)
             assert env.log == [("g", "start", 0, 1), ("g", "on_job_error", 0, 1)]
             assert env.errors == [env.raise_]
-            assert await obj.dead_letters() == [] and await obj.jobs() == []
+            [letter] = await obj.dead_letters()
+            assert letter.attempts == 1
+            assert await obj.jobs() == []
 
 
 async def test_give_up_on_a_timeout(autojump_clock: trio.testing.MockClock) -> None:
