@@ -25,8 +25,8 @@ from nursery_jobs._jobs._alarm_run import (
     reset_reason_of,
 )
 from nursery_jobs._jobs._capability import Capability
-from nursery_jobs._jobs._steering import Steering
 from nursery_jobs._jobs._records import HOST, DeadLetter, Job, check_before, check_job_id
+from nursery_jobs._jobs._steering import Steering
 from nursery_jobs._jobs._store import DEFAULT_COMPLETION_GROUP, DEFAULT_DEAD_LETTER_LIMIT, JobStore
 from nursery_jobs._jobs._strikes import (
     MemoryBreaker,

@@ -52,11 +52,13 @@ class Jobs:
     __slots__ = ("_steering", "_store", "owner")
 
     def __init__(
-        self, store: JobStore, owner: str, steering: Steering, *, _token: object = None
+        self, store: JobStore, owner: str, *, _token: object = None,
+        _steering: Steering | None = None,
     ) -> None:
         _check_token(_token, "Jobs")
+        assert _steering is not None
         self._store = store
-        self._steering = steering
+        self._steering = _steering
         self.owner = owner
 
     def __repr__(self) -> str:
@@ -76,7 +78,7 @@ class Jobs:
         exclusive: bool = False,
         recovery_loop: bool = False,
         priority: int = 0,
-        timeout: float | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 (the job's, stored: not this call's)
     ) -> Job:
         """Store a job; durable (committed, alarm lowered) when it returns.
 
@@ -170,7 +172,8 @@ class CapabilityLifecycle:
         _check_token(_token, "CapabilityLifecycle")
         self._lifecycle = lifecycle
         self.capability_id = capability_id
-        self.jobs = Jobs(lifecycle.store, capability_id, lifecycle.steering, _token=_TOKEN)
+        self.jobs = Jobs(lifecycle.store, capability_id, _token=_TOKEN,
+                         _steering=lifecycle.steering)
 
     def track_alarm_work(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> bool:
         """See ``Lifecycle.track_alarm_work``."""
@@ -207,7 +210,7 @@ class CapabilityLifecycle:
 
 
 def jobs_view(store: JobStore, owner: str, steering: Steering) -> Jobs:
-    return Jobs(store, owner, steering, _token=_TOKEN)
+    return Jobs(store, owner, _token=_TOKEN, _steering=steering)
 
 
 def capability_view(lifecycle: Lifecycle, capability_id: str) -> CapabilityLifecycle:
