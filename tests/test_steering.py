@@ -133,6 +133,9 @@ async def run_fn(obj: Steered, ctx: nj.JobContext) -> nj.JobOutcome:
     elif fn == "with work":
         assert obj.lifecycle.track_alarm_work(tracked_sleep, env, ctx.job.id)
         await long_run(env, ctx)
+    elif fn == "starts work":
+        env.log.append((ctx.job.id, "start", rel(), ctx.attempt))
+        assert obj.lifecycle.track_alarm_work(tracked_sleep, env, ctx.job.id)
     elif fn == "stubborn":
         # Swallows its cancellation and returns as if it had finished.
         env.log.append((ctx.job.id, "start", rel(), ctx.attempt))
@@ -216,6 +219,19 @@ async def test_a_run_within_its_timeout_completes(
             assert env.log == [("j", "start", 0, 1), ("j", "end", 100, 1)]
             assert await obj.dead_letters() == []
             assert await obj.storage_get("written by j") is True
+
+
+async def test_a_timeout_bounds_the_run_not_the_tracked_work_it_started(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    env = Env()
+    with trio.fail_after(HANG):
+        async with open_rt(env) as rt:
+            obj = rt.get(Steered, "o")
+            await obj.push("starts work", id="w", timeout=5)
+            await trio.sleep(200)
+            assert env.log == [("w", "start", 0, 1), ("w", "work ended", 100, 0)]
+            assert await obj.dead_letters() == [] and await obj.jobs() == []
 
 
 async def test_on_job_error_sees_the_timeout_error(
