@@ -8,6 +8,7 @@ to ``EPOCH``; every test runs on every engine.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -88,6 +89,12 @@ class Steered(nj.DurableObject):
     @nj.interleave
     async def cancel_now(self, job_id: str) -> tuple[bool, float]:
         cancelled = await self.lifecycle.jobs.cancel(job_id)
+        return cancelled, rel()
+
+    @nj.interleave
+    async def cancel_cap_now(self, job_id: str) -> tuple[bool, float]:
+        cap = self.lifecycle.capabilities["watcher"]
+        cancelled = await cap.lifecycle.jobs.cancel(job_id)
         return cancelled, rel()
 
     @nj.interleave
@@ -304,6 +311,24 @@ async def test_cancel_ends_a_running_job_at_once_and_nothing_runs_again(
             assert await obj.cancel_now("j") == (False, 200)
 
 
+async def test_a_cancelled_job_stays_gone_after_a_restart(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    env = Env()
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(engine.durable(tmp_path), env=env) as rt:
+            obj = rt.get(Steered, "o")
+            await obj.push("long", id="j", time=EPOCH + 1)
+            await trio.sleep(2)
+            assert await obj.cancel_now("j") == (True, 2)
+        async with nj.open_runtime(engine.durable(tmp_path), env=env) as rt:
+            obj = rt.get(Steered, "o")
+            assert await obj.jobs() == []
+            await trio.sleep(200)
+            assert env.runs() == [("j", 1, 1)]
+            assert await obj.dead_letters() == []
+
+
 async def test_cancel_of_a_running_job_lets_the_other_due_jobs_run(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -353,6 +378,14 @@ async def test_cancel_of_a_running_capability_job_needs_its_owner(
             # The host's jobs.cancel does not reach the capability's job.
             assert await obj.cancel_now("c") == (False, 10)
             assert env.log[-2:] == [("c", "cancelled", 10, 1), ("c", "on_job_error", 10, 1)]
+            # The capability's own does, at once.
+            await obj.push_cap("long", id="d", time=EPOCH + 20)
+            await trio.sleep(21 - rel())
+            assert await obj.cancel_cap_now("d") == (True, 21)
+            assert env.log[-2:] == [("d", "start", 20, 1), ("d", "cancelled", 21, 1)]
+            await trio.sleep(100)
+            assert env.log[-1] == ("d", "cancelled", 21, 1)
+            assert [d.job.id for d in await obj.dead_letters()] == ["c"]
 
 
 async def test_cancel_also_ends_the_tracked_work_the_job_started(
