@@ -140,6 +140,16 @@ async def run_fn(obj: Steered, ctx: nj.JobContext) -> nj.JobOutcome:
     elif fn == "with work":
         assert obj.lifecycle.track_alarm_work(tracked_sleep, env, ctx.job.id)
         await long_run(env, ctx)
+    elif fn == "fail in a nursery":
+        env.log.append((ctx.job.id, "start", rel(), ctx.attempt))
+
+        async def child(error: BaseException) -> None:
+            raise error
+
+        assert env.raise_ is not None
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(child, env.raise_)
+            nursery.start_soon(child, Refused("another"))
     elif fn == "starts work":
         env.log.append((ctx.job.id, "start", rel(), ctx.attempt))
         assert obj.lifecycle.track_alarm_work(tracked_sleep, env, ctx.job.id)
@@ -482,6 +492,24 @@ async def test_give_up_on_runs_exactly_once_then_dead_letters(
             assert letter.job.retry.gives_up_on(error)
             assert env.of("job:retry") == []
             assert await obj.jobs() == []
+
+
+@pytest.mark.parametrize(("error", "runs"), [(ValueError("v"), 1), (KeyError("k"), 3)])
+async def test_give_up_on_an_exception_group_when_all_its_errors_match(
+    autojump_clock: trio.testing.MockClock, error: BaseException, runs: int
+) -> None:
+    env = Env()
+    env.raise_ = error
+    retry = nj.RetryOptions(max_attempts=3, base_delay=1, max_delay=10, jitter=False,
+                            give_up_on=(ValueError,))
+    with trio.fail_after(HANG):
+        async with open_rt(env) as rt:
+            obj = rt.get(Steered, "o")
+            await obj.push("fail in a nursery", id="n", retry=retry)
+            await trio.sleep(100)
+            assert len(env.runs()) == runs
+            [letter] = await obj.dead_letters()
+            assert letter.attempts == runs and "ExceptionGroup" in letter.error
 
 
 async def test_an_error_not_given_up_on_is_retried(
