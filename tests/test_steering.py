@@ -321,6 +321,22 @@ async def test_cancel_ends_a_running_job_at_once_and_nothing_runs_again(
             assert await obj.cancel_now("j") == (False, 200)
 
 
+async def test_cancel_within_a_timeout_is_a_cancel_not_a_failure(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    env = Env()
+    with trio.fail_after(HANG):
+        async with open_rt(env) as rt:
+            listen(rt, env)
+            obj = rt.get(Steered, "o")
+            await obj.push("long", id="j", timeout=5, retry=nj.RetryOptions(max_attempts=3))
+            await trio.sleep(1)
+            assert await obj.cancel_now("j") == (True, 1)
+            await trio.sleep(100)
+            assert env.log == [("j", "start", 0, 1), ("j", "cancelled", 1, 1)]
+            assert env.of("job:retry") == [] and await obj.dead_letters() == []
+
+
 async def test_a_cancelled_job_stays_gone_after_a_restart(
     autojump_clock: trio.testing.MockClock, tmp_path: Path
 ) -> None:
