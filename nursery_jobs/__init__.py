@@ -34,6 +34,7 @@ from nursery_jobs._errors import EngineError as EngineError
 from nursery_jobs._errors import JobError as JobError
 from nursery_jobs._errors import JobOwnershipError as JobOwnershipError
 from nursery_jobs._errors import JobTimeoutError as JobTimeoutError
+from nursery_jobs._errors import LimitError as LimitError
 from nursery_jobs._errors import NurseryJobsError as NurseryJobsError
 from nursery_jobs._errors import ObjectFencedError as ObjectFencedError
 from nursery_jobs._errors import ObjectIdError as ObjectIdError
@@ -60,6 +61,7 @@ from nursery_jobs._jobs._strikes import MemoryLimitContext as MemoryLimitContext
 from nursery_jobs._jobs._views import CapabilityLifecycle as CapabilityLifecycle
 from nursery_jobs._jobs._views import Jobs as Jobs
 from nursery_jobs._ops._web import start_http as _start_http
+from nursery_jobs._policy import Limit as Limit
 from nursery_jobs._policy import RetryOptions as RetryOptions
 
 # The operator faces plug into the runtime from above (the runtime never imports them).
@@ -86,6 +88,8 @@ __all__ = [
     "JobTimeoutError",
     "Jobs",
     "Lifecycle",
+    "Limit",
+    "LimitError",
     "MemoryLimitContext",
     "NurseryJobsError",
     "ObjectContext",

@@ -24,6 +24,8 @@ lookup errors derive from :class:`LookupError`::
      ├─ JobError (ValueError)             a bad job argument
      │   └─ JobOwnershipError             a job id held by another owner
      ├─ CapabilityError (ValueError)      a duplicate capability id, or use() after start
+     │                                    (or a pause of an owner that is not installed)
+     ├─ LimitError (TypeError, ValueError) a bad nj.Limit, or a bad open_runtime(limits=)
      ├─ UnknownCallbackError (ValueError, LookupError)
      ├─ DataDirectoryError                (operator faces) a path that is no data directory
      ├─ UnknownObjectError (LookupError)  (operator faces) no such object in the catalog
@@ -174,6 +176,11 @@ def _job_timeout_error(message: str, job_id: str, timeout: float) -> JobTimeoutE
 
 class CapabilityError(NurseryJobsError, ValueError):
     """A capability id is used twice on one object, or added after start."""
+
+
+class LimitError(NurseryJobsError, TypeError, ValueError):
+    """An ``nj.Limit`` argument, or an ``open_runtime(limits=...)`` key or value, is
+    invalid (the message names which)."""
 
 
 class UnknownCallbackError(NurseryJobsError, ValueError, LookupError):

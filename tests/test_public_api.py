@@ -28,6 +28,8 @@ EXPECTED = [
     "JobTimeoutError",
     "Jobs",
     "Lifecycle",
+    "Limit",
+    "LimitError",
     "MemoryLimitContext",
     "NurseryJobsError",
     "ObjectContext",

@@ -41,6 +41,7 @@ from nursery_jobs._events import EventBus
 from nursery_jobs._policy import LOCKED_RETRY, Backoff
 
 if TYPE_CHECKING:
+    from nursery_jobs._core._limits import JobLimits
     from nursery_jobs._core._runtime import Stub
     from nursery_jobs._engines.base import Engine, FlightSlot, ObjectState
 
@@ -99,12 +100,16 @@ class HostSite(Protocol):
     dormancy: trio.Lock
     probation: trio.Lock
     slow_turns: SlowTurns
+    limits: JobLimits  # (open_runtime(limits=...))
 
     def get(self, cls: type[DurableObject], object_id: str) -> Stub: ...
     def host_closed(self, host: ObjectHost) -> None: ...
-    # A resident object's database was closed (it dozed) or opened again (it woke).
+    # A resident object's database was closed (it dozed), or is about to be opened (its
+    # activation or wake waits here while the open-file budget is spent).
     def database_closed(self, host: ObjectHost) -> None: ...
-    def database_opened(self, host: ObjectHost) -> None: ...
+    async def open_slot(self, host: ObjectHost) -> None: ...
+    # Its last work ended (an object waiting for the budget may take its file).
+    def host_idle(self, host: ObjectHost) -> None: ...
 
 
 class ObjectHost:
@@ -127,6 +132,7 @@ class ObjectHost:
         "for_alarm",
         "instance",
         "key",
+        "memory_mark",
         "namespace",
         "object_id",
         "phase",
@@ -165,6 +171,8 @@ class ObjectHost:
         self._busy = 0
         self._destroy = False  # delete its data once its work ends (then it leaves)
         self._alarm_work = 0
+        # The memory sample before its current alarm work began (``_memory``).
+        self.memory_mark: float | None = None
         self.transactions: ObjectTransactions | None = None
         # One task changes the object at a time: calls, alarm runs and startup take turns.
         self.turns = TurnGate(self.label, slow=site.slow_turns, emit=self._turn_slow)
@@ -181,6 +189,7 @@ class ObjectHost:
         site = self.site
         start_error: Exception | None = None
         try:
+            await site.open_slot(self)
             try:
                 self.state = state = await site.engine.open_object(
                     self.namespace, self.object_id, class_path(self.cls)
@@ -333,11 +342,14 @@ class ObjectHost:
         attempt = 0
         # (The state is looked at again after each wait: a reset meanwhile closes it.)
         while state is not None and state is self.state and state.dormant:
+            await self.site.open_slot(self)
+            if state is not self.state or not state.dormant:
+                continue  # (a reset closed it, or another task woke it meanwhile)
             try:
                 await state.wake()
-                self.site.database_opened(self)
                 break
             except StorageFaultError as exc:
+                self.site.database_closed(self)
                 delay = LOCKED_RETRY.delay(attempt) if exc.cause == "locked" else None
                 if delay is None:
                     raise
@@ -401,11 +413,14 @@ class ObjectHost:
             self._work_scopes.discard(scope)
             self._busy -= 1
             self._alarm_work -= alarm
+            if self._alarm_work == 0:
+                self.memory_mark = None
             if self._busy == 0:
                 if self._destroy:
                     self._leave("destroyed")
                 else:
                     self._idle_scope.deadline = self._idle_deadline()
+                    self.site.host_idle(self)
 
     def evict(self, reason: str = "evicted") -> None:
         """Ask an idle object to leave memory."""

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 if TYPE_CHECKING:
-    from nursery_jobs._core._alarm import ObjectAlarm
+    from nursery_jobs._core._alarm import JobPermits, ObjectAlarm
     from nursery_jobs._core._host import ObjectHost, Reset
     from nursery_jobs._core._metrics import Metrics
     from nursery_jobs._core._transactions import ObjectTransactions
@@ -60,6 +60,10 @@ class HostClaim:
     @property
     def probation(self) -> trio.Lock:
         return self._host.site.probation
+
+    @property
+    def limit(self) -> JobPermits | None:
+        return self._host.site.limits.get(self._host.namespace)
 
     def crash_tokens(self) -> list[tuple[str, float]]:
         state = self._host.state

@@ -16,7 +16,7 @@ import signal
 import sqlite3
 import threading
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import ExitStack, asynccontextmanager
 from typing import Any, Final, Literal, Protocol
 
@@ -27,7 +27,9 @@ import trio
 from nursery_jobs import _clock
 from nursery_jobs._core._alarm import Key, Timer, retry_unreachable
 from nursery_jobs._core._host import ObjectHost, Phase
+from nursery_jobs._core._limits import JobLimits, check_limits
 from nursery_jobs._core._location import engine_for
+from nursery_jobs._core._memory import MemoryWatch
 from nursery_jobs._core._metrics import Metrics
 from nursery_jobs._core._object import DurableObject, resolve_namespace
 from nursery_jobs._core._stall import StallWatch
@@ -44,6 +46,7 @@ from nursery_jobs._errors import (
     lone_interrupt,
 )
 from nursery_jobs._events import EventBus
+from nursery_jobs._policy import Limit
 
 logger = logging.getLogger("nursery_jobs")
 
@@ -142,6 +145,7 @@ class Runtime:
         memory_probe: Callable[[], float] | None = None,
         dormant_after: float | None = None,
         turn_warning: float = 10.0,
+        limits: dict[str, Limit] | None = None,
     ) -> None:
         self.engine = engine
         self.slow_turns = SlowTurns(turn_warning)
@@ -165,12 +169,28 @@ class Runtime:
         self._hosts: OrderedDict[Key, ObjectHost] = OrderedDict()
         # The hosts whose database is open (or opening), least recently used first.
         self._open: OrderedDict[Key, ObjectHost] = OrderedDict()
+        # Where objects' databases are files, how many may be open at once (whatever
+        # state their objects are in), and the activations and wakes waiting for one.
+        self._file_budget = default_max_active() if engine.holds_files else None
+        self._files_freed = trio.lowlevel.ParkingLot()
         self._nursery: trio.Nursery | None = None
         self._limiter = trio.CapacityLimiter(_MAX_CONCURRENT_ALARMS)
         self._closing = False
         # Work under suspicion of killing the process runs one at a time (the
         # Lifecycle holds it around jobs with crash strikes).
         self.probation = trio.Lock()
+        # Permits per limited namespace (open_runtime(limits=...)); empty: no cost.
+        self.limits = JobLimits(limits or {}, self._wake_limited, self._start_soon)
+
+    def _wake_limited(self, namespace: str, object_id: str) -> None:
+        """A permit of the namespace's limit is reserved for a held object: deliver its
+        alarm now (its run takes the permit)."""
+        if not self._closing:
+            self.timer.deliver_now((namespace, object_id))
+
+    def _start_soon(self, fn: Callable[..., Any], *args: Any) -> None:
+        if self._nursery is not None and not self._closing:
+            self._nursery.start_soon(fn, *args)
 
     @property
     def path(self) -> Any:
@@ -193,10 +213,45 @@ class Runtime:
     def database_closed(self, host: ObjectHost) -> None:
         if self._open.get(host.key) is host:
             del self._open[host.key]
+            if self._files_freed:
+                self._files_freed.unpark()
 
-    def database_opened(self, host: ObjectHost) -> None:
-        self._open[host.key] = host
-        self._evict_over_limit()
+    async def open_slot(self, host: ObjectHost) -> None:
+        """Count ``host``'s database, about to open, as open. Where databases are
+        files, wait while the open-file budget is spent — asking idle objects to doze or
+        leave — rather than open one more (past it, opens fail with EMFILE and so does
+        the application's own ``open()``). Checkpoints."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        budget = self._file_budget
+        if budget is not None and host.key not in self._open:
+            while len(self._open) >= budget and host.phase is not Phase.CLOSED:
+                self._free_files(len(self._open) - budget + 1)
+                await self._files_freed.park()
+        # Counted with no checkpoint since the look at the count (those that wake at
+        # once must not all see the same free file).
+        if host.phase is not Phase.CLOSED:
+            self._open[host.key] = host
+            self._open.move_to_end(host.key)
+            self._evict_over_limit()
+        await trio.lowlevel.cancel_shielded_checkpoint()
+
+    def host_idle(self, host: ObjectHost) -> None:
+        if self._files_freed:  # someone waits for a file: an idle object gives one up
+            self._free_files(len(self._files_freed))
+
+    def _free_files(self, n: int) -> None:
+        """Ask up to ``n`` idle objects, least recently used first, to close their
+        databases: they doze (with dormancy on) or leave memory. One asked already
+        counts. Does not checkpoint."""
+        for host in list(self._open.values()):
+            if n <= 0:
+                break
+            if host.doze_pending or host.leaving:
+                n -= 1
+            elif host.serving and not host.busy:
+                if self.dormant_after is None or not host.doze_now():
+                    host.evict("evicted: max_active (the open-file limit)")
+                n -= 1
 
     async def _activate(
         self, cls: type[DurableObject], namespace: str, object_id: str, *,
@@ -213,8 +268,6 @@ class Runtime:
             if host is None:
                 host = ObjectHost(self, cls, namespace, object_id, for_alarm=for_alarm)
                 self._hosts[key] = host
-                self._open[key] = host
-                self._evict_over_limit()
                 try:
                     await self._nursery.start(host.run)
                 except BaseException as exc:
@@ -241,16 +294,7 @@ class Runtime:
         if self._bounds_open:
             # The open-file limit's bound, with dormancy on: past it the least recently
             # used idle objects doze at once (one that may not doze leaves memory).
-            excess = len(self._open) - self.max_active
-            for host in list(self._open.values()):
-                if excess <= 0:
-                    break
-                if host.doze_pending:
-                    excess -= 1
-                elif host.serving and not host.busy:
-                    if not host.doze_now():
-                        host.evict("evicted: max_active (the open-file limit)")
-                    excess -= 1
+            self._free_files(len(self._open) - self.max_active)
             return
         if self.max_active is None or len(self._hosts) <= self.max_active:
             return
@@ -357,6 +401,14 @@ class Runtime:
     async def _deliver(self, key: Key) -> None:
         """Activate the object of a due alarm (if needed) and run its alarm."""
         namespace, object_id = key
+        try:
+            await self._activate_and_run(namespace, object_id)
+        finally:
+            if self.limits:
+                # A permit reserved for this object that its run did not take goes on.
+                self.limits.delivered(namespace, object_id)
+
+    async def _activate_and_run(self, namespace: str, object_id: str) -> None:
         async with self._limiter:
             cls = resolve_namespace(namespace, self.engine.class_path(namespace))
             if cls is None:
@@ -393,22 +445,14 @@ class Runtime:
                 return
 
     async def _memory_watchdog(self) -> None:
-        """Sample memory; over the limit, reset every object whose alarm work runs."""
+        """Sample memory; over the limit, reset the objects whose alarm work grew it
+        (``_memory.MemoryWatch``). Holds no host between samples: a reset object must
+        be free to leave memory."""
         assert self.memory_limit is not None
+        watch = MemoryWatch(self.memory_limit, self.memory_probe)
         while True:
             await trio.sleep(MEMORY_CHECK_INTERVAL)
-            used = self.memory_probe()
-            if used <= self.memory_limit:
-                continue
-            victims = [h for h in self._hosts.values()
-                       if h.serving and h.running_alarm_work]
-            if not victims:
-                continue
-            logger.error("memory %d > limit %d: resetting %d object(s) running alarm work",
-                         used, self.memory_limit, len(victims))
-            for host in victims:
-                host.reset(f"memory limit exceeded ({used:.0f} > {self.memory_limit})",
-                           memory=True)
+            watch.check(self._hosts.values())
 
     def _close(self) -> None:
         for host in list(self._hosts.values()):
@@ -432,6 +476,7 @@ async def open_runtime(
     lease_ttl: float | None = None,
     pool_size: int | None = None,
     turn_warning: float = 10.0,
+    limits: Mapping[str | type[DurableObject], Limit] | None = None,
     stop_on: Iterable[int] = (signal.SIGTERM,),
 ) -> AsyncIterator[Runtime]:
     """Open a runtime on data directory ``path`` (None: everything in memory; or an
@@ -465,8 +510,15 @@ async def open_runtime(
     stop of its block: running jobs are cancelled, keep their attempts, get no crash
     strike and run again at once on the next start; then the block exits normally.
     ``stop_on=()`` leaves signals to the application.
+
+    ``limits={namespace or class: nj.Limit(concurrency=N, rate=(k, per_seconds))}``
+    bounds how many of that namespace's jobs run at once in this runtime, and how many
+    start in any ``per_seconds`` window (on PostgreSQL: per host). A held job stays due,
+    in order, and uses up no attempt; a held object waits in line holding nothing else
+    (no turn: calls to it do not wait; no alarm slot).
     """
     signals = _check_stop_on(stop_on)
+    checked_limits = check_limits(limits)
     if (isinstance(turn_warning, bool) or not isinstance(turn_warning, (int, float))
             or math.isnan(turn_warning) or turn_warning <= 0):
         raise ValueError(f"turn_warning must be a number of seconds > 0, got {turn_warning!r}")
@@ -503,7 +555,7 @@ async def open_runtime(
     rt = Runtime(engine, env=env, idle_timeout=float(idle_timeout), max_active=max_active,
                  durability=durability, memory_limit=memory_limit, memory_probe=memory_probe,
                  dormant_after=None if dormant_after is None else float(dormant_after),
-                 turn_warning=float(turn_warning))
+                 turn_warning=float(turn_warning), limits=checked_limits)
     engine.open(_clock.now())
     body_error: BaseException | None = None
     try:

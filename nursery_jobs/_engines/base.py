@@ -113,6 +113,11 @@ class Engine(Protocol):
     def label(self) -> str:
         """What to call this engine's data in messages: a path or an address."""
 
+    @property
+    def holds_files(self) -> bool:
+        """Whether an open object holds file descriptors (its database file and WAL):
+        the runtime then keeps open databases within the open-file limit."""
+
     def open(self, now: float) -> None:
         """Take the data (the directory lock), recover what a dead process left (its
         flight record becomes crash tokens, and their objects wake at ``now``)."""

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Final
 import trio
 
 from nursery_jobs import _clock
+from nursery_jobs._core._limits import PARK_FOR
 from nursery_jobs._errors import describe_error, safe_repr
 from nursery_jobs._jobs._capability import Capability
 from nursery_jobs._jobs._records import (
@@ -106,6 +107,9 @@ class AlarmRunner:
         self._watch_scope: trio.CancelScope | None = None
         self._watch_job: Job | None = None
         self._watch_deadline = math.inf
+        # The permits of the object's namespace (None: not limited, no cost per job).
+        self._limit = lifecycle.claim.limit
+        self._object_id = lifecycle.ctx.id
 
     async def __call__(self, info: Any) -> None:
         lc, store = self._lc, self._store
@@ -121,8 +125,9 @@ class AlarmRunner:
                 now = _clock.now()
                 if store.has_due(now):
                     store.set_alarm(now + FALLBACK_ALARM)  # the backup alarm
+            held = False
             if not store.disabled:
-                await self._run_due(run, now)
+                held = await self._run_due(run, now)
             on_alarm = getattr(lc.host, "on_alarm", None)
             if on_alarm is not None:
                 await on_alarm()
@@ -149,9 +154,26 @@ class AlarmRunner:
             self._unwatch()
         if not lc.tracked:
             lc.breaker.clear()  # a clean, quiescent alarm run
-        store.rearm()
+        if held:
+            self._park()
+        else:
+            store.rearm()
 
-    async def _run_due(self, run: AlarmRun, now: float) -> None:
+    def _park(self) -> None:
+        """A job found no permit of the namespace's limit: what is due stays due, the
+        object waits in line for a permit (which delivers its alarm again), and its
+        alarm is only a fallback meanwhile (a process death loses no wake-up)."""
+        assert self._limit is not None
+        store = self._store
+        store.flush()
+        fallback = store.next_alarm_time()
+        if fallback is not None:
+            store.set_alarm(max(fallback, _clock.now() + PARK_FOR))
+        self._limit.park(self._object_id)
+
+    async def _run_due(self, run: AlarmRun, now: float) -> bool:
+        """Run the due jobs; return True if a job was held by the namespace's limit
+        (the run stops there: what is due stays due, in order)."""
         store = self._store
         for owner, count in store.due_counts(now):
             if count >= BACKLOG_WARNING:
@@ -168,8 +190,7 @@ class AlarmRunner:
                 # ~10): a cancel of the running job ends the scope, and a new one
                 # carries the run on.
                 with trio.CancelScope() as run.scope:
-                    await self._dispatch_due(run, now, ran, readmitted)
-                    return
+                    return await self._dispatch_due(run, now, ran, readmitted)
                 if run.cancel is not None:
                     await self._end_cancelled(run, run.cancel)
                 now = _clock.now()
@@ -195,7 +216,7 @@ class AlarmRunner:
 
     async def _dispatch_due(
         self, run: AlarmRun, now: float, ran: set[str], readmitted: set[str]
-    ) -> None:
+    ) -> bool:
         store = self._store
         cursor = _START
         # Each owner's handler, looked up once per run.
@@ -216,7 +237,7 @@ class AlarmRunner:
                 batch = store.due_batch(now, cursor, _DUE_BATCH)
                 index, read_at = 0, store.version
                 if not batch:
-                    return
+                    return False
             row = batch[index]
             index += 1
             job = row.job
@@ -240,6 +261,10 @@ class AlarmRunner:
             if on_job is None:
                 self._drop(job)
                 superseded = False
+            elif self._limit is not None:
+                if not self._limit.try_acquire(self._object_id):
+                    return True  # held: no attempt used, nothing written
+                superseded = await self._with_permit(run, row, owner, on_job)
             elif row.crash_strikes:
                 superseded = await self._on_probation(run, row, owner, on_job)
             else:
@@ -258,6 +283,20 @@ class AlarmRunner:
                 await self._turns.hand_over("alarm run")
             elif dispatched % _CHECKPOINT_EVERY == 0:
                 await trio.lowlevel.checkpoint()
+        return False
+
+    async def _with_permit(
+        self, run: AlarmRun, row: JobRow, owner: Any, on_job: Callable[..., Awaitable[Any]]
+    ) -> bool:
+        """Run one job of a limited namespace under the permit it took; the permit goes
+        back when the run ends, however it ends."""
+        assert self._limit is not None
+        try:
+            if row.crash_strikes:
+                return await self._on_probation(run, row, owner, on_job)
+            return await self._run_job(run, row, owner, on_job)
+        finally:
+            self._limit.release()
 
     def _handler(self, owner_id: str) -> tuple[Any, Callable[..., Awaitable[Any]] | None]:
         if owner_id == HOST:

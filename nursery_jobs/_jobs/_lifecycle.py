@@ -204,6 +204,56 @@ class Lifecycle:
         await trio.lowlevel.checkpoint()
         self.store.disable()
 
+    # -- pausing ----------------------------------------------------------------------
+    async def pause(self, owner: str | None = None) -> None:
+        """Pause the jobs of ``owner`` ("host" or a capability id; None: every owner),
+        durably: they stay due but do not run, nor wake the object, until ``resume``.
+        Pushes are still accepted. Emits ``object:paused`` if it was not paused.
+        Checkpoints.
+
+        Raises:
+            CapabilityError: ``owner`` is neither None, "host" nor an installed
+                capability's id (nothing is written).
+        """
+        await self._set_paused(self._check_owner(owner), True)
+
+    async def resume(self, owner: str | None = None) -> None:
+        """Resume the jobs of ``owner`` (None: lift every pause of the object, its own
+        and each owner's); what is due runs at once. A resumed owner's jobs stay held
+        while the whole object is paused. Emits ``object:resumed``. Checkpoints.
+
+        Raises:
+            CapabilityError: as ``pause``.
+        """
+        owner = self._check_owner(owner)
+        if owner is None:
+            for named in sorted(o for o in self.store.paused if o is not None):
+                await self._set_paused(named, False)
+        await self._set_paused(owner, False)
+
+    def paused(self) -> frozenset[str | None]:
+        """The paused owners; None among them: the whole object is paused. Does not
+        checkpoint."""
+        self.store.reading()
+        return self.store.paused
+
+    def _check_owner(self, owner: object) -> str | None:
+        if owner is None or owner == HOST or (
+            isinstance(owner, str) and owner in self._capabilities
+        ):
+            return owner  # type: ignore[return-value]
+        raise CapabilityError(
+            f"{self!r}: owner must be None (every owner), {HOST!r} or an installed"
+            f" capability's id ({', '.join(map(repr, self._capabilities)) or 'none'}),"
+            f" got {owner!r}"
+        )
+
+    async def _set_paused(self, owner: str | None, paused: bool) -> None:
+        await trio.lowlevel.checkpoint()
+        if self.store.set_paused(owner, paused):
+            await self.store.durable()
+            self.emit("object:paused" if paused else "object:resumed", owner=owner)
+
     # -- long work --------------------------------------------------------------------
     def track_alarm_work(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> bool:
         """Start ``fn(*args)`` in the object's nursery under the current alarm run.

@@ -41,7 +41,7 @@ class JobStore:
 
     __slots__ = (
         "_alarm", "_done", "_dropped", "completion_group", "conn", "dead_letter_limit",
-        "disabled", "running_id", "running_seq", "superseded", "table", "tx", "version",
+        "disabled", "paused", "running_id", "running_seq", "superseded", "table", "tx", "version",
     )
 
     def __init__(
@@ -69,6 +69,14 @@ class JobStore:
         # Alarms disabled for good (``Lifecycle.disable_alarms``, durable): the alarm
         # is left alone. (Read when a rollback may have undone it: ``_reread``.)
         self.disabled = bool(self.table.meta(_ALARMS_DISABLED))
+        # Paused owners (None: the whole object), durable in nj_meta; read again, as
+        # ``disabled``, when a rollback may have undone a pause or resume.
+        self.paused: frozenset[str | None] = frozenset()
+        self._read_paused()
+
+    def _read_paused(self) -> None:
+        self.paused = paused = self.table.paused()
+        self.table.hold(paused)
 
     # -- the group transaction ------------------------------------------------------
     # A job's writes and its outcome commit together: the alarm run opens the group and
@@ -157,6 +165,7 @@ class JobStore:
         self.superseded = False
         self.version += 1
         self.disabled = bool(self.table.meta(_ALARMS_DISABLED))
+        self._read_paused()
 
     # -- storage.transaction() blocks (the ``BlockWatcher`` of ``_transactions``) --------
     def mark(self) -> tuple[str | None, bool]:
@@ -170,6 +179,7 @@ class JobStore:
             self.superseded = superseded
         self.version += 1
         self.disabled = bool(self.table.meta(_ALARMS_DISABLED))
+        self._read_paused()
 
     def writing(self) -> AbstractContextManager[None]:
         """``with store.writing():`` one transaction for the writes in the block — or,
@@ -240,7 +250,7 @@ class JobStore:
                     raise ownership_error(job.owner, holder, job.id)
                 replaced = holder is not None
                 self._touch(job.id)
-            self._lower_alarm(job.time, job.exclusive, job.id)
+            self._lower_alarm(job.time, job.exclusive, job.id, job.owner)
             self.table.upsert(job, payload_text)
         if replaced:
             stored = self.table.row(job.id)
@@ -279,7 +289,7 @@ class JobStore:
             if row is None or row.job.owner != owner:
                 return False
             self._touch(job_id)
-            self._lower_alarm(when, row.job.exclusive, job_id)
+            self._lower_alarm(when, row.job.exclusive, job_id, owner)
             self.table.retime(owner, job_id, when)
         if not in_transaction:  # as in cancel: never raise the alarm before a commit
             self.rearm()
@@ -305,11 +315,32 @@ class JobStore:
             self.table.unbury(owner, job_id)
             job = attrs.evolve(letter.job, time=_clock.now())
             self._touch(job_id)
-            self._lower_alarm(job.time, job.exclusive, job.id)
+            self._lower_alarm(job.time, job.exclusive, job.id, job.owner)
             text = encode_payload(job.payload)
             self.table.upsert(job, text)
 
         return job
+
+    def set_paused(self, owner: str | None, paused: bool) -> bool:
+        """Pause or resume the jobs of ``owner`` (None: the whole object); return
+        whether that changed anything. A pause may raise the alarm (after the commit);
+        a resume lowers it before the commit (an early wake is harmless, a lost one is
+        not)."""
+        in_transaction = self.conn.in_transaction
+        with self.writing():
+            changed = self.table.set_paused(owner, paused)
+            if not changed:
+                return False
+            self.version += 1  # an alarm run in progress reads the due rows again
+            self._read_paused()
+            if not paused and not self.disabled:
+                time = self.table.next_alarm_time(_clock.now())
+                current = self._alarm.get()
+                if time is not None and (current is None or time < current):
+                    self._alarm.set(time)
+        if paused and not in_transaction:
+            self.rearm()
+        return True
 
     # -- what the alarm run and the breaker write ------------------------------------
     def bury(
@@ -382,13 +413,15 @@ class JobStore:
             return cleared
 
     # -- the alarm --------------------------------------------------------------------
-    def _lower_alarm(self, time: float, exclusive: bool, job_id: str) -> None:
+    def _lower_alarm(self, time: float, exclusive: bool, job_id: str, owner: str) -> None:
         """Before a write commits: lower the alarm to ``time`` if it is later — never
         raise it (a rollback would leave a pending job behind a raised alarm). Raising
         it to an exclusive job's time is ``rearm``'s, after the commit."""
         if self.disabled:
             return
         current = self._alarm.get()
+        if self.paused and (self.table.all_held or owner in self.paused):
+            return  # a paused owner's job wakes nothing (its resume lowers the alarm)
         if current is not None and time >= current:
             return  # (most pushes of a batch: no query for exclusive jobs)
         if not exclusive and self.table.first_exclusive_time(excluding=job_id) is not None:

@@ -15,7 +15,7 @@ import trio
 
 from nursery_jobs import _clock
 from nursery_jobs._codec import encode_payload
-from nursery_jobs._errors import JobError
+from nursery_jobs._errors import CapabilityError, JobError
 from nursery_jobs._events import EventBus
 from nursery_jobs._jobs._records import (
     DeadLetter,
@@ -207,6 +207,27 @@ class CapabilityLifecycle:
 
     async def rearm_alarm(self) -> None:
         await self._lifecycle.rearm_alarm()
+
+    async def pause(self, owner: str | None = None) -> None:
+        """Pause this capability's jobs (``owner``: None or this capability's id). See
+        ``Lifecycle.pause``."""
+        await self._lifecycle.pause(self._own(owner))
+
+    async def resume(self, owner: str | None = None) -> None:
+        """Resume this capability's jobs (``owner``: None or this capability's id)."""
+        await self._lifecycle.resume(self._own(owner))
+
+    def paused(self) -> frozenset[str | None]:
+        """See ``Lifecycle.paused`` (every paused owner of the object)."""
+        return self._lifecycle.paused()
+
+    def _own(self, owner: object) -> str:
+        if owner is None or owner == self.capability_id:
+            return self.capability_id
+        raise CapabilityError(
+            f"capability {self.capability_id!r} may pause or resume only its own jobs"
+            f" (owner None or {self.capability_id!r}), got owner {owner!r}"
+        )
 
 
 def jobs_view(store: JobStore, owner: str, steering: Steering) -> Jobs:

@@ -35,6 +35,7 @@ from nursery_jobs._errors import (
     RuntimeLockedError,
     UnknownObjectError,
 )
+from nursery_jobs._jobs._table import JobTable
 
 if TYPE_CHECKING:
     from nursery_jobs._core._runtime import Runtime
@@ -122,6 +123,8 @@ class ObjectSummary:
     max_attempts: int = 0
     dead_letters: int = 0
     breaker_strikes: int = 0
+    # Paused owners (``lifecycle.pause``); None among them: the whole object is paused.
+    paused: tuple[str | None, ...] = ()
 
 
 @attrs.frozen(kw_only=True)
@@ -409,13 +412,16 @@ def _count(conn: sqlite3.Connection, row: ObjectRow, state: State, now: float,
     if "nj_dead_letters" in tables:
         letters = conn.execute("SELECT COUNT(*) FROM nj_dead_letters").fetchone()[0]
     strikes = 0
+    paused: tuple[str | None, ...] = ()
     if "nj_meta" in tables:
         found = conn.execute("SELECT value FROM nj_meta WHERE key = ?", (STRIKES_KEY,)).fetchone()
         strikes = 0 if found is None else int(found[0])
+        # (JobTable.paused: the same rows, read without a Lifecycle)
+        paused = tuple(sorted(JobTable(conn).paused(), key=lambda o: (o is not None, o or "")))
     return ObjectSummary(
         row=row, state=state, lifecycle=True, jobs=int(jobs), due=int(due),
         running=int(running), max_attempts=int(attempts), dead_letters=int(letters),
-        breaker_strikes=strikes,
+        breaker_strikes=strikes, paused=paused,
     )
 
 

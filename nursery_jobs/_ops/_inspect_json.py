@@ -52,6 +52,7 @@ def summary_json(summary: ObjectSummary) -> dict[str, Any]:
         "counts": {"jobs": summary.jobs, "due": summary.due, "running": summary.running,
                    "dead_letters": summary.dead_letters},
         "max_attempts": summary.max_attempts, "breaker_strikes": summary.breaker_strikes,
+        "paused": list(summary.paused),
     }
 
 

@@ -264,6 +264,8 @@ class CatalogEngine:
 class FilesEngine(CatalogEngine):
     """A data directory on disk."""
 
+    holds_files = True  # (see Engine.holds_files)
+
     def __init__(
         self, path: str | os.PathLike[str], *, synchronous: str,
         page_cache_budget: int = PAGE_CACHE_BUDGET,

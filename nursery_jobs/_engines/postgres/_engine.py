@@ -119,6 +119,8 @@ class PostgresEngine:
             host's death, not the server's) or "FULL" (``on``).
     """
 
+    holds_files = False  # (see Engine.holds_files)
+
     def __init__(
         self, dsn: str, *, lease_ttl: float = 10.0, pool_size: int = 8,
         synchronous: str = "NORMAL",
