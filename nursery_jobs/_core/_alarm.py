@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from nursery_jobs._core._host import Reset
     from nursery_jobs._core._metrics import Metrics
     from nursery_jobs._core._object import AlarmInfo
+    from nursery_jobs._core._tracing import Tracing
     from nursery_jobs._core._transactions import ObjectTransactions
     from nursery_jobs._core._turns import TurnGate
     from nursery_jobs._engines.base import Engine, FlightSlot, ObjectState
@@ -111,6 +112,10 @@ class AlarmClaim(Protocol):
     @property
     def metrics(self) -> Metrics:
         """The runtime's counters (jobs run, their durations)."""
+
+    @property
+    def tracing(self) -> Tracing | None:
+        """The runtime's tracing (``open_runtime(tracing=...)``); None when it is off."""
 
     @property
     def ships(self) -> bool:

@@ -43,6 +43,7 @@ from nursery_jobs._policy import LOCKED_RETRY, Backoff
 if TYPE_CHECKING:
     from nursery_jobs._core._limits import JobLimits
     from nursery_jobs._core._runtime import Stub
+    from nursery_jobs._core._tracing import Tracing
     from nursery_jobs._engines.base import Engine, FlightSlot, ObjectState
 
 logger = logging.getLogger("nursery_jobs")
@@ -101,6 +102,7 @@ class HostSite(Protocol):
     probation: trio.Lock
     slow_turns: SlowTurns
     limits: JobLimits  # (open_runtime(limits=...))
+    tracing: Tracing | None  # open_runtime(tracing=...); None: off
 
     def get(self, cls: type[DurableObject], object_id: str) -> Stub: ...
     def host_closed(self, host: ObjectHost) -> None: ...

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from nursery_jobs._core._alarm import JobPermits, ObjectAlarm
     from nursery_jobs._core._host import ObjectHost, Reset
     from nursery_jobs._core._metrics import Metrics
+    from nursery_jobs._core._tracing import Tracing
     from nursery_jobs._core._transactions import ObjectTransactions
     from nursery_jobs._core._turns import TurnGate
     from nursery_jobs._engines.base import FlightSlot
@@ -93,6 +94,10 @@ class HostClaim:
     @property
     def metrics(self) -> Metrics:
         return self._host.site.metrics
+
+    @property
+    def tracing(self) -> Tracing | None:
+        return self._host.site.tracing
 
     @property
     def ships(self) -> bool:

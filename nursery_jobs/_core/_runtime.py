@@ -24,7 +24,7 @@ import attrs
 import psutil
 import trio
 
-from nursery_jobs import _clock
+from nursery_jobs import _clock, _codec
 from nursery_jobs._core._alarm import Key, Timer, retry_unreachable
 from nursery_jobs._core._host import ObjectHost, Phase
 from nursery_jobs._core._limits import JobLimits, check_limits
@@ -33,10 +33,12 @@ from nursery_jobs._core._memory import MemoryWatch
 from nursery_jobs._core._metrics import Metrics
 from nursery_jobs._core._object import DurableObject, resolve_namespace
 from nursery_jobs._core._stall import StallWatch
+from nursery_jobs._core._tracing import Tracing, tracing_for
 from nursery_jobs._core._turns import SlowTurns, adopt_chain, call_chain, forget_chain
 from nursery_jobs._engines.base import Engine
 from nursery_jobs._engines.files._catalog import check_object_id
 from nursery_jobs._errors import (
+    EngineError,
     ObjectFencedError,
     ObjectLeasedElsewhere,
     ObjectMoved,
@@ -45,7 +47,7 @@ from nursery_jobs._errors import (
     RuntimeClosedError,
     lone_interrupt,
 )
-from nursery_jobs._events import EventBus
+from nursery_jobs._events import Event, EventBus
 from nursery_jobs._policy import Limit
 
 logger = logging.getLogger("nursery_jobs")
@@ -81,6 +83,10 @@ class RuntimeStatistics:
     events_dropped: int
 
 
+# (A stub call may return them; Event lives beside the codec, which cannot import it.)
+_codec.register_record(RuntimeStatistics, "RuntimeStatistics")
+_codec.register_record(Event, "Event")
+
 _STUB_TOKEN: Final = object()  # what only Runtime.get passes
 
 
@@ -104,20 +110,42 @@ class Stub:
         return f"<Stub {self._ns}/{self._id!r}>"
 
     async def call(self, name: str, /, *args: Any, **kwargs: Any) -> Any:
-        """Call method ``name`` on the object, activating it if needed. Checkpoints."""
+        """Call method ``name`` on the object, activating it if needed. Checkpoints.
+
+        The arguments and the result are copied through the payload codec, on every
+        engine (a call that works on one works on all); exceptions the method raises
+        reach the caller as they are.
+
+        Raises:
+            CodecError: an argument (nothing ran) or the result cannot be encoded;
+                ``CallCodecError.part`` says which.
+        """
+        if args or kwargs:
+            copied, named = _codec.copy_arguments(args, kwargs, self._method(name))
+        else:
+            copied, named = args, kwargs
         for _ in range(2):
             try:
                 host = await self._rt._activate(self._cls, self._ns, self._id)
             except ObjectLeasedElsewhere as moved:  # hook(pg): another host holds it
+                # (It copies through the codec on its way: the original arguments go.)
                 return await moved.forward_call(self._cls, self._id, name, args, kwargs,
-                                                self.call, call_chain())
+                                                self.call, call_chain(),
+                                                self._rt.trace_context())  # (tracing)
             try:
-                return await host.call(name, args, kwargs)
+                result = await host.call(name, copied, named)
             except ObjectMoved as moved:
                 # (hook(pg)) This host's lease lapsed before the method ran: the object
                 # was dropped here; route the call again — once.
                 error = moved
+            else:
+                if result is None:
+                    return None
+                return _codec.copy_result(result, self._method(name))
         raise ObjectFencedError(f"{self._ns}/{self._id}: {error}") from error
+
+    def _method(self, name: str) -> str:
+        return f"{self._ns}/{self._id}.{name}()"
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
@@ -128,6 +156,19 @@ class Stub:
 
         remote.__name__ = name
         return remote
+
+
+class TracedStub(Stub):
+    """The stub of a runtime with tracing on: each call in a span (``Tracing.call_span``).
+    A class apart, so that a call without tracing pays nothing, not even a check."""
+
+    __slots__ = ()
+
+    async def call(self, name: str, /, *args: Any, **kwargs: Any) -> Any:
+        tracing = self._rt.tracing
+        assert tracing is not None
+        with tracing.call_span(self._ns, self._id, name):
+            return await super().call(name, *args, **kwargs)
 
 
 class Runtime:
@@ -146,8 +187,11 @@ class Runtime:
         dormant_after: float | None = None,
         turn_warning: float = 10.0,
         limits: dict[str, Limit] | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self.engine = engine
+        # open_runtime(tracing=...): spans for calls and job runs (None: off).
+        self.tracing = tracing
         self.slow_turns = SlowTurns(turn_warning)
         self.memory_limit = memory_limit
         self.memory_probe = memory_probe or process_rss
@@ -203,7 +247,9 @@ class Runtime:
         checkpoint."""
         if not (isinstance(cls, type) and issubclass(cls, DurableObject)):
             raise TypeError(f"get() needs a DurableObject subclass, got {cls!r}")
-        return Stub(self, cls, check_object_id(object_id), _token=_STUB_TOKEN)
+        # (tracing) with tracing on, stubs whose calls make spans
+        stub = Stub if self.tracing is None else TracedStub
+        return stub(self, cls, check_object_id(object_id), _token=_STUB_TOKEN)
 
     def host_closed(self, host: ObjectHost) -> None:
         if self._hosts.get(host.key) is host:
@@ -374,7 +420,16 @@ class Runtime:
 
     async def run_call(
         self, namespace: str, object_id: str, name: str, args: tuple[Any, ...],
-        kwargs: dict[str, Any], chain: tuple[str, ...] = (),
+        kwargs: dict[str, Any], chain: tuple[str, ...] = (), trace: str | None = None,
+    ) -> Any:
+        if self.tracing is not None:  # a span here, a child of the caller's (tracing)
+            with self.tracing.served_call_span(namespace, object_id, name, trace):
+                return await self._run_call(namespace, object_id, name, args, kwargs, chain)
+        return await self._run_call(namespace, object_id, name, args, kwargs, chain)
+
+    async def _run_call(
+        self, namespace: str, object_id: str, name: str, args: tuple[Any, ...],
+        kwargs: dict[str, Any], chain: tuple[str, ...],
     ) -> Any:
         cls = resolve_namespace(namespace, self.engine.class_path(namespace))
         if cls is None:
@@ -386,6 +441,13 @@ class Runtime:
             return await host.call(name, args, kwargs)
         finally:
             forget_chain(token)
+
+    def serves(self, namespace: str, class_path: str | None) -> bool:
+        return resolve_namespace(namespace, class_path) is not None
+
+    def trace_context(self) -> str | None:
+        """The current span's context to carry with a forwarded call (None: untraced)."""
+        return None if self.tracing is None else self.tracing.push_context()
 
     def fenced(self, namespace: str, object_id: str) -> None:
         host = self._hosts.get((namespace, object_id))
@@ -478,13 +540,18 @@ async def open_runtime(
     turn_warning: float = 10.0,
     limits: Mapping[str | type[DurableObject], Limit] | None = None,
     stop_on: Iterable[int] = (signal.SIGTERM,),
+    client_only: bool = False,
+    tracing: object = None,
 ) -> AsyncIterator[Runtime]:
     """Open a runtime on data directory ``path`` (None: everything in memory; or an
     ``Engine``). A ``scheme://`` address no engine serves raises ``EngineError``.
 
     With a ``postgresql://`` address this process is a host of that database's cluster
     (DESIGN section 9): ``lease_ttl`` (seconds, default 10) and ``pool_size`` (default 8)
-    go to its ``PostgresEngine``; they are refused for any other location.
+    go to its ``PostgresEngine``; they are refused for any other location. With
+    ``client_only=True`` (a ``postgresql://`` address only; ``EngineError`` naming it
+    elsewhere) the runtime holds no object and claims no alarm: every call is forwarded
+    to a host (``RpcError`` when none is running).
 
     Leaving the block stops the timer, cancels in-flight work and closes every
     database. Raises ``RuntimeLockedError`` if another runtime holds ``path``.
@@ -516,9 +583,16 @@ async def open_runtime(
     start in any ``per_seconds`` window (on PostgreSQL: per host). A held job stays due,
     in order, and uses up no attempt; a held object waits in line holding nothing else
     (no turn: calls to it do not wait; no alarm slot).
+
+    With ``tracing`` (an OpenTelemetry ``TracerProvider``; the ``otel`` extra), stub
+    calls and job runs make spans, and a push stores the current span's context with the
+    job, so its run links to the trace that asked for it. Raises ``TracingError`` (a
+    ``TypeError``) for a value that is no TracerProvider, ``MissingExtraError`` where
+    OpenTelemetry is not installed; nothing is opened then.
     """
     signals = _check_stop_on(stop_on)
     checked_limits = check_limits(limits)
+    tracer = tracing_for(tracing)
     if (isinstance(turn_warning, bool) or not isinstance(turn_warning, (int, float))
             or math.isnan(turn_warning) or turn_warning <= 0):
         raise ValueError(f"turn_warning must be a number of seconds > 0, got {turn_warning!r}")
@@ -549,13 +623,23 @@ async def open_runtime(
         raise ValueError(f"max_active must be None or an int >= 1, got {max_active!r}")
     if durability not in _SYNCHRONOUS:
         raise ValueError(f"durability must be 'normal' or 'full', got {durability!r}")
-    cluster = {name: value for name, value in (("lease_ttl", lease_ttl),
-                                               ("pool_size", pool_size)) if value is not None}
+    if not isinstance(client_only, bool):
+        raise TypeError(f"client_only must be a bool, got {client_only!r}")
+    if client_only and not _is_postgres(path):
+        raise EngineError(
+            f"client_only=True needs a postgresql:// address (a client forwards every call"
+            f" to a host of that database), not {path!r}: a data directory or memory has"
+            " no other host to run its objects")
+    cluster: dict[str, Any] = {
+        name: value for name, value in (("lease_ttl", lease_ttl), ("pool_size", pool_size))
+        if value is not None}
+    if client_only:
+        cluster["client_only"] = True
     engine = engine_for(path, synchronous=_SYNCHRONOUS[durability], **cluster)
     rt = Runtime(engine, env=env, idle_timeout=float(idle_timeout), max_active=max_active,
                  durability=durability, memory_limit=memory_limit, memory_probe=memory_probe,
                  dormant_after=None if dormant_after is None else float(dormant_after),
-                 turn_warning=float(turn_warning), limits=checked_limits)
+                 turn_warning=float(turn_warning), limits=checked_limits, tracing=tracer)
     engine.open(_clock.now())
     body_error: BaseException | None = None
     try:
@@ -604,6 +688,11 @@ async def open_runtime(
     finally:
         rt._closing = True
         rt._close()
+
+
+def _is_postgres(location: object) -> bool:
+    return isinstance(location, str) and location.partition("://")[0].lower() in (
+        "postgresql", "postgres")
 
 
 def _check_stop_on(stop_on: object) -> tuple[signal.Signals, ...]:

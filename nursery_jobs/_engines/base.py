@@ -175,12 +175,18 @@ class EngineSite(Protocol):
 
     async def run_call(
         self, namespace: str, object_id: str, name: str, args: tuple[Any, ...],
-        kwargs: dict[str, Any], chain: tuple[str, ...] = (),
+        kwargs: dict[str, Any], chain: tuple[str, ...] = (), trace: str | None = None,
     ) -> Any:
         """Run a call forwarded from another host on the object here, as a local stub
         call would (activating it if needed); its exception propagates. ``chain`` is the
         caller's call chain (the turns it holds, by id): a call back into one of them
-        re-enters it."""
+        re-enters it. ``trace`` is the caller's span context (W3C trace context as JSON),
+        the parent of the call's span here when tracing is on."""
 
     def fenced(self, namespace: str, object_id: str) -> None:
         """Another host took the object over: cancel its scope and drop it, now."""
+
+    def serves(self, namespace: str, class_path: str | None) -> bool:
+        """Whether this runtime can resolve ``namespace`` to a class (its registry, or
+        ``class_path`` imported): an engine shared by hosts claims alarms of those
+        namespaces only."""

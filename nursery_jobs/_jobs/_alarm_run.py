@@ -20,7 +20,8 @@ import trio
 
 from nursery_jobs import _clock
 from nursery_jobs._core._limits import PARK_FOR
-from nursery_jobs._errors import describe_error, safe_repr
+from nursery_jobs._core._tracing import traced_run
+from nursery_jobs._errors import describe_error, from_signal, safe_repr
 from nursery_jobs._jobs._capability import Capability
 from nursery_jobs._jobs._records import (
     HOST,
@@ -102,6 +103,7 @@ class AlarmRunner:
         self._claim = lifecycle.claim
         self._metrics = lifecycle.claim.metrics
         self._namespace = lifecycle.ctx.namespace
+        self._tracing = lifecycle.store.tracing  # (tracing) None: off
         self._turns = lifecycle.claim.turns
         self._rng = rng
         self._watch_scope: trio.CancelScope | None = None
@@ -110,6 +112,10 @@ class AlarmRunner:
         # The permits of the object's namespace (None: not limited, no cost per job).
         self._limit = lifecycle.claim.limit
         self._object_id = lifecycle.ctx.id
+        # Owners whose backlog was warned of: warned once per backlog, not per alarm
+        # run (a drain of 100k jobs printed 4,793 warnings, issue 22 #10); again once an
+        # alarm run has found it cleared.
+        self._backlogged: set[str] = set()
 
     async def __call__(self, info: Any) -> None:
         lc, store = self._lc, self._store
@@ -141,6 +147,15 @@ class AlarmRunner:
                 # A graceful shutdown is no failure: what was due stays due, so the
                 # object wakes as soon as a runtime opens the path again.
                 store.rearm()
+            raise
+        except (KeyboardInterrupt, SystemExit):
+            # The process stops: what is due stays due (the fallback alarm is 30 s out),
+            # so the next start runs it at once.
+            try:
+                store.rearm()
+            except Exception as exc:
+                logger.warning("the alarm of %s was not re-armed as the process stopped:"
+                               " %s", lc.label, describe_error(exc))
             raise
         except Exception:
             store.flush()  # the jobs that completed stay completed
@@ -175,11 +190,15 @@ class AlarmRunner:
         """Run the due jobs; return True if a job was held by the namespace's limit
         (the run stops there: what is due stays due, in order)."""
         store = self._store
-        for owner, count in store.due_counts(now):
-            if count >= BACKLOG_WARNING:
+        backlogged = {owner: count for owner, count in store.due_counts(now)
+                      if count >= BACKLOG_WARNING}
+        for owner, count in backlogged.items():
+            if owner not in self._backlogged:
                 self._lc.emit("job:backlog_warning", owner=owner, count=count,
-                              _log=(logging.WARNING, "%s: %d due jobs of %r in one alarm",
+                              _log=(logging.WARNING, "%s: %d due jobs of %r in one alarm"
+                                    " (warned once until the backlog clears)",
                                     (self._lc.label, count, owner)))
+        self._backlogged = set(backlogged)
         ran: set[str] = set()
         readmitted: set[str] = set()
         steering = self._lc.steering
@@ -351,6 +370,9 @@ class AlarmRunner:
         run.job, run.started, run.tracked = job, started, False
         ctx = job_context(job, row.attempts + 1)
         self._watch(job, clock)
+        if self._tracing is not None:  # (tracing) the run in a span linked to its push
+            on_job = traced_run(self._tracing, self._namespace, self._lc.ctx.id, job.id,
+                                job.fn, job.owner, store.trace(row), on_job)
         try:
             if job.timeout is None:
                 outcome = coerce_outcome(await on_job(ctx))
@@ -378,11 +400,14 @@ class AlarmRunner:
             store.flush()
             await self._lc.memory_error(job, exc)
         except (KeyboardInterrupt, SystemExit) as exc:
-            # The job asked the process to stop: it may, once — with a crash strike for
-            # the job first, so a job that does it every time is sealed, never a loop.
             store.fail()
             store.flush()
-            self._lc.strike_job(job.id, started, why=f"it raised {type(exc).__name__}")
+            if not from_signal(exc):
+                # The job asked the process to stop: it may, once — with a crash strike
+                # for the job first, so a job that does it every time is sealed, never
+                # a loop. A Ctrl-C that landed in its code is no act of the job's: a
+                # stop, as a cancellation is (issue 22 #3).
+                self._lc.strike_job(job.id, started, why=f"it raised {type(exc).__name__}")
             raise
         except BaseExceptionGroup as group:
             if (group.split(trio.Cancelled)[1] is None

@@ -11,7 +11,7 @@ from typing import Any, Final, Literal
 
 import attrs
 
-from nursery_jobs import _clock
+from nursery_jobs import _clock, _codec
 from nursery_jobs._errors import JobError, JobOwnershipError
 from nursery_jobs._policy import (
     DEFAULT_RETRY,
@@ -123,6 +123,12 @@ YIELD: Final = _Yield.YIELD
 """Outcome: the job stays due and the object wakes again at once (after other due jobs)."""
 
 JobOutcome = Reschedule | _Yield | None
+
+# Stub calls return these (DESIGN section 2: a call's result goes through the codec).
+# (RetryOptions is defined on the ground floor, beside the codec, which it cannot import.)
+for _record in (RetryOptions, Job, JobContext, DeadLetter, Reschedule):
+    _codec.register_record(_record, _record.__name__)
+del _record
 MAX_PRIORITY: Final = 1000
 
 # Column order of every SELECT that builds a JobRow.

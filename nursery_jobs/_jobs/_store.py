@@ -41,7 +41,8 @@ class JobStore:
 
     __slots__ = (
         "_alarm", "_done", "_dropped", "completion_group", "conn", "dead_letter_limit",
-        "disabled", "paused", "running_id", "running_seq", "superseded", "table", "tx", "version",
+        "disabled", "paused", "running_id", "running_seq", "superseded", "table", "tracing",
+        "tx", "version",
     )
 
     def __init__(
@@ -55,6 +56,8 @@ class JobStore:
         transactions.staged = self.table  # finished jobs' deletes wait for the group
         transactions.blocks = self  # a rolled-back block's effects in memory go too
         self._alarm = alarm
+        # open_runtime(tracing=...): a push stores the current span's context (None: off).
+        self.tracing = alarm.tracing
         self.completion_group = completion_group
         self.dead_letter_limit = dead_letter_limit
         self._dropped = on_dropped
@@ -225,6 +228,10 @@ class JobStore:
         """The alarm run's read: due rows after ``after`` in run order."""
         return self.table.next_due(now, after, limit)
 
+    def trace(self, row: JobRow) -> str | None:
+        """The pushing span's context stored with ``row``'s job (read with tracing on)."""
+        return self.table.trace(row.seq)
+
     def due_counts(self, now: float) -> list[tuple[str, int]]:
         return self.table.due_counts(now)
 
@@ -251,7 +258,9 @@ class JobStore:
                 replaced = holder is not None
                 self._touch(job.id)
             self._lower_alarm(job.time, job.exclusive, job.id, job.owner)
-            self.table.upsert(job, payload_text)
+            tracing = self.tracing
+            self.table.upsert(job, payload_text,
+                              None if tracing is None else tracing.push_context())
         if replaced:
             stored = self.table.row(job.id)
             if stored is not None:
@@ -317,7 +326,9 @@ class JobStore:
             self._touch(job_id)
             self._lower_alarm(job.time, job.exclusive, job.id, job.owner)
             text = encode_payload(job.payload)
-            self.table.upsert(job, text)
+            # (The requeue's own span, if any, asked for this run: the letter kept none.)
+            self.table.upsert(job, text,
+                              None if self.tracing is None else self.tracing.push_context())
 
         return job
 

@@ -28,8 +28,8 @@ _ORDER = "priority DESC, time, seq"
 UPSERT: Final = (
     "INSERT INTO nj_jobs (id, owner, fn, time, payload, max_attempts, base_delay,"
     " max_delay, jitter, singleflight, hung_timeout, exclusive, recovery_loop,"
-    " created_at, priority, timeout, give_up_on)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " created_at, priority, timeout, give_up_on, trace)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
     " ON CONFLICT (id) DO UPDATE SET fn = excluded.fn, time = excluded.time,"
     " payload = excluded.payload, max_attempts = excluded.max_attempts,"
     " base_delay = excluded.base_delay, max_delay = excluded.max_delay,"
@@ -37,7 +37,8 @@ UPSERT: Final = (
     " singleflight = excluded.singleflight, hung_timeout = excluded.hung_timeout,"
     " exclusive = excluded.exclusive, recovery_loop = excluded.recovery_loop,"
     " priority = excluded.priority, timeout = excluded.timeout,"
-    " give_up_on = excluded.give_up_on, attempts = 0, running_since = NULL,"
+    " give_up_on = excluded.give_up_on, trace = excluded.trace, attempts = 0,"
+    " running_since = NULL,"
     " crash_strikes = 0"
     " WHERE owner = excluded.owner"
 )
@@ -232,6 +233,13 @@ class JobTable:
         )
         return [JobRow.from_sql(row) for row in cursor]
 
+    def trace(self, seq: int) -> str | None:
+        """The pushing span's context stored with job ``seq`` (tracing on). Read apart
+        from the due rows, so dispatch with tracing off reads no extra column; on the
+        raw connection, since staged deletes are of other (finished) jobs."""
+        row = self._conn.execute("SELECT trace FROM nj_jobs WHERE seq = ?", (seq,)).fetchone()
+        return None if row is None or not isinstance(row[0], str) else row[0]
+
     def due_counts(self, now: float) -> list[tuple[str, int]]:
         if self.all_held:
             return []
@@ -289,16 +297,17 @@ class JobTable:
         return ready if in_flight is None else min(ready, in_flight)
 
     # -- writes ---------------------------------------------------------------------
-    def upsert(self, job: Job, payload_text: str | None) -> None:
+    def upsert(self, job: Job, payload_text: str | None, trace: str | None = None) -> None:
         """Insert ``job``, or replace the same owner's job of that id in place (it keeps
-        its push sequence and creation time; attempts, marker and strikes reset)."""
+        its push sequence and creation time; attempts, marker and strikes reset).
+        ``trace``: the pushing span's context (tracing on), the newest push's wins."""
         retry = job.retry
         self.conn.execute(
             UPSERT,
             (job.id, job.owner, job.fn, job.time, payload_text, retry.max_attempts,
              retry.base_delay, retry.max_delay, retry.jitter, job.singleflight, job.hung_timeout,
              job.exclusive, job.recovery_loop, job.created_at, job.priority, job.timeout,
-             json.dumps(retry.give_up_on) if retry.give_up_on else None),
+             json.dumps(retry.give_up_on) if retry.give_up_on else None, trace),
         )
 
     def delete(self, owner: str, job_id: str) -> bool:

@@ -93,7 +93,8 @@ class Jobs:
             CodecError: a payload that cannot be stored (nothing is written).
         """
         fn = check_fn(fn)
-        now = _clock.now()
+        # A relative delay counts from the wall clock as it is now (issue 22 #11).
+        now = _clock.now() if delay is None else _clock.fresh_now()
         job_id = new_job_id(now) if id is None else check_job_id(id)
         label = job_id if id is not None else f"fn={fn}"  # name what the caller gave
         when = resolve_time(time, delay, now, job=label)
