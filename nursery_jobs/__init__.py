@@ -34,6 +34,7 @@ from nursery_jobs._errors import CodecError as CodecError
 from nursery_jobs._errors import EngineError as EngineError
 from nursery_jobs._errors import JobError as JobError
 from nursery_jobs._errors import JobOwnershipError as JobOwnershipError
+from nursery_jobs._errors import JobTimeoutError as JobTimeoutError
 from nursery_jobs._errors import LimitError as LimitError
 from nursery_jobs._errors import NurseryJobsError as NurseryJobsError
 from nursery_jobs._errors import ObjectFencedError as ObjectFencedError
@@ -87,6 +88,7 @@ __all__ = [
     "JobError",
     "JobOutcome",
     "JobOwnershipError",
+    "JobTimeoutError",
     "Jobs",
     "Lifecycle",
     "Limit",

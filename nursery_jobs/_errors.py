@@ -192,6 +192,25 @@ class JobOwnershipError(JobError):
     """A job id is held by another owner (the host or another capability)."""
 
 
+class JobTimeoutError(NurseryJobsError):
+    """A job's run was still going after its ``timeout`` seconds: it was cancelled, and
+    the attempt failed with this error (retried by the job's ``RetryOptions``,
+    dead-lettered after the last, seen by a capability's ``on_job_error``).
+    ``job_id`` names the job, ``timeout`` its timeout in seconds."""
+
+    def __init__(self, message: str, *, job_id: str, timeout: float) -> None:
+        super().__init__(message)
+        self.job_id = job_id
+        self.timeout = timeout
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_job_timeout_error, (str(self), self.job_id, self.timeout))
+
+
+def _job_timeout_error(message: str, job_id: str, timeout: float) -> JobTimeoutError:
+    return JobTimeoutError(message, job_id=job_id, timeout=timeout)
+
+
 class CapabilityError(NurseryJobsError, ValueError):
     """A capability id is used twice on one object, or added after start."""
 

@@ -120,9 +120,22 @@ class RetryOptions:
     survive in the job row); an error whose class, or a base class, is named matches."""
 
     def gives_up_on(self, error: BaseException) -> bool:
-        """Whether ``error`` skips the remaining attempts."""
+        """Whether ``error`` skips the remaining attempts. An exception group (what a
+        job's own nursery raises) does when every error in it does."""
         names = self.give_up_on
-        return bool(names) and any(error_name(cls) in names for cls in type(error).__mro__)
+        if not names:
+            return False
+        if isinstance(error, BaseExceptionGroup):
+            rest = error.split(lambda leaf: self._named(leaf))[1]  # (a function, not a method)
+            return rest is None
+        return self._named(error)
+
+    def _named(self, error: BaseException) -> bool:
+        # (A group itself is never named: ``split`` then looks at what it holds.)
+        if isinstance(error, BaseExceptionGroup):
+            return False
+        names = self.give_up_on
+        return any(error_name(cls) in names for cls in type(error).__mro__)
 
     def backoff_bound(self, attempt: int) -> float:
         """Upper bound of the wait after failed attempt ``attempt`` (1-based)."""

@@ -146,6 +146,8 @@ def _print_report(report: dict[str, Any], data: str, now: float, as_json: bool) 
             flags = "".join(f", {name}" for name in ("running", "exclusive", "singleflight")
                             if job[name])
             priority = "" if job["priority"] is None else f", priority {job['priority']}"
+            if job.get("timeout") is not None:
+                flags += f", timeout {job['timeout']:g} s"
             print(f"    job {p(job['owner'])}/{p(job['id'])} {p(job['fn'])}:"
                   f" due {_when(job['time'], now)}, attempt {job['attempts']}"
                   f" of {job['max_attempts']}{priority}{flags}")

@@ -94,6 +94,27 @@ async def test_inspect_json_lists_jobs_and_dead_letters(
     assert files(data) == before  # nothing created, nothing touched
 
 
+async def test_inspect_shows_a_jobs_timeout(
+    tmp_path: Path, autojump_clock: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = tmp_path / "data"
+    async with nj.open_runtime(data) as rt:
+        mailer = rt.get(Mailer, "news")
+        await mailer.push("send", id="bounded", delay=3600, timeout=2.5)
+        await mailer.push("send", id="unbounded", delay=3600)
+    code, out, _ = run_cli("inspect", str(data), "--json", capsys=capsys)
+    assert code == 0
+    (entry,) = json.loads(out)["objects"]
+    assert [(j["id"], j["timeout"]) for j in entry["jobs"]] == [
+        ("bounded", 2.5), ("unbounded", None)
+    ]
+    code, out, _ = run_cli("inspect", str(data), capsys=capsys)
+    [bounded] = [line for line in out.splitlines() if "/bounded " in line]
+    assert bounded.endswith(", timeout 2.5 s")
+    [unbounded] = [line for line in out.splitlines() if "unbounded" in line]
+    assert "timeout" not in unbounded
+
+
 async def test_inspect_escapes_control_characters(
     tmp_path: Path, autojump_clock: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:

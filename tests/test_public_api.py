@@ -25,6 +25,7 @@ EXPECTED = [
     "JobError",
     "JobOutcome",
     "JobOwnershipError",
+    "JobTimeoutError",
     "Jobs",
     "Lifecycle",
     "Limit",

@@ -212,7 +212,9 @@ class Agent(DurableObject):
     async def dequeue(self, id: str) -> bool:
         """Remove queued task ``id``; return whether it was queued. A scheduled task is
         left alone (``cancel_schedule`` removes either). A run in progress finishes,
-        but is neither retried nor dead-lettered. Checkpoints."""
+        but is neither retried nor dead-lettered — unless this is called where no turn
+        is held (an ``@nj.interleave`` method): then that run is cancelled at once, as
+        ``jobs.cancel`` does. Checkpoints."""
         return await self._task_queue.cancel(id)
 
     async def dequeue_all(self, method: str | None = None) -> int:

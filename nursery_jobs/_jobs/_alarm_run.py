@@ -33,6 +33,7 @@ from nursery_jobs._jobs._records import (
     completion_of,
     job_context,
 )
+from nursery_jobs._jobs._steering import CancelRequest, run_with_timeout
 from nursery_jobs._jobs._table import Cursor, JobRow
 
 if TYPE_CHECKING:
@@ -54,7 +55,8 @@ _START: Final[Cursor] = (-(2**31), -math.inf, -1)
 class AlarmRun:
     """One alarm run in progress: what ``track_alarm_work`` attaches work to."""
 
-    __slots__ = ("active", "epoch", "job", "lifecycle", "started", "time", "tracked")
+    __slots__ = ("active", "cancel", "epoch", "job", "lifecycle", "scope", "started", "time",
+                 "tracked")
 
     def __init__(self, lifecycle: Lifecycle) -> None:
         self.lifecycle = lifecycle
@@ -65,6 +67,10 @@ class AlarmRun:
         self.job: Job | None = None
         self.started = 0.0
         self.tracked = False
+        # The scope the jobs of this run are dispatched in (``jobs.cancel`` of the job
+        # running now cancels it), and that cancel.
+        self.scope: trio.CancelScope | None = None
+        self.cancel: CancelRequest | None = None
 
 
 current_run: contextvars.ContextVar[AlarmRun | None] = contextvars.ContextVar(
@@ -193,9 +199,45 @@ class AlarmRunner:
                                     " (warned once until the backlog clears)",
                                     (self._lc.label, count, owner)))
         self._backlogged = set(backlogged)
-        cursor = _START
         ran: set[str] = set()
         readmitted: set[str] = set()
+        steering = self._lc.steering
+        steering.run = run
+        try:
+            while True:
+                # One scope per run, not per job (a scope costs a few µs, a dispatch
+                # ~10): a cancel of the running job ends the scope, and a new one
+                # carries the run on.
+                with trio.CancelScope() as run.scope:
+                    return await self._dispatch_due(run, now, ran, readmitted)
+                if run.cancel is not None:
+                    await self._end_cancelled(run, run.cancel)
+                now = _clock.now()
+        finally:
+            steering.run = run.scope = None
+            if run.cancel is not None:
+                run.cancel.decide(False)  # (the run ended another way: a shutdown, a fault)
+                run.cancel = None
+
+    async def _end_cancelled(self, run: AlarmRun, request: CancelRequest) -> None:
+        """``jobs.cancel`` ended the run of ``request.job`` (its writes were undone on the
+        way out): delete the job — no retry, no dead letter — commit, and tell the
+        canceller once that is durable."""
+        job = request.job
+        self._watch_job = None
+        self._store.delete_cancelled(job)
+        self._lc.emit("job:cancelled", id=job.id, owner=job.owner, fn=job.fn,
+                      _log=(logging.INFO, "job %r of %s: its run was cancelled (jobs.cancel)",
+                            (job.id, self._lc.label)))
+        await self._store.durable()
+        run.cancel = None
+        request.decide(True)
+
+    async def _dispatch_due(
+        self, run: AlarmRun, now: float, ran: set[str], readmitted: set[str]
+    ) -> bool:
+        store = self._store
+        cursor = _START
         # Each owner's handler, looked up once per run.
         handlers: dict[str, tuple[Any, Callable[..., Awaitable[Any]] | None]] = {}
         batch: list[JobRow] = []
@@ -332,7 +374,14 @@ class AlarmRunner:
             on_job = traced_run(self._tracing, self._namespace, self._lc.ctx.id, job.id,
                                 job.fn, job.owner, store.trace(row), on_job)
         try:
-            outcome = coerce_outcome(await on_job(ctx))
+            if job.timeout is None:
+                outcome = coerce_outcome(await on_job(ctx))
+            else:
+                outcome = coerce_outcome(await run_with_timeout(on_job, ctx, self._lc.label))
+            if run.cancel is not None:
+                # Cancelled (jobs.cancel), the job went on to the end: its run's scope
+                # raises the Cancelled here, and it is cancelled all the same.
+                await trio.lowlevel.checkpoint()
         except trio.Cancelled as exc:
             if trio.current_effective_deadline() != -math.inf:
                 # A Cancelled the job made itself, not a cancellation of its scope: the
@@ -391,6 +440,11 @@ class AlarmRunner:
         self, run: AlarmRun, owner: Any, ctx: JobContext, error: BaseException, clock: float
     ) -> None:
         """What the job raised is its own failure: an attempt, a retry, a dead letter."""
+        if run.cancel is not None:
+            # Cancelled (jobs.cancel), the job raised something else on its way out: no
+            # attempt; its writes go, and its run's scope raises the Cancelled here.
+            self._store.fail()
+            await trio.lowlevel.checkpoint()
         self._watch_job = None
         self._metrics.job_ran(self._namespace, ctx.job.owner, run.time() - clock, False)
         self._store.fail()
@@ -402,7 +456,9 @@ class AlarmRunner:
         store, job, label = self._store, ctx.job, self._lc.label
         if store.superseded:
             return  # pushed, re-timed or cancelled during the run: that change wins
-        if ctx.attempt < job.retry.max_attempts:
+        if ctx.attempt < job.retry.max_attempts and not (
+            job.retry.give_up_on and job.retry.gives_up_on(error)
+        ):
             bound = job.retry.backoff_bound(ctx.attempt)
             delay = self._rng.uniform(0.0, bound) if job.retry.jitter else bound
             store.complete(job, Completion(kind="retry", kept=False,

@@ -26,6 +26,7 @@ from nursery_jobs._jobs._alarm_run import (
 )
 from nursery_jobs._jobs._capability import Capability
 from nursery_jobs._jobs._records import HOST, DeadLetter, Job, check_before, check_job_id
+from nursery_jobs._jobs._steering import Steering
 from nursery_jobs._jobs._store import DEFAULT_COMPLETION_GROUP, DEFAULT_DEAD_LETTER_LIMIT, JobStore
 from nursery_jobs._jobs._strikes import (
     MemoryBreaker,
@@ -89,7 +90,8 @@ class Lifecycle:
                               completion_group=completion_group,
                               dead_letter_limit=dead_letter_limit,
                               on_dropped=self._dead_letter_dropped)
-        self.jobs = jobs_view(self.store, HOST)
+        self.steering = Steering(self.store, self.claim.turns)
+        self.jobs = jobs_view(self.store, HOST, self.steering)
         self.breaker = MemoryBreaker(self.store, max_alarm_memory_limit_strikes, self.label,
                                      self.emit)
         self._runner = AlarmRunner(self, rng or _DEFAULT_RNG)
@@ -293,7 +295,8 @@ class Lifecycle:
         try:
             with claim.working(alarm=True):
                 try:
-                    await fn(*args)
+                    with self.steering.work_scope(job):  # (a cancel of the job ends it)
+                        await fn(*args)
                 except trio.Cancelled:
                     # Work that hits the memory limit counts against the job that
                     # started it.

@@ -16,6 +16,7 @@ from nursery_jobs._errors import JobError, JobOwnershipError
 from nursery_jobs._policy import (
     DEFAULT_RETRY,
     RetryOptions,
+    is_finite,
 )
 
 HOST: Final = "host"
@@ -226,6 +227,20 @@ def check_hung_timeout(value: object, *, job: str) -> float:
         math.isfinite(value) and value >= 0
     ):
         raise JobError(f"job {job!r}: hung_timeout must be a finite number >= 0, got {value!r}")
+    return float(value)
+
+
+def check_timeout(value: object, *, job: str) -> float | None:
+    """A run's ``timeout``: None, or a finite number of seconds > 0."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+        is_finite(value) and value > 0
+    ):
+        raise JobError(
+            f"job {job!r}: timeout must be a finite number of seconds > 0, or None; got"
+            f" {value!r}"
+        )
     return float(value)
 
 

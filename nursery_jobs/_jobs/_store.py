@@ -281,6 +281,16 @@ class JobStore:
             self.rearm()
         return deleted
 
+    def delete_cancelled(self, job: Job) -> bool:
+        """``jobs.cancel`` ended the run of ``job`` (the alarm run, which holds the turn,
+        deletes it for the canceller, which cannot take it): delete the job, committed
+        now. Its alarm is left to the run's end. Returns whether it was there."""
+        with self.writing():
+            deleted = self.table.delete(job.owner, job.id)
+            self._touch(job.id)
+        self.flush()
+        return deleted
+
     def reschedule(self, owner: str, job_id: str, when: float) -> bool:
         in_transaction = self.conn.in_transaction
         with self.writing():

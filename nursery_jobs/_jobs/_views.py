@@ -26,6 +26,7 @@ from nursery_jobs._jobs._records import (
     check_job_id,
     check_priority,
     check_retry,
+    check_timeout,
     checked_job,
     new_job_id,
     resolve_time,
@@ -34,6 +35,7 @@ from nursery_jobs._policy import RetryOptions
 
 if TYPE_CHECKING:
     from nursery_jobs._jobs._lifecycle import Lifecycle
+    from nursery_jobs._jobs._steering import Steering
     from nursery_jobs._jobs._store import JobStore
 
 _TOKEN = object()  # what only the Lifecycle passes: the views are not built by users
@@ -47,11 +49,16 @@ def _check_token(token: object, name: str) -> None:
 class Jobs:
     """``lifecycle.jobs``: push, cancel, reschedule and read the jobs of one owner."""
 
-    __slots__ = ("_store", "owner")
+    __slots__ = ("_steering", "_store", "owner")
 
-    def __init__(self, store: JobStore, owner: str, *, _token: object = None) -> None:
+    def __init__(
+        self, store: JobStore, owner: str, *, _token: object = None,
+        _steering: Steering | None = None,
+    ) -> None:
         _check_token(_token, "Jobs")
+        assert _steering is not None
         self._store = store
+        self._steering = _steering
         self.owner = owner
 
     def __repr__(self) -> str:
@@ -71,11 +78,14 @@ class Jobs:
         exclusive: bool = False,
         recovery_loop: bool = False,
         priority: int = 0,
+        timeout: float | None = None,  # noqa: ASYNC109 (the job's, stored: not this call's)
     ) -> Job:
         """Store a job; durable (committed, alarm lowered) when it returns.
 
         Pushing an id this owner already holds replaces that job in place. Among due
-        jobs a higher ``priority`` runs first. Checkpoints.
+        jobs a higher ``priority`` runs first. A run still going after ``timeout``
+        seconds is cancelled and fails with ``JobTimeoutError`` (an attempt, retried by
+        ``retry``). Checkpoints.
 
         Raises:
             JobOwnershipError: another owner holds ``id``.
@@ -91,22 +101,33 @@ class Jobs:
         retry = check_retry(retry, job=label)
         hung_timeout = check_hung_timeout(hung_timeout, job=label)
         priority = check_priority(priority, job=label)
+        timeout = check_timeout(timeout, job=label)
         for name, flag in (("singleflight", singleflight), ("exclusive", exclusive),
                            ("recovery_loop", recovery_loop)):
             if not isinstance(flag, bool):
                 raise JobError(f"job {label!r}: {name} must be a bool, got {flag!r}")
         payload_text = encode_payload(payload)
         job = checked_job(job_id, self.owner, fn, when, payload, retry, singleflight,
-                          hung_timeout, exclusive, recovery_loop, now, priority)
+                          hung_timeout, exclusive, recovery_loop, now, priority, timeout)
         await self._checkpoint()
         job = self._store.push(job, payload_text, stable_id=id is not None)
         await self._store.durable()
         return job
 
     async def cancel(self, id: str) -> bool:
-        """Delete this owner's job ``id``; return whether it existed. Checkpoints."""
+        """Delete this owner's job ``id``; return whether it existed. Checkpoints.
+
+        Called where no turn of the object is held (an ``@nj.interleave`` method, a
+        background task), a run of the job in progress is cancelled at once, with the
+        tracked work it started, and the job deleted: no retry, no dead letter,
+        ``job:cancelled``; it returns once that is committed. Called inside a turn (a
+        stub call, the job itself), it waits for no run: a run in progress is its
+        caller's own, and its result is discarded.
+        """
         job_id = check_job_id(id)
         await self._checkpoint()
+        if not self._steering.holds_turn():
+            return await self._steering.cancel(self.owner, job_id)
         cancelled = self._store.cancel(self.owner, job_id)
         await self._store.durable()
         return cancelled
@@ -152,7 +173,8 @@ class CapabilityLifecycle:
         _check_token(_token, "CapabilityLifecycle")
         self._lifecycle = lifecycle
         self.capability_id = capability_id
-        self.jobs = Jobs(lifecycle.store, capability_id, _token=_TOKEN)
+        self.jobs = Jobs(lifecycle.store, capability_id, _token=_TOKEN,
+                         _steering=lifecycle.steering)
 
     def track_alarm_work(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> bool:
         """See ``Lifecycle.track_alarm_work``."""
@@ -209,8 +231,8 @@ class CapabilityLifecycle:
         )
 
 
-def jobs_view(store: JobStore, owner: str) -> Jobs:
-    return Jobs(store, owner, _token=_TOKEN)
+def jobs_view(store: JobStore, owner: str, steering: Steering) -> Jobs:
+    return Jobs(store, owner, _token=_TOKEN, _steering=steering)
 
 
 def capability_view(lifecycle: Lifecycle, capability_id: str) -> CapabilityLifecycle:

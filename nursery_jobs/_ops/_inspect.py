@@ -90,6 +90,9 @@ class JobInfo:
     exclusive: bool
     singleflight: bool
     payload: Any
+    timeout: float | None = None
+    """Seconds a run may last (``push(timeout=)``); None: no limit, or a table from
+    before the column."""
 
 
 @attrs.frozen(kw_only=True)
@@ -436,9 +439,10 @@ def _read_jobs(conn: sqlite3.Connection, limit: int | None,
     has_priority = "priority" in _columns(conn, "nj_jobs")
     priority = "priority" if has_priority else "NULL"
     order = "priority DESC, time, seq" if has_priority else "time, seq"
+    timeout = "timeout" if "timeout" in _columns(conn, "nj_jobs") else "NULL"
     cursor = conn.execute(
         f"SELECT id, owner, fn, time, {priority}, attempts, max_attempts, running_since,"
-        " crash_strikes, created_at, exclusive, singleflight, payload FROM nj_jobs"
+        f" crash_strikes, created_at, exclusive, singleflight, payload, {timeout} FROM nj_jobs"
         f" ORDER BY {order} LIMIT ?", (-1 if limit is None else limit,),
     )
     return [
@@ -448,9 +452,10 @@ def _read_jobs(conn: sqlite3.Connection, limit: int | None,
                 running=running_since is not None or id == running_id,
                 running_since=running_since, crash_strikes=int(strikes),
                 created_at=float(created), exclusive=bool(exclusive),
-                singleflight=bool(singleflight), payload=_payload(payload))
+                singleflight=bool(singleflight), payload=_payload(payload),
+                timeout=None if timeout is None else float(timeout))
         for (id, owner, fn, time, prio, attempts, max_attempts, running_since, strikes,
-             created, exclusive, singleflight, payload) in cursor
+             created, exclusive, singleflight, payload, timeout) in cursor
     ]
 
 

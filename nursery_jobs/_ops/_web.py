@@ -622,6 +622,8 @@ class _View:
         for job in detail.jobs:
             flags = " ".join(f'<span class="badge">{name}</span>'
                              for name in ("exclusive", "singleflight") if getattr(job, name))
+            if job.timeout is not None:
+                flags += f' <span class="badge">timeout {job.timeout:g} s</span>'
             if job.running:
                 flags += ' <span class="badge b-active">running</span>'
             if job.crash_strikes:
