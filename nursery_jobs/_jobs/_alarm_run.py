@@ -34,7 +34,7 @@ from nursery_jobs._jobs._records import (
     job_context,
 )
 from nursery_jobs._jobs._steering import CancelRequest, run_with_timeout
-from nursery_jobs._jobs._table import Cursor, JobRow
+from nursery_jobs._jobs._table import BACKLOG_WINDOW, Cursor, JobRow
 
 if TYPE_CHECKING:
     from nursery_jobs._core._alarm import AlarmClaim
@@ -76,6 +76,12 @@ class AlarmRun:
 current_run: contextvars.ContextVar[AlarmRun | None] = contextvars.ContextVar(
     "nursery_jobs_alarm_run", default=None
 )
+
+
+def _at_least(count: int) -> str:
+    """A backlog's count as logged: counted among the first ``BACKLOG_WINDOW`` due jobs
+    only (``JobTable.due_counts``), so a full window is a lower bound."""
+    return f"{count:,} or more" if count >= BACKLOG_WINDOW else str(count)
 
 
 def memory_reset_of(claim: AlarmClaim) -> bool:
@@ -195,9 +201,9 @@ class AlarmRunner:
         for owner, count in backlogged.items():
             if owner not in self._backlogged:
                 self._lc.emit("job:backlog_warning", owner=owner, count=count,
-                              _log=(logging.WARNING, "%s: %d due jobs of %r in one alarm"
+                              _log=(logging.WARNING, "%s: %s due jobs of %r in one alarm"
                                     " (warned once until the backlog clears)",
-                                    (self._lc.label, count, owner)))
+                                    (self._lc.label, _at_least(count), owner)))
         self._backlogged = set(backlogged)
         ran: set[str] = set()
         readmitted: set[str] = set()

@@ -51,6 +51,8 @@ Cursor = tuple[int, float, int]  # (-priority, time, seq) of the last row an ala
 # The ``nj_meta`` rows of a pause: the whole object, or one owner (the key's tail).
 PAUSED_ALL: Final = "paused"
 PAUSED_PREFIX: Final = "paused:"
+# Due rows an alarm run counts for its backlog warning, at most (``due_counts``).
+BACKLOG_WINDOW: Final = 10_000
 _MAX_STAGED = 512  # staged deletes run at once past this many (SQLite's variable limit)
 
 
@@ -240,12 +242,17 @@ class JobTable:
         row = self._conn.execute("SELECT trace FROM nj_jobs WHERE seq = ?", (seq,)).fetchone()
         return None if row is None or not isinstance(row[0], str) else row[0]
 
-    def due_counts(self, now: float) -> list[tuple[str, int]]:
+    def due_counts(self, now: float, window: int = BACKLOG_WINDOW) -> list[tuple[str, int]]:
+        """Due jobs per owner among the first ``window`` due jobs by time: exact while
+        no more are due. Counting them all read every due row at each alarm run's start
+        (309 ms with 1,000,000 due: the first 20k jobs of such a queue ran at a fifth of
+        the rate of a queue 20k deep, issue 26); the window bounds it (~3 ms)."""
         if self.all_held:
             return []
         return self.conn.execute(
-            f"SELECT owner, COUNT(*) FROM nj_jobs WHERE time <= ?{self._held} GROUP BY owner",
-            (now, *self._held_args),
+            f"SELECT owner, COUNT(*) FROM (SELECT owner FROM nj_jobs WHERE time <= ?"
+            f"{self._held} ORDER BY time LIMIT ?) GROUP BY owner",
+            (now, *self._held_args, window),
         ).fetchall()
 
     def has_due(self, now: float) -> bool:
