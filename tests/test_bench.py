@@ -83,3 +83,26 @@ def test_missing_peers_are_named_with_the_extra(monkeypatch: pytest.MonkeyPatch)
     assert _harness.peers_note() is None
     monkeypatch.setattr(_harness, "peers_available", list)
     assert "no peer installed" in (_harness.peers_note() or "")
+
+
+def test_the_depth_rows_measure_each_depth_beside_the_first(tmp_path: Path) -> None:
+    """``--depth``: the first N jobs of a queue N deep and of a deeper one, pushed and
+    dispatched (a dispatch row ends only when N jobs have run), side by side."""
+    report = run(300, tmp_path, with_peers=False, progress_enabled=False, depths=(900,))
+    rows = report["depth"]
+    assert [row["depth"] for row in rows] == [300, 900]
+    for row in rows:
+        for key in ("dispatch_per_s", "push_batched_per_s", "push_per_call_per_s",
+                    "dispatch_cpu_us", "push_batched_cpu_us", "push_per_call_cpu_us"):
+            assert math.isfinite(row[key]) and row[key] > 0, key
+    text = render(report)
+    assert "the first 300 jobs of a deep queue" in text
+    assert "900" in text
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_depth_is_refused_for_postgres(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["--engine", "postgres", "--depth"])
+    assert exc.value.code == 2
+    assert "--depth applies to the sqlite engine only" in capsys.readouterr().err

@@ -84,17 +84,18 @@ def depth_rows(directory: Path, n: int, depths: tuple[int, ...] = DEPTHS,
 
 
 def render_depth(rows: list[dict[str, float]]) -> list[str]:
-    """The depth table: each depth's rates beside the shallowest's, and their ratio."""
+    """The depth table: each depth's rates and CPU per job, and their ratio to the
+    shallowest's (dispatch / push batched / push per call)."""
     base = rows[0]
-    head = (f"{'queue depth':<14}{'dispatch':>12}{'cpu/job':>10}{'push batched':>14}"
-            f"{'cpu/job':>10}{'push per call':>15}{'vs shallowest (d/pb/pc)':>26}")
+    head = (f"{'queue depth':<12}{'dispatch':>11}{'cpu':>8}{'push batched':>14}{'cpu':>8}"
+            f"{'push per call':>15}{'cpu':>8}{'vs first (d/pb/pc)':>21}")
     lines = [head, "-" * len(head)]
     for row in rows:
         ratios = "/".join(f"{row[k] / base[k]:.0%}" for k in
                           ("dispatch_per_s", "push_batched_per_s", "push_per_call_per_s"))
         lines.append(
-            f"{int(row['depth']):<14,}{row['dispatch_per_s']:>10,.0f}/s"
-            f"{row['dispatch_cpu_us']:>8.1f}µs{row['push_batched_per_s']:>12,.0f}/s"
-            f"{row['push_batched_cpu_us']:>8.1f}µs{row['push_per_call_per_s']:>13,.0f}/s"
-            f"{ratios:>26}")
+            f"{int(row['depth']):<12,}{row['dispatch_per_s']:>9,.0f}/s"
+            f"{row['dispatch_cpu_us']:>6.1f}µs{row['push_batched_per_s']:>12,.0f}/s"
+            f"{row['push_batched_cpu_us']:>6.1f}µs{row['push_per_call_per_s']:>13,.0f}/s"
+            f"{row['push_per_call_cpu_us']:>6.1f}µs{ratios:>21}")
     return lines

@@ -245,9 +245,13 @@ def peers_note() -> str | None:
 
 
 # -- the report -----------------------------------------------------------------------------
-def run(n: int, directory: Path | None, with_peers: bool, progress_enabled: bool) -> dict[str, Any]:
+def run(n: int, directory: Path | None, with_peers: bool, progress_enabled: bool,
+        depths: tuple[int, ...] = ()) -> dict[str, Any]:
+    """Every figure of the report; with ``depths``, also the rates of the first ``n``
+    jobs of a queue ``n`` deep and of each of ``depths`` deep (``_depth``)."""
     available = peers_available() if with_peers else []
-    progress = Progress(2 + 7 + len(available), progress_enabled)
+    progress = Progress(2 + 7 + len(available) + (1 + len(depths) if depths else 0),
+                        progress_enabled)
     tmp = Path(tempfile.mkdtemp(prefix="nj-bench-", dir=directory))
     try:
         report: dict[str, Any] = {"n": n, "disk": str(tmp), "python": sys.version.split()[0],
@@ -257,6 +261,10 @@ def run(n: int, directory: Path | None, with_peers: bool, progress_enabled: bool
             progress.step(f"sqlite3 ceiling ({durability})")
         report["floor"] = floors(tmp, n, "normal")
         report["ours"] = ours(tmp, n, progress)
+        if depths:
+            from ._depth import depth_rows  # (it builds on this module's bench object)
+
+            report["depth"] = depth_rows(tmp, n, depths, progress)
         for name in available:
             # No peer offers WAL with synchronous=NORMAL (each commits with an fsync, in
             # its own settings): one run each, at its durable settings.
@@ -321,6 +329,11 @@ def render(report: dict[str, Any]) -> str:
               f" p99 {now['p99_ms']:.3f} ms ({now['samples']} samples)",
               f"lateness of a 100 ms timer: p50 {timer['p50_ms']:.3f} ms,"
               f" p99 {timer['p99_ms']:.3f} ms ({timer['samples']} samples)"]
+    if report.get("depth"):
+        from ._depth import render_depth
+
+        lines += ["", f"the first {report['n']:,} jobs of a deep queue (durability normal;"
+                  " cpu: process CPU time per job):", *render_depth(report["depth"])]
     if report["peers"]:
         ours_normal, ours_full = ours_["dispatch_1x_normal_per_s"], ours_["dispatch_1x_full_per_s"]
         lines += ["", "peers, each in its own process at its own durable settings (printed below):",
@@ -370,8 +383,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="sqlite: where to put the databases (default: the temp dir)")
     parser.add_argument("--no-peers", action="store_true", help="sqlite: skip the peers")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument("--depth", action="store_true",
+                        help="sqlite: also push and dispatch the first N jobs of queues"
+                        " 200,000 and 1,000,000 deep, beside a queue N deep (about a"
+                        " minute more, and ~1 GB of disk)")
     args = parser.parse_args(argv)
     if args.engine == "postgres":
+        if args.depth:
+            parser.error("--depth applies to the sqlite engine only")
         try:
             import psycopg  # noqa: F401  (the postgres extra; _pg imports it)
         except ImportError as exc:
@@ -389,6 +408,9 @@ def main(argv: list[str] | None = None) -> int:
     n = 20_000 if args.n is None else args.n
     if n < 100:
         parser.error("-n must be at least 100")
-    report = run(n, args.dir, not args.no_peers, progress_enabled=True)
+    from ._depth import DEPTHS
+
+    report = run(n, args.dir, not args.no_peers, progress_enabled=True,
+                 depths=DEPTHS if args.depth else ())
     print(json.dumps(report, indent=2) if args.json else render(report))
     return 0
