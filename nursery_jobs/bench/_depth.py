@@ -4,8 +4,9 @@ queue N, 200k and 1,000,000 deep, side by side (issue 26: depth must not cost).
 Each depth gets a fresh object, paused, filled with due no-op jobs in batched
 transactions. Then, in that order: pushes of N more jobs (batched in one transaction)
 and of up to 5,000 (one commit each) into the deep queue, an hour out; and, from the
-resume, dispatch of the first N due jobs. Rates are wall-clock jobs/s; ``cpu`` figures are the process's CPU
-seconds (``time.process_time``), steadier on a shared machine.
+resume, dispatch of the first N due jobs. Rates are wall-clock jobs/s; ``cpu`` figures
+are the process's CPU seconds per job (``time.process_time``), steadier on a shared
+machine.
 """
 
 from __future__ import annotations
