@@ -62,6 +62,29 @@ def finished_delete(n: int) -> str:
     return f"DELETE FROM nj_jobs WHERE seq IN ({','.join('?' * n)})"
 
 
+_ANY_PRIORITY: Final = "SELECT 1 FROM nj_jobs WHERE priority != 0 LIMIT 1"
+_AFTER_ZERO: Final[Cursor] = (0, math.inf, 2**63 - 1)  # after every row of priority 0
+
+
+@functools.lru_cache(maxsize=64)
+def _due_of_zero(held: str, *, zero_only: bool) -> str:
+    """Due rows of priority 0 after a (time, seq) cursor, on the due index (``DUE`` with
+    the clause of paused owners, and with ``priority = 0`` where others exist)."""
+    zero = " AND priority = 0" if zero_only else ""
+    return (f"SELECT {_COLUMNS} FROM nj_jobs WHERE time <= ? AND (time, seq) > (?, ?)"
+            f"{zero}{held} ORDER BY time, seq LIMIT ?")
+
+
+@functools.lru_cache(maxsize=64)
+def _prioritized(held: str, sign: str) -> str:
+    """Due rows of priority above (``sign`` ">") or below ("<") 0 after a cursor, in run
+    order, on the partial index ``nj_jobs_priority`` (its ``priority != 0`` spelled out:
+    SQLite uses a partial index only for a query whose WHERE names its condition)."""
+    return (f"SELECT {_COLUMNS} FROM nj_jobs WHERE priority != 0 AND priority {sign} 0"
+            f" AND time <= ? AND (-priority, time, seq) > (?, ?, ?){held}"
+            f" ORDER BY {_ORDER} LIMIT ?")
+
+
 def _rollbacks(conn: sqlite3.Connection) -> int:
     """How many transactions of ``conn`` a fault rolled back (``GuardedConnection``; a
     working copy in memory has none)."""
@@ -204,36 +227,40 @@ class JobTable:
 
     def next_due(self, now: float, after: Cursor, limit: int = 1) -> list[JobRow]:
         """The first ``limit`` jobs due at ``now`` that come after ``after`` in run order."""
-        if self._held or self.all_held:
-            return self._next_due_held(now, after, limit)
-        if self.conn.execute(
-            "SELECT 1 FROM nj_jobs WHERE priority != 0 LIMIT 1"
-        ).fetchone() is None:
+        if self.all_held:
+            return []
+        conn, held, args = self.conn, self._held, self._held_args
+        if conn.execute(_ANY_PRIORITY).fetchone() is None:
             # No priorities (the usual case): (time, seq) on the due index, no sort.
             # (A cursor left in another priority: everything at 0 is after or before it.)
             if after[0] > 0:
                 return []
             if after[0] < 0:
                 after = (0, -math.inf, -1)
-            cursor = self.conn.execute(DUE, (now, after[1], after[2], limit))
-        else:
-            cursor = self.conn.execute(
-                f"SELECT {_COLUMNS} FROM nj_jobs WHERE time <= ?"
-                f" AND (-priority, time, seq) > (?, ?, ?) ORDER BY {_ORDER} LIMIT ?",
-                (now, after[0], after[1], after[2], limit),
-            )
-        return [JobRow.from_sql(row) for row in cursor]
+            sql = DUE if not held else _due_of_zero(held, zero_only=False)
+            return [JobRow.from_sql(row) for row in
+                    conn.execute(sql, (now, after[1], after[2], *args, limit))]
+        # Some priorities: run order in three parts, each read on an index in its own
+        # order — priority > 0 and < 0 on the partial ``nj_jobs_priority``, priority 0
+        # on ``nj_jobs_due``. One query ordered by (priority, time, seq) over all of them
+        # read and sorted every due row for each batch of 64 (134 ms at 200k due, one of
+        # them prioritized: issue 26).
+        rows: list[JobRow] = []
+        if after[0] < 0:
+            rows += self._due_part(_prioritized(held, ">"), now, after, limit)
+        if after[0] <= 0 and len(rows) < limit:
+            start = after[1:] if after[0] == 0 else (-math.inf, -1)
+            rows += [JobRow.from_sql(row) for row in conn.execute(
+                _due_of_zero(held, zero_only=True),
+                (now, *start, *args, limit - len(rows)))]
+        if len(rows) < limit:
+            rows += self._due_part(_prioritized(held, "<"), now,
+                                   after if after[0] > 0 else _AFTER_ZERO, limit - len(rows))
+        return rows
 
-    def _next_due_held(self, now: float, after: Cursor, limit: int) -> list[JobRow]:
-        """``next_due`` while some owners are paused: their rows are not due."""
-        if self.all_held:
-            return []
-        cursor = self.conn.execute(
-            f"SELECT {_COLUMNS} FROM nj_jobs WHERE time <= ?"
-            f" AND (-priority, time, seq) > (?, ?, ?){self._held} ORDER BY {_ORDER} LIMIT ?",
-            (now, after[0], after[1], after[2], *self._held_args, limit),
-        )
-        return [JobRow.from_sql(row) for row in cursor]
+    def _due_part(self, sql: str, now: float, after: Cursor, limit: int) -> list[JobRow]:
+        return [JobRow.from_sql(row) for row in self.conn.execute(
+            sql, (now, *after, *self._held_args, limit))]
 
     def trace(self, seq: int) -> str | None:
         """The pushing span's context stored with job ``seq`` (tracing on). Read apart
