@@ -24,6 +24,7 @@ from nursery_jobs._core._tracing import traced_run
 from nursery_jobs._errors import describe_error, from_signal, safe_repr
 from nursery_jobs._jobs._capability import Capability
 from nursery_jobs._jobs._records import (
+    DONE,
     HOST,
     Completion,
     Job,
@@ -431,8 +432,8 @@ class AlarmRunner:
         else:
             self._watch_job = None
             self._metrics.job_ran(self._namespace, job.owner, run.time() - clock, True)
-            store.complete(job, completion_of(
-                job, outcome, keep_marker=outcome is not None and self._lc.keeps_marker(run, job)))
+            store.complete(job, DONE if outcome is None else completion_of(
+                job, outcome, keep_marker=self._lc.keeps_marker(run, job)))
         finally:
             if store.tx.job_running:  # (something above was cut off)
                 store.tx.end_job(keep=False)

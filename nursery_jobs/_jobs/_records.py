@@ -159,12 +159,17 @@ class Completion:
     keep_marker: bool = False
 
 
+# A clean run that returned None (nearly every run): one shared record, frozen, instead
+# of one built per job (attrs' frozen ``__init__``, ~0.4 µs of a ~9 µs dispatch).
+DONE: Final = Completion(kind="done")
+
+
 def completion_of(
     job: Job, outcome: JobOutcome, *, kept: bool = True, keep_marker: bool = False
 ) -> Completion:
     """The completion an ``on_job`` (or ``on_job_error``) outcome stands for."""
     if outcome is None:
-        return Completion(kind="done", kept=kept)
+        return DONE if kept else Completion(kind="done", kept=False)
     time = outcome.time if isinstance(outcome, Reschedule) else job.time  # YIELD: its own
     return Completion(kind="retime", kept=kept, time=time, keep_marker=keep_marker)
 
