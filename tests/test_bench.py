@@ -106,3 +106,11 @@ def test_depth_is_refused_for_postgres(capsys: pytest.CaptureFixture[str]) -> No
         main(["--engine", "postgres", "--depth"])
     assert exc.value.code == 2
     assert "--depth applies to the sqlite engine only" in capsys.readouterr().err
+
+
+def test_the_depth_rows_with_a_prioritized_job_queued(tmp_path: Path) -> None:
+    from nursery_jobs.bench._depth import depth_rows
+
+    rows = depth_rows(tmp_path, 200, (400,), prioritized=True)
+    assert [row["depth"] for row in rows] == [200, 400]
+    assert all(row["dispatch_per_s"] > 0 for row in rows)

@@ -4,9 +4,10 @@ queue N, 200k and 1,000,000 deep, side by side (issue 26: depth must not cost).
 Each depth gets a fresh object, paused, filled with due no-op jobs in batched
 transactions. Then, in that order: pushes of N more jobs (batched in one transaction)
 and of up to 5,000 (one commit each) into the deep queue, an hour out; and, from the
-resume, dispatch of the first N due jobs. Rates are wall-clock jobs/s; ``cpu`` figures
-are the process's CPU seconds per job (``time.process_time``), steadier on a shared
-machine.
+resume, dispatch of the first N due jobs. ``prioritized``: one job of priority 1, an
+hour out, is queued first (a Queue with priorities: it made every due read sort the
+queue). Rates are wall-clock jobs/s; ``cpu`` figures are the process's CPU seconds per
+job (``time.process_time``), steadier on a shared machine.
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ class DepthObject(BenchObject):
             for i in range(n):
                 await self.lifecycle.jobs.push("noop", payload=i)
 
+    async def push_prioritized(self) -> None:
+        await self.lifecycle.jobs.push("noop", payload=-1, priority=1, delay=3600)
+
     async def pause(self) -> None:
         await self.lifecycle.pause()
 
@@ -45,13 +49,15 @@ class DepthObject(BenchObject):
         await self.lifecycle.resume()
 
 
-async def _one_depth(path: Path, depth: int, n: int) -> dict[str, float]:
+async def _one_depth(path: Path, depth: int, n: int, prioritized: bool) -> dict[str, float]:
     bench = _Bench()
     bench.target = n
     out: dict[str, float] = {"depth": depth}
     async with nj.open_runtime(path, env=bench, durability="normal") as rt:
         obj = rt.get(DepthObject, "deep")
         await obj.pause()  # nothing runs while the queue fills
+        if prioritized:
+            await obj.push_prioritized()
         for start in range(0, depth, _FILL_BATCH):
             await obj.fill_due(min(_FILL_BATCH, depth - start))
         # Pushes into the deep queue (an hour out: they stay queued behind the rest).
@@ -74,11 +80,12 @@ async def _one_depth(path: Path, depth: int, n: int) -> dict[str, float]:
 
 
 def depth_rows(directory: Path, n: int, depths: tuple[int, ...] = DEPTHS,
-               progress: Any = None) -> list[dict[str, float]]:
+               progress: Any = None, *, prioritized: bool = False) -> list[dict[str, float]]:
     """One row per depth (the first at ``n`` deep): push and dispatch rates of ``n`` jobs."""
     rows = []
     for depth in (n, *(d for d in depths if d != n)):
-        rows.append(trio.run(_one_depth, directory / f"nj-depth-{depth}", depth, n))
+        rows.append(trio.run(_one_depth, directory / f"nj-depth-{depth}", depth, n,
+                             prioritized))
         if progress is not None:
             progress.step(f"nursery_jobs at depth {depth:,}")
     return rows
