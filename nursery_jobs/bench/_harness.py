@@ -250,7 +250,8 @@ def run(n: int, directory: Path | None, with_peers: bool, progress_enabled: bool
     """Every figure of the report; with ``depths``, also the rates of the first ``n``
     jobs of a queue ``n`` deep and of each of ``depths`` deep (``_depth``)."""
     available = peers_available() if with_peers else []
-    progress = Progress(2 + 7 + len(available) + (1 + len(depths) if depths else 0),
+    # Steps: 2 ceilings, 8 of ours (``ours``), the peers, the depths (the first at n).
+    progress = Progress(2 + 8 + len(available) + (len({n, *depths}) if depths else 0),
                         progress_enabled)
     tmp = Path(tempfile.mkdtemp(prefix="nj-bench-", dir=directory))
     try:
