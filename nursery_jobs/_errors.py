@@ -129,8 +129,13 @@ def _turn_error(message: str, object_label: str) -> TurnError:
 
 
 class ObjectFencedError(NurseryJobsError):
-    """Another host took the object over (its lease and epoch): this host's write was
-    refused and the object dropped here."""
+    """Another host took the object over (its lease and epoch), or this host's lease or
+    base is not known to hold: this host's write was refused and the object dropped
+    here. ``reason`` says which, in words (None: another host took it over)."""
+
+    def __init__(self, *args: object, reason: str | None = None) -> None:
+        super().__init__(*args)
+        self.reason = reason
 
 
 class RpcError(NurseryJobsError, TypeError):

@@ -86,7 +86,7 @@ class Site:
     async def run_call(self, *args: Any) -> Any:
         raise AssertionError("no calls here")
 
-    def fenced(self, namespace: str, object_id: str) -> None:
+    def fenced(self, namespace: str, object_id: str, reason: str | None = None) -> None:
         pass
 
 

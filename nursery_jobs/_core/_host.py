@@ -543,16 +543,19 @@ class ObjectHost:
         if state is not None and state.ships:
             try:
                 await state.sync()
-            except ObjectFencedError:
-                self.fence()
+            except ObjectFencedError as exc:
+                self.fence(exc.reason)
                 raise
 
-    def fence(self) -> None:
-        """Another host holds the object now: stop everything here, write nothing."""
+    def fence(self, reason: str | None = None) -> None:
+        """Another host holds the object now (or ``reason``: why this host may no longer
+        run it): stop everything here, write nothing."""
         if self.reset_cause is None:
-            logger.warning("%s was taken over by another host; dropping it here", self.label)
-            self.site.events.emit("object:fenced", self.namespace, self.object_id)
-        self.reset("fenced: another host took the object over", fenced=True)
+            said = reason or "taken over by another host"
+            self.site.events.emit(
+                "object:fenced", self.namespace, self.object_id, reason=said,
+                _log=(logging.WARNING, "%s: %s; dropping it here", (self.label, said)))
+        self.reset(f"fenced: {reason or 'another host took the object over'}", fenced=True)
 
     def _turn_slow(self, seconds: float, holder: str) -> None:
         self.site.events.emit(

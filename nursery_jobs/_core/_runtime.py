@@ -343,10 +343,10 @@ class Runtime:
         finally:
             forget_chain(token)
 
-    def fenced(self, namespace: str, object_id: str) -> None:
+    def fenced(self, namespace: str, object_id: str, reason: str | None = None) -> None:
         host = self._hosts.get((namespace, object_id))
         if host is not None:
-            host.fence()
+            host.fence(reason)
 
     def _clock_adjusted(self, drift: float) -> None:
         """The wall-clock anchor moved: the timer's deadline (on Trio's clock) is stale."""

@@ -177,5 +177,6 @@ class EngineSite(Protocol):
         caller's call chain (the turns it holds, by id): a call back into one of them
         re-enters it."""
 
-    def fenced(self, namespace: str, object_id: str) -> None:
-        """Another host took the object over: cancel its scope and drop it, now."""
+    def fenced(self, namespace: str, object_id: str, reason: str | None = None) -> None:
+        """Another host took the object over (or ``reason``, in words: why this host
+        may no longer run it): cancel its scope and drop it, now."""

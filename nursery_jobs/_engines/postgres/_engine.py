@@ -35,7 +35,13 @@ from nursery_jobs import _clock
 from nursery_jobs._engines.base import EngineSite
 from nursery_jobs._engines.postgres import _ops as ops
 from nursery_jobs._engines.postgres._calls import POLL, CallRouter, channel
-from nursery_jobs._engines.postgres._copy import Change, PgObject, load_copy
+from nursery_jobs._engines.postgres._copy import (
+    SHIPPED,
+    STALE,
+    Change,
+    PgObject,
+    load_copy,
+)
 from nursery_jobs._engines.postgres._schema import ensure_schema
 from nursery_jobs._errors import ObjectFencedError, ObjectLeasedElsewhere, RpcError, StorageError
 
@@ -304,7 +310,7 @@ class PostgresEngine:
             raise
         state = PgObject(key, taken.epoch, conn, taken.alarm, taken.tokens, ship=self._ship,
                          on_close=self._state_closed, on_alarm=self._local_alarm,
-                         admit=functools.partial(self._admit, key))
+                         admit=functools.partial(self._admit, key), version=taken.version)
         self._held[key] = taken.epoch
         self._trust(key, sent)
         self._active[key] = state
@@ -363,15 +369,20 @@ class PostgresEngine:
         if lease_clock() < self._trusted.get(key, -math.inf):
             return
         epoch = self._held.get(key)
+        # Not "taken over": a lone host whose renewals PostgreSQL did not answer in time
+        # (a foreign lock, an outage) lands here too (issue 22 #4).
+        reason = (f"this host's lease on it was not renewed within lease_ttl"
+                  f" ({self.lease_ttl} s: PostgreSQL slow or out of reach, or this host"
+                  " paused); another host may take it over")
         if self._site is not None and key in self._active:
-            self._site.fenced(*key)
+            self._site.fenced(*key, reason=reason)
         raise ObjectFencedError(
             f"{key[0]}/{key[1]}: this host's lease on the object (epoch {epoch}) was not"
             f" renewed within lease_ttl ({self.lease_ttl} s); another host may hold it"
-            " now, so no job of it starts here"
+            " now, so no job of it starts here", reason=reason,
         )
 
-    async def _ship(self, change: Change) -> bool:
+    async def _ship(self, change: Change) -> str:
         key = (change.namespace, change.object_id)
         sent = lease_clock()
         try:
@@ -384,10 +395,16 @@ class PostgresEngine:
                 " idempotent should not simply be repeated"
             ) from exc
         if self._held.get(key) == change.epoch:
-            if shipped:
+            if shipped == SHIPPED:
                 self._trust(key, sent)  # the ship extended the lease
             else:
                 self._drop(key)
+                if shipped == STALE:
+                    # The lease holds, the base is gone: give the lease up (the state's
+                    # close finds it dropped) so that the object reloads at once — on
+                    # its next use, or its alarm's claim.
+                    self._releases.append((key[0], key[1], change.epoch))
+                    self._release_event.set()
         return shipped
 
     def _local_alarm(self, state: PgObject, time: float | None, retry: int) -> None:
@@ -589,8 +606,8 @@ class PostgresEngine:
             for state in [s for s in self._active.values() if s.changed]:
                 try:
                     await state.sync()
-                except ObjectFencedError:
-                    site.fenced(*state.key)
+                except ObjectFencedError as exc:
+                    site.fenced(*state.key, reason=exc.reason)
                 except StorageError as exc:
                     logger.warning("%s", exc)
 
