@@ -74,7 +74,7 @@ def test_the_engines_connections_carry_lock_and_statement_timeouts(pg_dsn: str) 
         with engine._pool.connection() as conn:
             got = [conn.execute(f"SHOW {name}").fetchone()[0]
                    for name in ("lock_timeout", "statement_timeout")]
-    assert got == ["2s", "6s"]
+    assert got == ["9s", "18s"]
 
 
 async def test_a_deadline_holds_under_a_foreign_lock_and_the_runtime_heals(
@@ -116,13 +116,13 @@ async def test_a_deadline_holds_under_a_foreign_lock_and_the_runtime_heals(
 
 
 async def test_a_statement_blocked_past_lock_timeout_gives_up_by_itself(pg_dsn: str) -> None:
-    # lease_ttl 1.5 s: lock_timeout 0.5 s. A call whose object cannot be read fails with
+    # lease_ttl 0.4 s: lock_timeout 0.6 s. A call whose object cannot be read fails with
     # a StorageError naming the object, no deadline needed.
-    async with nj.open_runtime(pg_dsn, lease_ttl=1.5) as rt:
+    async with nj.open_runtime(pg_dsn, lease_ttl=0.4) as rt:
         with foreign_lock(pg_dsn):
             started = time.monotonic()
             with trio.fail_after(5), pytest.raises(nj.StorageError, match="lock timeout"):
                 await rt.get(Counter, "c").increment()
-            assert time.monotonic() - started < 2.0
+            assert time.monotonic() - started < 1.5
         with trio.fail_after(5):
             assert await rt.get(Counter, "c").increment() == 1

@@ -75,12 +75,14 @@ _COMMIT: Final = {"NORMAL": "off", "FULL": "on"}
 # renewed it was sent (the rest absorbs clock-rate differences with the server).
 LEASE_TRUST: Final = 0.9
 _BOOTTIME: Final = getattr(time, "CLOCK_BOOTTIME", None)
-# Server-side limits on the engine's statements, as shares of lease_ttl (issue 22 #4: a
-# foreign LOCK TABLE held 45 s stalled every statement for 45 s). A lock waited for
-# longer than a renewal interval would let leases lapse anyway; no statement of the
-# engine takes a sizeable share of lease_ttl when the server is healthy.
-LOCK_TIMEOUT_SHARE: Final = 1 / 3
-STATEMENT_TIMEOUT_SHARE: Final = 1.0
+# Server-side limits on the engine's statements, as multiples of lease_ttl (issue 22 #4:
+# a foreign LOCK TABLE held 45 s stalled every statement, and the pool, for 45 s). A
+# lock wait outlasts idle_in_transaction_session_timeout (lease_ttl: the row locks of a
+# host stopped inside a transaction, which a host taking its objects over waits out);
+# no statement of the engine takes a sizeable share of lease_ttl when the server is
+# healthy. (Callers' deadlines do not wait for either: their statements are cancelled.)
+LOCK_TIMEOUT_SHARE: Final = 1.5
+STATEMENT_TIMEOUT_SHARE: Final = 3.0
 # A statement unanswered for this share of lease_ttl is a stall (``storage:slow``).
 STALL_SHARE: Final = 0.1
 # Seconds the server is given to take a cancel request of a cancelled caller's statement.
