@@ -85,6 +85,7 @@ LOCK_TIMEOUT_SHARE: Final = 1.5
 STATEMENT_TIMEOUT_SHARE: Final = 3.0
 # A statement unanswered for this share of lease_ttl is a stall (``storage:slow``).
 STALL_SHARE: Final = 0.1
+STALL_TICK_MIN: Final = 0.02  # the stall watch looks at most this often (seconds)
 # Seconds the server is given to take a cancel request of a cancelled caller's statement.
 CANCEL_TIMEOUT: Final = 5.0
 
@@ -621,11 +622,12 @@ class PostgresEngine:
         """Emit ``storage:slow`` once per stall: from the first statement unanswered for
         ``lease_ttl * STALL_SHARE`` until that long passes with no slow statement."""
         after = self._stall_after
+        tick = max(after / 4, STALL_TICK_MIN)
         while True:
             if not self._inflight and self._stalled_since is None:
                 self._inflight_wake = trio.Event()
                 await self._inflight_wake.wait()
-            await self._lease_sleep(after / 4)
+            await self._lease_sleep(tick)
             now = lease_clock()
             oldest = min(self._inflight.values(), default=now)
             if now - oldest >= after:
