@@ -126,3 +126,25 @@ async def test_a_statement_blocked_past_lock_timeout_gives_up_by_itself(pg_dsn: 
             assert time.monotonic() - started < 1.5
         with trio.fail_after(5):
             assert await rt.get(Counter, "c").increment() == 1
+
+
+async def test_a_lone_host_whose_renewals_stall_never_calls_it_a_takeover(
+    pg_dsn: str, caplog: pytest.LogCaptureFixture,
+) -> None:
+    # lease_ttl 1 s: the lease is trusted for 0.9 s after its last renewal. Renewals
+    # wait on the foreign lock; the object is dropped when its lease is no longer known
+    # to hold — for that reason, not "taken over by another host" (there is none).
+    events: list[nj.Event] = []
+    async with nj.open_runtime(pg_dsn, lease_ttl=1.0) as rt:
+        rt.events.add_listener(events.append)
+        c = rt.get(Counter, "c")
+        assert await c.increment() == 1
+        with foreign_lock(pg_dsn, "nj_objects"):
+            await trio.sleep(1.2)  # past the lease's trust
+            with pytest.raises(trio.TooSlowError), trio.fail_after(1):
+                await c.increment()  # dropped here; its reactivation waits on the lock
+        fenced = [e.data["reason"] for e in events if e.type == "object:fenced"]
+        assert len(fenced) == 1 and "not renewed within lease_ttl" in fenced[0], fenced
+        assert "taken over by another host" not in caplog.text
+        with trio.fail_after(10):
+            assert await c.increment() == 2  # healed: taken back, reloaded
