@@ -522,12 +522,10 @@ class Runtime:
                 stopping.cancel(reason=f"{name}: a graceful stop")
                 return
 
-    async def _memory_watchdog(self) -> None:
+    async def _memory_watchdog(self, watch: MemoryWatch) -> None:
         """Sample memory; over the limit, reset the objects whose alarm work grew it
         (``_memory.MemoryWatch``). Holds no host between samples: a reset object must
         be free to leave memory."""
-        assert self.memory_limit is not None
-        watch = MemoryWatch(self.memory_limit, self.memory_probe)
         while True:
             await trio.sleep(MEMORY_CHECK_INTERVAL)
             watch.check(self._hosts.values())
@@ -668,7 +666,10 @@ async def open_runtime(
                 nursery.start_soon(StallWatch(rt.events).run)
                 nursery.start_soon(rt.slow_turns.run)
                 if memory_limit is not None:
-                    nursery.start_soon(rt._memory_watchdog)
+                    # (Its first sample now, before any task of the runtime has run.)
+                    watch = MemoryWatch(memory_limit, rt.memory_probe)
+                    watch.begin()
+                    nursery.start_soon(rt._memory_watchdog, watch)
                 stopping = trio.CancelScope()
                 try:
                     if http is not None:
