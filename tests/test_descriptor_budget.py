@@ -158,3 +158,36 @@ async def test_calls_between_objects_never_deadlock_when_every_file_is_held_by_a
                     nursery.start_soon(relay, i)
             assert sorted(answers) == ["echo r0", "echo r1", "echo r2"]
             assert trio.current_time() == start
+
+
+async def test_a_wake_cancelled_while_the_database_opens_gives_its_file_back(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A call to a dormant object, cancelled while its database is still being opened
+    again (waiting for a close in a worker thread to finish), leaves the object dormant
+    and no longer counted as open: the file it never opened is free for another."""
+    from nursery_jobs._engines.files._object import SqliteObject
+
+    wake = SqliteObject.wake
+    slow = trio.Event()
+
+    async def slow_wake(self: SqliteObject) -> None:
+        if not slow.is_set():
+            await trio.sleep(10)  # (as a close still running in its thread)
+        await wake(self)
+
+    monkeypatch.setattr(SqliteObject, "wake", slow_wake)
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(tmp_path / "data", idle_timeout=3600,
+                                   dormant_after=0.5) as rt:
+            echo = rt.get(Echo, "e")
+            await echo.echo("first")
+            await trio.sleep(1)
+            assert rt.is_active(Echo.namespace, "e") and rt.active_database(
+                Echo.namespace, "e") is None  # dormant
+            with trio.move_on_after(1):
+                await echo.echo("cut off")
+            assert ("tests.test_descriptor_budget.Echo", "e") not in rt._open
+            slow.set()
+            assert await echo.echo("again") == "echo again"
+            assert ("tests.test_descriptor_budget.Echo", "e") in rt._open

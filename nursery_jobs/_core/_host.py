@@ -359,6 +359,12 @@ class ObjectHost:
                 delay = LOCKED_RETRY.delay(attempt) if exc.cause == "locked" else None
                 if delay is None:
                     raise
+            except BaseException:
+                # Cancelled (waiting for a close still in its thread): still dormant,
+                # it holds no file; counted as open it would stay so until it left.
+                if state is self.state and state.dormant:
+                    self.site.database_closed(self)
+                raise
             await trio.sleep(delay)
             attempt += 1
         else:
