@@ -385,6 +385,14 @@ def _type_name(obj: object) -> str:
 
 
 def _cut(text: str, limit: int) -> str:
-    if len(text) <= limit:
-        return text
-    return f"{text[:limit]}... ({len(text)} chars)"
+    if len(text) > limit:
+        text = f"{text[:limit]}... ({len(text)} chars)"
+    if not text.isascii():
+        # Lone surrogates (an error message built from undecodable bytes, say) as
+        # \udXXX escapes: no UTF-8 store or log handler takes them, and a dead letter
+        # whose write raised made its job's alarm fail for ever.
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
