@@ -25,6 +25,7 @@ from nursery_jobs._core._runtime import Stub as Stub
 from nursery_jobs._core._runtime import install_http_face as _install_http_face
 from nursery_jobs._core._runtime import open_runtime as open_runtime
 from nursery_jobs._core._storage import Storage as Storage
+from nursery_jobs._core._tracing import install_tracing as _install_tracing
 from nursery_jobs._core._turns import interleave as interleave
 from nursery_jobs._core._turns import read_only as read_only
 from nursery_jobs._errors import AlarmOwnedError as AlarmOwnedError
@@ -33,6 +34,8 @@ from nursery_jobs._errors import CodecError as CodecError
 from nursery_jobs._errors import EngineError as EngineError
 from nursery_jobs._errors import JobError as JobError
 from nursery_jobs._errors import JobOwnershipError as JobOwnershipError
+from nursery_jobs._errors import JobTimeoutError as JobTimeoutError
+from nursery_jobs._errors import LimitError as LimitError
 from nursery_jobs._errors import NurseryJobsError as NurseryJobsError
 from nursery_jobs._errors import ObjectFencedError as ObjectFencedError
 from nursery_jobs._errors import ObjectIdError as ObjectIdError
@@ -58,11 +61,14 @@ from nursery_jobs._jobs._records import Reschedule as Reschedule
 from nursery_jobs._jobs._strikes import MemoryLimitContext as MemoryLimitContext
 from nursery_jobs._jobs._views import CapabilityLifecycle as CapabilityLifecycle
 from nursery_jobs._jobs._views import Jobs as Jobs
+from nursery_jobs._ops._tracing import open_tracing as _open_tracing
 from nursery_jobs._ops._web import start_http as _start_http
+from nursery_jobs._policy import Limit as Limit
 from nursery_jobs._policy import RetryOptions as RetryOptions
 
 # The operator faces plug into the runtime from above (the runtime never imports them).
 _install_http_face(_start_http)
+_install_tracing(_open_tracing)
 
 __all__ = [
     "Agent",
@@ -82,8 +88,11 @@ __all__ = [
     "JobError",
     "JobOutcome",
     "JobOwnershipError",
+    "JobTimeoutError",
     "Jobs",
     "Lifecycle",
+    "Limit",
+    "LimitError",
     "MemoryLimitContext",
     "NurseryJobsError",
     "ObjectContext",

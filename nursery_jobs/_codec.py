@@ -1,6 +1,12 @@
-"""The payload codec: tagged JSON text for job payloads, and the one cattrs converter for records.
+"""The payload codec: tagged JSON text for job payloads and stub calls, and the one
+cattrs converter for records.
 
-Values JSON cannot hold exactly are written as ``{"$t": <tag>, "v": ...}`` objects.
+Values JSON cannot hold exactly are written as ``{"$t": <tag>, "v": ...}`` objects. The
+library's public records (``Job``, ``QueueItem``...) are registered by the floors that
+define them (``register_record``) and written as ``{"$t": "record", "n": <name>, "v":
+{field: value}}``; text decodes only to a registered class, never to an arbitrary one.
+A stub call's arguments and result are copied through this codec on every engine
+(``copy_arguments``, ``copy_result``; ``encode_call`` is the cross-host envelope).
 """
 
 from __future__ import annotations
@@ -17,11 +23,23 @@ from typing import Any, Final
 from uuid import UUID
 from zoneinfo import ZoneInfo
 
+import attrs
 import cattrs
 
-from nursery_jobs._errors import CodecError
+from nursery_jobs._errors import CallCodecError, CodecError
 
-__all__ = ["MAX_PAYLOAD_BYTES", "converter", "decode_payload", "encode_payload"]
+__all__ = [
+    "MAX_PAYLOAD_BYTES",
+    "converter",
+    "copy_arguments",
+    "copy_result",
+    "decode_call",
+    "decode_payload",
+    "encode_call",
+    "encode_payload",
+    "encode_result",
+    "register_record",
+]
 
 MAX_PAYLOAD_BYTES: Final = 1_048_576
 """The largest encoded payload, in bytes of UTF-8 (1 MiB)."""
@@ -80,7 +98,7 @@ class _Refusal(Exception):
         self.containers.append(container)
         self.parts.append(part)
 
-    def message(self) -> str:
+    def message(self, root: str = "payload") -> str:
         parts = self.parts[::-1]
         if self.problem == _TOO_DEEP:
             # A cycle is only ever found as nesting too deep (the walk keeps no set of
@@ -90,9 +108,10 @@ class _Refusal(Exception):
             for step, container in enumerate(reversed(self.containers)):
                 if id(container) in seen:
                     name = type(container).__name__
-                    return f"{_render_path(parts[:step])}: cycle: this {name} contains itself"
+                    return (f"{_render_path(parts[:step], root)}: cycle: this {name}"
+                            " contains itself")
                 seen.add(id(container))
-        return f"{_render_path(parts)}: {self.problem}"
+        return f"{_render_path(parts, root)}: {self.problem}"
 
 
 # --- encoding ------------------------------------------------------------------------------
@@ -115,21 +134,25 @@ def encode_payload(value: object) -> str | None:
         raise CodecError(refusal.message()) from None
     except RecursionError:
         raise CodecError("payload: nested too deeply to encode from this stack depth") from None
-    text = _to_text(tree)
-    if text.isascii():
-        size = len(text)
-    else:
-        try:
-            size = len(text.encode("utf-8"))
-        except UnicodeEncodeError:  # a str holds a lone surrogate
-            text = _to_ascii_text(tree)
-            size = len(text)
+    text, size = _text_of(tree)
     if size > MAX_PAYLOAD_BYTES:
         raise CodecError(
             f"payload: encoded size {size:,} bytes exceeds the limit of "
             f"{MAX_PAYLOAD_BYTES:,} bytes (1 MiB)"
         )
     return text
+
+
+def _text_of(tree: object) -> tuple[str, int]:
+    """The JSON text of a tree and its size in bytes of UTF-8."""
+    text = _to_text(tree)
+    if text.isascii():
+        return text, len(text)
+    try:
+        return text, len(text.encode("utf-8"))
+    except UnicodeEncodeError:  # a str holds a lone surrogate
+        text = _to_ascii_text(tree)
+        return text, len(text)
 
 
 def _encode(value: Any, depth: int) -> object:
@@ -292,6 +315,54 @@ _ENCODERS: Final[dict[type, Callable[[Any, int], object]]] = {
 }
 
 
+# --- records ---------------------------------------------------------------------------
+# The library's public records a payload may hold (a stub call returns them): name ->
+# class, and class -> (name, (attribute, init argument) of each field). The floors that
+# define records fill it at import (this module is the ground floor: it imports none).
+_RECORDS: Final[dict[str, type]] = {}
+_RECORD_FIELDS: Final[dict[type, tuple[str, tuple[tuple[str, str], ...]]]] = {}
+
+
+def register_record(cls: type, name: str) -> None:
+    """Let payloads hold instances of the attrs record ``cls``, written with ``name``
+    (and decoded only to ``cls``). Each field must hold a payload value. Does not
+    checkpoint.
+
+    Raises:
+        TypeError: ``cls`` is not an attrs class.
+        ValueError: ``name`` is registered for another class.
+    """
+    if not attrs.has(cls):
+        raise TypeError(f"register_record: {_type_name(cls)} is not an attrs class")
+    held = _RECORDS.get(name)
+    if held is not None and held is not cls and _type_name(held) != _type_name(cls):
+        raise ValueError(f"register_record: {name!r} is already {_type_name(held)}")
+    if held is not None:
+        _ENCODERS.pop(held, None)
+        _RECORD_FIELDS.pop(held, None)
+    fields = tuple((a.name, a.alias) for a in attrs.fields(cls) if a.init)
+    _RECORDS[name] = cls
+    _RECORD_FIELDS[cls] = (name, fields)
+    _ENCODERS[cls] = _encode_record
+
+
+def _encode_record(value: Any, depth: int) -> object:
+    if depth >= _MAX_DEPTH:
+        raise _Refusal(_TOO_DEEP)
+    depth += 1
+    name, fields = _RECORD_FIELDS[type(value)]
+    out: dict[str, object] = {}
+    attribute = ""
+    try:
+        for attribute, init in fields:
+            item = getattr(value, attribute)
+            out[init] = item if type(item) in _AS_IS else _encode(item, depth)
+    except _Refusal as refusal:
+        refusal.add(value, f".{attribute}")
+        raise
+    return {_TAG: "record", "n": name, "v": out}
+
+
 def _type_name(t: type) -> str:
     if t.__module__ == "builtins":
         return t.__qualname__
@@ -312,8 +383,8 @@ def _short_repr(value: object) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _render_path(parts: list[str]) -> str:
-    path = "payload" + "".join(parts)
+def _render_path(parts: list[str], root: str = "payload") -> str:
+    path = root + "".join(parts)
     return path if len(path) <= 300 else path[:200] + "..." + path[-80:]
 
 
@@ -444,6 +515,18 @@ def _decode_pattern(v: object, obj: dict[str, Any]) -> object:
     return re.compile(v, _expect(obj["flags"], int, "pattern"))
 
 
+def _decode_record(v: object, obj: dict[str, Any]) -> object:
+    name = obj.get("n")
+    cls = _RECORDS.get(name) if type(name) is str else None
+    if cls is None:
+        raise CodecError(f"payload text holds a record of an unknown kind: {_short_repr(name)}")
+    fields = _expect(v, dict, "record")
+    try:
+        return cls(**fields)
+    except (TypeError, ValueError) as exc:
+        raise CodecError(f"payload text holds a malformed {name!r} record: {exc}") from None
+
+
 def _refuse_constant(name: str) -> object:
     raise CodecError(f"payload text holds the non-JSON constant {name}")
 
@@ -462,11 +545,178 @@ _DECODERS: Final[dict[str, Callable[[Any, dict[str, Any]], object]]] = {
     "uuid": lambda v, obj: UUID(_expect(v, str, "uuid")),
     "bytes": lambda v, obj: base64.b64decode(_expect(v, str, "bytes"), validate=True),
     "pattern": _decode_pattern,
+    "record": _decode_record,
 }
 
 _DECODER: Final = json.JSONDecoder(object_hook=_decode_object, parse_constant=_refuse_constant)
 # The C scanner that JSONDecoder.decode calls (typeshed does not declare the attribute).
 _scan: Final[Callable[[str, int], tuple[object, int]]] = _DECODER.scan_once  # type: ignore[attr-defined]
+
+
+# --- stub calls ----------------------------------------------------------------------------
+# A call's arguments and result are copied through the codec on every engine (DESIGN
+# section 2). Immutable scalars, and flat tuples of them, need no copy: a typical call
+# passes them as they are (an upper bound on their encoded size keeps the 1 MiB limit
+# the same on every path). Ints of 64 bits at most: a larger one is costed exactly by
+# the encoder.
+_SMALL_INT: Final = 1 << 63
+_SCALAR_COST: Final = 32  # a float's repr, a tagged 'inf', true, null: at most this
+
+
+def _plain_cost(value: object) -> int:
+    """An upper bound on the encoded size of an immutable value that needs no copy
+    (None, bool, int, float, str, bytes, or a flat tuple of them); -1 for any other."""
+    t = type(value)
+    if t is str:
+        # (At most \uXXXX\uXXXX per char: text holding a lone surrogate is written as
+        # ASCII, where a char beyond the BMP is a surrogate pair; 6 let such calls
+        # through locally that the cross-host envelope refuses.)
+        return 12 * len(value) + 2  # type: ignore[arg-type]
+    if t is int:
+        return _SCALAR_COST if -_SMALL_INT < value < _SMALL_INT else -1  # type: ignore[operator]
+    if t is float or t is bool or value is None:
+        return _SCALAR_COST
+    if t is bytes:
+        return 4 * len(value) // 3 + _SCALAR_COST  # type: ignore[arg-type]
+    if t is tuple:
+        cost = _SCALAR_COST
+        for item in value:  # type: ignore[attr-defined]
+            if type(item) is tuple:
+                return -1
+            item_cost = _plain_cost(item)
+            if item_cost < 0:
+                return -1
+            cost += item_cost + 1
+        return cost
+    return -1
+
+
+def _call_refusal(method: str, part: str, refusal: _Refusal) -> CallCodecError:
+    return CallCodecError(f"{method}: {refusal.message(part)}", method, part)
+
+
+def _encode_part(value: object, method: str, part: str) -> object:
+    try:
+        return _encode(value, 0)
+    except _Refusal as refusal:
+        raise _call_refusal(method, part, refusal) from None
+    except RecursionError:
+        raise CallCodecError(f"{method}: {part}: nested too deeply to encode from this stack"
+                             " depth", method, part) from None
+
+
+def encode_call(
+    args: tuple[Any, ...], kwargs: dict[str, Any], chain: tuple[str, ...], method: str,
+    *, place: bool = False, trace: str | None = None,
+) -> str:
+    """The envelope of a stub call ``method`` (``ns/id.name()``, for messages): its
+    arguments and call chain, as payload text; ``place``: the host it is sent to takes
+    the object if nobody holds it (a call from a ``client_only`` runtime); ``trace``:
+    the caller's span context (tracing on), so the call's span there is its child. Does
+    not checkpoint.
+
+    Raises:
+        CallCodecError: an argument cannot be encoded (``part`` says which:
+            ``args[0]``, ``kwargs['by']``), or all of them encode to more than 1 MiB.
+    """
+    positional = [_encode_part(arg, method, f"args[{i}]") for i, arg in enumerate(args)]
+    named: dict[str, object] = {
+        key: _encode_part(value, method, f"kwargs[{key!r}]") for key, value in kwargs.items()
+    }
+    keywords: object = named
+    if _TAG in named:  # (**{"$t": ...}: as _encode_dict writes a dict it cannot key)
+        keywords = {_TAG: "map", "v": [x for pair in named.items() for x in pair]}
+    envelope: list[object] = [positional, keywords, list(chain)]
+    if place or trace is not None:
+        envelope.append(1 if place else 0)
+    if trace is not None:
+        envelope.append(trace)
+    text, size = _text_of(envelope)
+    if size > MAX_PAYLOAD_BYTES:
+        raise CallCodecError(
+            f"{method}: the arguments encode to {size:,} bytes, over the limit of"
+            f" {MAX_PAYLOAD_BYTES:,} bytes (1 MiB)", method, "arguments")
+    return text
+
+
+def decode_call(
+    text: str,
+) -> tuple[tuple[Any, ...], dict[str, Any], tuple[str, ...], bool, str | None]:
+    """Arguments, keyword arguments, call chain, ``place`` and ``trace`` of an envelope
+    from ``encode_call``.
+
+    Raises:
+        CodecError: the text is not such an envelope.
+    """
+    envelope = decode_payload(text)
+    if type(envelope) is not list or not 2 <= len(envelope) <= 5:
+        raise CodecError("call envelope: not [args, kwargs, chain]")
+    args, kwargs, *rest = envelope
+    # (Each part checked: a forged row's chain of 5 raised TypeError, not CodecError.)
+    chain = rest[0] if rest else []
+    if (type(args) is not list or type(kwargs) is not dict or type(chain) is not list
+            or any(type(turn) is not str for turn in chain)
+            or (len(rest) > 1 and rest[1] not in (0, 1))
+            or (len(rest) > 2 and type(rest[2]) is not str)):
+        raise CodecError("call envelope: not [args, kwargs, chain, place, trace]")
+    trace = rest[2] if len(rest) > 2 else None
+    return tuple(args), kwargs, tuple(chain), len(rest) > 1 and rest[1] == 1, trace
+
+
+def copy_arguments(
+    args: tuple[Any, ...], kwargs: dict[str, Any], method: str
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """A call's arguments as the object receives them: a copy through the codec, or
+    themselves where they are immutable scalars. Does not checkpoint.
+
+    Raises:
+        CallCodecError: as ``encode_call``.
+    """
+    cost = 0
+    for arg in args:
+        arg_cost = _plain_cost(arg)
+        if arg_cost < 0:
+            break
+        cost += arg_cost
+    else:
+        for key, value in kwargs.items():
+            value_cost = _plain_cost(value)
+            if value_cost < 0:
+                break
+            cost += value_cost + 12 * len(key) + 4
+        else:
+            if cost <= MAX_PAYLOAD_BYTES - 64:
+                return args, kwargs
+    copied, named, *_ = decode_call(encode_call(args, kwargs, (), method))
+    return copied, named
+
+
+def encode_result(value: object, method: str) -> str | None:
+    """The result of a stub call ``method`` as payload text (None for None).
+
+    Raises:
+        CallCodecError: the result cannot be encoded (``part`` is ``result``).
+    """
+    if value is None:
+        return None
+    text, size = _text_of(_encode_part(value, method, "result"))
+    if size > MAX_PAYLOAD_BYTES:
+        raise CallCodecError(
+            f"{method}: the result encodes to {size:,} bytes, over the limit of"
+            f" {MAX_PAYLOAD_BYTES:,} bytes (1 MiB)", method, "result")
+    return text
+
+
+def copy_result(value: object, method: str) -> object:
+    """A call's result as the caller receives it: a copy through the codec, or itself
+    where it is an immutable scalar. Does not checkpoint.
+
+    Raises:
+        CallCodecError: as ``encode_result``.
+    """
+    if 0 <= _plain_cost(value) <= MAX_PAYLOAD_BYTES:
+        return value
+    return decode_payload(encode_result(value, method))
 
 
 # --- the converter for records -------------------------------------------------------------

@@ -9,12 +9,17 @@ lookup errors derive from :class:`LookupError`::
      ├─ TimeArgumentError (TypeError, ValueError)  a bad time, delay or jitter argument
      ├─ StorageKeyError (TypeError, ValueError)    a storage key that is not a non-empty str
      ├─ CodecError (ValueError)           a payload that cannot be stored
+     │   └─ CallCodecError                a stub call's argument or result  .method .part
      ├─ RuntimeLockedError                another runtime holds the data directory
      ├─ RuntimeClosedError                the runtime is not running
      ├─ EngineError (ValueError)          no engine serves the data location given
+     ├─ TracingError (TypeError)          ``open_runtime(tracing=...)`` is no TracerProvider
+     ├─ MissingExtraError (ImportError)   a feature whose extra is not installed  .extra
      ├─ StorageError                      an object's database cannot be opened
      │   ├─ StorageFaultError (also sqlite3.DatabaseError)  a fault of the file or disk:
      │   │                                .label .file .cause (full, locked, corrupt ...)
+     │   ├─ DataDirectoryAccessError (also DataDirectoryError)  the data directory cannot
+     │   │                                be written: read-only, permission denied  .path .cause
      │   └─ TurnError                     storage touched by a task that holds no turn of the
      │                                    object, or a write in a read-only turn  .object_label
      ├─ ObjectFencedError                 another host took the object over; the write was refused
@@ -24,6 +29,8 @@ lookup errors derive from :class:`LookupError`::
      ├─ JobError (ValueError)             a bad job argument
      │   └─ JobOwnershipError             a job id held by another owner
      ├─ CapabilityError (ValueError)      a duplicate capability id, or use() after start
+     │                                    (or a pause of an owner that is not installed)
+     ├─ LimitError (TypeError, ValueError) a bad nj.Limit, or a bad open_runtime(limits=)
      ├─ UnknownCallbackError (ValueError, LookupError)
      ├─ DataDirectoryError                (operator faces) a path that is no data directory
      ├─ UnknownObjectError (LookupError)  (operator faces) no such object in the catalog
@@ -45,8 +52,9 @@ become a failure of the runtime (issue 10 #2).
 
 from __future__ import annotations
 
+import os
 import sqlite3
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 import trio
@@ -55,7 +63,8 @@ if TYPE_CHECKING:
     from nursery_jobs._core._object import DurableObject
 
 # Why a database cannot be used (``StorageFaultError.cause``).
-Cause = Literal["full", "readonly", "locked", "corrupt", "io", "cantopen", "missing"]
+Cause = Literal["full", "readonly", "denied", "locked", "corrupt", "io", "cantopen",
+                "missing"]
 
 # The longest error text kept in a dead letter, an event or a log line.
 ERROR_TEXT_LIMIT: Final = 2000
@@ -82,6 +91,21 @@ class CodecError(NurseryJobsError, ValueError):
     """A payload holds a value the codec cannot store, or is too large."""
 
 
+class CallCodecError(CodecError):
+    """A stub call's argument or result cannot go through the payload codec (every
+    engine copies them through it). ``method`` names the call (``ns/id.name()``),
+    ``part`` what was refused: ``args[0]``, ``kwargs['by']``, ``result``, or
+    ``arguments`` (their size together)."""
+
+    def __init__(self, message: str, method: str = "", part: str = "") -> None:
+        super().__init__(message)
+        self.method = method
+        self.part = part
+
+    def __reduce__(self) -> tuple[Any, ...]:  # (travels pickled between hosts)
+        return (type(self), (str(self), self.method, self.part))
+
+
 class RuntimeLockedError(NurseryJobsError):
     """Another runtime, in this process or another, holds the data directory."""
 
@@ -94,15 +118,30 @@ class EngineError(NurseryJobsError, ValueError):
     """``open_runtime`` was given a location no engine serves (an unknown ``scheme://``)."""
 
 
+class TracingError(NurseryJobsError, TypeError):
+    """``open_runtime(tracing=...)`` was given something that is not an OpenTelemetry
+    ``TracerProvider`` (an object with a ``get_tracer`` method)."""
+
+
+class MissingExtraError(NurseryJobsError, ImportError):
+    """A feature needs an extra that is not installed; the message is one line naming the
+    ``pip install`` that brings it. ``extra`` is the extra's name (``"otel"``)."""
+
+    def __init__(self, feature: str, extra: str) -> None:
+        super().__init__(f"{feature} needs the {extra} extra: pip install 'nursery_jobs[{extra}]'")
+        self.extra = extra
+
+
 class StorageError(NurseryJobsError):
     """An object's database cannot be opened (too many open files, disk full...)."""
 
 
 class StorageFaultError(StorageError, sqlite3.DatabaseError):
     """A database cannot be read or written for a reason of its file or disk: full,
-    read-only, locked by another process, damaged or failing. ``label`` names the object
-    (or the catalog), ``file`` the file, ``cause`` one of ``full``, ``readonly``,
-    ``locked``, ``corrupt``, ``io``, ``cantopen``, ``missing``."""
+    read-only, not this process's to write, locked by another process, damaged or
+    failing. ``label`` names the object (or the catalog), ``file`` the file, ``cause``
+    one of ``full``, ``readonly``, ``denied``, ``locked``, ``corrupt``, ``io``,
+    ``cantopen``, ``missing``."""
 
     def __init__(self, message: str, *, label: str, file: str, cause: Cause) -> None:
         super().__init__(message)
@@ -158,8 +197,32 @@ class JobOwnershipError(JobError):
     """A job id is held by another owner (the host or another capability)."""
 
 
+class JobTimeoutError(NurseryJobsError):
+    """A job's run was still going after its ``timeout`` seconds: it was cancelled, and
+    the attempt failed with this error (retried by the job's ``RetryOptions``,
+    dead-lettered after the last, seen by a capability's ``on_job_error``).
+    ``job_id`` names the job, ``timeout`` its timeout in seconds."""
+
+    def __init__(self, message: str, *, job_id: str, timeout: float) -> None:
+        super().__init__(message)
+        self.job_id = job_id
+        self.timeout = timeout
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_job_timeout_error, (str(self), self.job_id, self.timeout))
+
+
+def _job_timeout_error(message: str, job_id: str, timeout: float) -> JobTimeoutError:
+    return JobTimeoutError(message, job_id=job_id, timeout=timeout)
+
+
 class CapabilityError(NurseryJobsError, ValueError):
     """A capability id is used twice on one object, or added after start."""
+
+
+class LimitError(NurseryJobsError, TypeError, ValueError):
+    """An ``nj.Limit`` argument, or an ``open_runtime(limits=...)`` key or value, is
+    invalid (the message names which)."""
 
 
 class UnknownCallbackError(NurseryJobsError, ValueError, LookupError):
@@ -168,6 +231,18 @@ class UnknownCallbackError(NurseryJobsError, ValueError, LookupError):
 
 class DataDirectoryError(NurseryJobsError):
     """A path is not a nursery_jobs data directory (no catalog)."""
+
+
+class DataDirectoryAccessError(DataDirectoryError, StorageError):
+    """The data directory (its lock file, its ``objects`` directory) cannot be written
+    when a runtime opens it. ``path`` names what was refused, ``cause`` says why:
+    ``readonly`` (a read-only filesystem), ``denied`` (permission denied), else the
+    operating system's name for the error (``ENOSPC``...)."""
+
+    def __init__(self, message: str, *, path: str, cause: str) -> None:
+        super().__init__(message)
+        self.path = path
+        self.cause = cause
 
 
 class UnknownObjectError(NurseryJobsError, LookupError):
@@ -213,7 +288,7 @@ class ObjectLeasedElsewhere(NurseryJobsError):
     ) -> None:
         super().__init__(f"{label} is held by host {owner}")
         self.owner = owner
-        # forward(cls, object_id, name, args, kwargs, again, chain) -> the call's result;
+        # forward(cls, object_id, name, args, kwargs, again, chain, trace) -> the result;
         # ``again`` is the stub call, for an object that moved before the call ran;
         # ``chain`` the caller's call chain (turn ids).
         self.forward = forward
@@ -221,8 +296,10 @@ class ObjectLeasedElsewhere(NurseryJobsError):
     async def forward_call(
         self, cls: type[DurableObject], object_id: str, name: str, args: tuple[Any, ...],
         kwargs: dict[str, Any], again: Callable[..., Awaitable[Any]], chain: tuple[str, ...],
+        trace: str | None = None,
     ) -> Any:
-        return await self.forward(cls, object_id, name, args, kwargs, again, chain)
+        # (trace: the caller's span context, W3C trace context as JSON; None untraced.)
+        return await self.forward(cls, object_id, name, args, kwargs, again, chain, trace)
 
 
 class ObjectMoved(NurseryJobsError):
@@ -258,26 +335,50 @@ def safe_repr(obj: object, limit: int = ERROR_TEXT_LIMIT) -> str:
     return _cut(text, limit)
 
 
-def lone_interrupt(group: BaseExceptionGroup[BaseException]) -> KeyboardInterrupt | None:
-    """The KeyboardInterrupt of ``group`` if, at any depth, it holds nothing else but
-    ``trio.Cancelled`` (the unwinding a Ctrl-C causes); else None.
+def lone_interrupt(
+    group: BaseExceptionGroup[BaseException],
+) -> KeyboardInterrupt | SystemExit | None:
+    """The KeyboardInterrupt or SystemExit of ``group`` if, at any depth, it holds
+    nothing else but ``trio.Cancelled`` (the unwinding it causes); else None.
 
     Under load a Ctrl-C lands in whatever runtime task holds the Trio thread (a job),
     and reaches ``open_runtime`` wrapped in the nursery's group: the application must
-    see it as the plain KeyboardInterrupt it sees on an idle runtime (issue 10 #9).
+    see it as the plain KeyboardInterrupt it sees on an idle runtime (issue 10 #9). A
+    job's ``SystemExit(3)`` likewise, so that the process exits with status 3 (issue 22
+    #3).
     """
-    found: KeyboardInterrupt | None = None
-    for exc in group.exceptions:
-        if isinstance(exc, BaseExceptionGroup):
-            inner = lone_interrupt(exc)
-            if inner is None:
-                return None
-            found = found or inner
-        elif isinstance(exc, KeyboardInterrupt):
+    found: KeyboardInterrupt | SystemExit | None = None
+    for exc in _leaves(group):
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
             found = found or exc
         elif not isinstance(exc, trio.Cancelled):
             return None
     return found
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> Iterator[BaseException]:
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            yield from _leaves(exc)
+        else:
+            yield exc
+
+
+# Where Trio's SIGINT handler (and its delivery at a checkpoint) raise KeyboardInterrupt.
+_TRIO_DIR: Final = os.path.dirname(trio.__file__) + os.sep
+
+
+def from_signal(error: BaseException) -> bool:
+    """Whether ``error`` is a KeyboardInterrupt that a real SIGINT raised, wherever it
+    landed (Trio's handler raises it in the frame that runs: a CPU-bound job's), as
+    opposed to one that code raised itself. A signal is never the failure of the job
+    it interrupts (issue 22 #3). Does not checkpoint."""
+    if not isinstance(error, KeyboardInterrupt):
+        return False
+    tb, last = error.__traceback__, None
+    while tb is not None:
+        last, tb = tb, tb.tb_next
+    return last is not None and last.tb_frame.f_code.co_filename.startswith(_TRIO_DIR)
 
 
 def _type_name(obj: object) -> str:
@@ -289,6 +390,14 @@ def _type_name(obj: object) -> str:
 
 
 def _cut(text: str, limit: int) -> str:
-    if len(text) <= limit:
-        return text
-    return f"{text[:limit]}... ({len(text)} chars)"
+    if len(text) > limit:
+        text = f"{text[:limit]}... ({len(text)} chars)"
+    if not text.isascii():
+        # Lone surrogates (an error message built from undecodable bytes, say) as
+        # \udXXX escapes: no UTF-8 store or log handler takes them, and a dead letter
+        # whose write raised made its job's alarm fail for ever.
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text

@@ -20,6 +20,32 @@ from nursery_jobs._errors import describe_error, safe_repr
 
 logger = logging.getLogger("nursery_jobs")
 
+# Control characters in a log message, escaped: an object id, job id or error text with
+# a newline would otherwise forge a log line of its own (issue 22 #10). C0 and C1
+# controls, DEL, and the Unicode line and paragraph separators.
+_ESCAPES: Final = {
+    **{code: f"\\x{code:02x}" for code in (*range(0x20), 0x7F, *range(0x80, 0xA0))},
+    0x09: "\\t", 0x0A: "\\n", 0x0D: "\\r", 0x2028: "\\u2028", 0x2029: "\\u2029",
+}
+
+
+class _EscapeControls(logging.Filter):
+    """Escapes the control characters of every record of the library's loggers. One
+    filter on the logger, not a call at each site: a site that forgets one argument
+    would forge lines again. (A traceback attached to a record stays as it is: it is
+    several lines by nature, and handlers print it after the message.)"""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        escaped = message.translate(_ESCAPES)
+        if escaped != message:
+            record.msg, record.args = escaped, ()
+        return True
+
+
+for _name in ("nursery_jobs", "nursery_jobs.http"):
+    logging.getLogger(_name).addFilter(_EscapeControls())
+
 # A listener that raises this many times in a row is disabled. In a row, not in total:
 # a runtime lives for months, and a total would in the end disable a listener that
 # fails once a day; one that fails on every event is disabled after three.

@@ -11,7 +11,7 @@ from typing import Any, Final
 
 import attrs
 
-from nursery_jobs._errors import JobError
+from nursery_jobs._errors import JobError, LimitError
 
 
 def is_finite(value: int | float) -> bool:
@@ -120,9 +120,22 @@ class RetryOptions:
     survive in the job row); an error whose class, or a base class, is named matches."""
 
     def gives_up_on(self, error: BaseException) -> bool:
-        """Whether ``error`` skips the remaining attempts."""
+        """Whether ``error`` skips the remaining attempts. An exception group (what a
+        job's own nursery raises) does when every error in it does."""
         names = self.give_up_on
-        return bool(names) and any(error_name(cls) in names for cls in type(error).__mro__)
+        if not names:
+            return False
+        if isinstance(error, BaseExceptionGroup):
+            rest = error.split(lambda leaf: self._named(leaf))[1]  # (a function, not a method)
+            return rest is None
+        return self._named(error)
+
+    def _named(self, error: BaseException) -> bool:
+        # (A group itself is never named: ``split`` then looks at what it holds.)
+        if isinstance(error, BaseExceptionGroup):
+            return False
+        names = self.give_up_on
+        return any(error_name(cls) in names for cls in type(error).__mro__)
 
     def backoff_bound(self, attempt: int) -> float:
         """Upper bound of the wait after failed attempt ``attempt`` (1-based)."""
@@ -132,3 +145,45 @@ class RetryOptions:
 
 
 DEFAULT_RETRY: Final = RetryOptions()
+
+
+def _check_concurrency(instance: Limit, attribute: Any, value: object) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise LimitError(f"Limit: concurrency must be None or an int >= 1, got {value!r}")
+
+
+def _rate(value: object) -> tuple[int, float] | None:
+    """``rate`` as ``(k, per_seconds)``: k an int >= 1, per_seconds a finite number > 0."""
+    if value is None:
+        return None
+    if isinstance(value, (tuple, list)) and len(value) == 2:
+        k, per = value
+        if (not isinstance(k, bool) and isinstance(k, int) and k >= 1
+                and not isinstance(per, bool) and isinstance(per, (int, float))
+                and is_finite(per) and per > 0):
+            return (k, float(per))
+    raise LimitError(
+        "Limit: rate must be None or (k, per_seconds) with k an int >= 1 and per_seconds a"
+        f" finite number > 0, got {value!r}"
+    )
+
+
+@attrs.frozen(kw_only=True)
+class Limit:
+    """How a namespace's jobs may run in one runtime (``open_runtime(limits=...)``):
+    at most ``concurrency`` at once, and at most ``k`` starts in any ``per_seconds``
+    window (``rate=(k, per_seconds)``). A job held by a limit stays due, in order, and
+    uses up no attempt. On PostgreSQL a limit is per host.
+
+    Raises:
+        LimitError: a bad argument, or neither given.
+    """
+
+    concurrency: int | None = attrs.field(default=None, validator=_check_concurrency)
+    rate: tuple[int, float] | None = attrs.field(default=None, converter=_rate)
+
+    def __attrs_post_init__(self) -> None:
+        if self.concurrency is None and self.rate is None:
+            raise LimitError("Limit needs concurrency=N or rate=(k, per_seconds), got neither")

@@ -36,7 +36,7 @@ from nursery_jobs._ops._inspect import (
     refuse_if_running,
 )
 from nursery_jobs._ops._inspect_json import printable, report_json
-from nursery_jobs._ops._offline import NoDeadLetter, requeue_offline
+from nursery_jobs._ops._offline import NoDeadLetter, pause_offline, requeue_offline
 
 # Exit codes: 1 nothing to do (no such dead letter), 2 bad input, 3 in use.
 _IN_USE = 3
@@ -136,7 +136,7 @@ def _print_report(report: dict[str, Any], data: str, now: float, as_json: bool) 
               f" alarm {_when(entry['alarm'], now)}, {counts['jobs']} job(s),"
               f" {counts['due']} due, {counts['dead_letters']} dead letter(s)"
               + (f", {entry['breaker_strikes']} breaker strike(s)"
-                 if entry["breaker_strikes"] else ""))
+                 if entry["breaker_strikes"] else "") + _paused_text(entry.get("paused")))
         lease = entry.get("lease")
         if lease is not None and lease["owner"] is not None:
             print(f"    lease {p(lease['owner'])} epoch {lease['epoch']}"
@@ -146,6 +146,8 @@ def _print_report(report: dict[str, Any], data: str, now: float, as_json: bool) 
             flags = "".join(f", {name}" for name in ("running", "exclusive", "singleflight")
                             if job[name])
             priority = "" if job["priority"] is None else f", priority {job['priority']}"
+            if job.get("timeout") is not None:
+                flags += f", timeout {job['timeout']:g} s"
             print(f"    job {p(job['owner'])}/{p(job['id'])} {p(job['fn'])}:"
                   f" due {_when(job['time'], now)}, attempt {job['attempts']}"
                   f" of {job['max_attempts']}{priority}{flags}")
@@ -157,6 +159,15 @@ def _print_report(report: dict[str, Any], data: str, now: float, as_json: bool) 
         print(f"  host {p(host['host_id'])}: heartbeat {_when(host['heartbeat'], now)},"
               f" {host['leases']} live lease(s)")
     return 0
+
+
+def _paused_text(paused: list[str | None] | None) -> str:
+    """", paused" (the whole object) or ", paused: queue, host" (those owners)."""
+    if not paused:
+        return ""
+    if None in paused:
+        return ", paused"
+    return ", paused: " + ", ".join(printable(str(owner)) for owner in paused)
 
 
 def requeue(data: str, namespace: str, object_id: str, job_id: str, owner: str) -> int:
@@ -189,6 +200,34 @@ def requeue(data: str, namespace: str, object_id: str, job_id: str, owner: str) 
             else "it runs when a runtime next opens this data directory")
     print(f"re-queued {printable(owner)}/{printable(job_id)} of {printable(label)} in"
           f" {_label(data)}: due now; {when}")
+    return 0
+
+
+def pause(data: str, namespace: str, object_id: str, owner: str | None, paused: bool) -> int:
+    """Pause or resume the jobs of an object (of ``owner``; None: all of them) in a
+    stopped data directory, or on PostgreSQL if no live host holds it. No runtime, no
+    alarm, no user code."""
+    label = f"{namespace}/{object_id}"
+    postgres = is_postgres_address(data)
+    if owner is not None and not owner:
+        return _fail("--owner must be a non-empty owner id ('host' or a capability id)", 2)
+    try:
+        if postgres:
+            from nursery_jobs._ops._offline import pause_postgres
+
+            done = pause_postgres(data, namespace, object_id, owner=owner, paused=paused,
+                                  now=time.time())
+        else:
+            done = pause_offline(data, namespace, object_id, owner=owner, paused=paused,
+                                 now=time.time())
+    except (RuntimeLockedError, ObjectInUseError) as exc:
+        return _fail(str(exc), _IN_USE)
+    except (DataDirectoryError, UnknownObjectError, StorageError) as exc:
+        return _fail(str(exc), 2)
+    whose = "every job" if owner is None else f"the jobs of {printable(owner)}"
+    state = "paused" if paused else "resumed"
+    already = "" if done.changed else " (it already was)"
+    print(f"{state} {whose} of {printable(label)} in {_label(data)}{already}")
     return 0
 
 
@@ -266,6 +305,15 @@ def main(argv: list[str] | None = None) -> int:
     p_requeue.add_argument("object_id")
     p_requeue.add_argument("job_id")
     p_requeue.add_argument("--owner", default="host", help="the job's owner (default: host)")
+    for name, help in (("pause", "pause an object's jobs (they stay due and do not run)"),
+                       ("resume", "resume an object's paused jobs (what is due runs)")):
+        p_pause = sub.add_parser(name, help=help)
+        p_pause.add_argument("data", help="a data directory or a postgresql:// address")
+        p_pause.add_argument("namespace")
+        p_pause.add_argument("object_id")
+        p_pause.add_argument("--owner", default=None,
+                             help="only this owner's jobs ('host' or a capability id;"
+                             " default: every job of the object)")
     p_serve = sub.add_parser("serve", help="serve the dashboard of a stopped data directory"
                              " or a PostgreSQL database, read-only")
     p_serve.add_argument("data", help="a data directory or a postgresql:// address")
@@ -292,6 +340,9 @@ def main(argv: list[str] | None = None) -> int:
             return 0
     if args.command == "serve":
         return serve(args.data, args.host, args.port)
+    if args.command in ("pause", "resume"):
+        return pause(args.data, args.namespace, args.object_id, args.owner,
+                     args.command == "pause")
     return requeue(args.data, args.namespace, args.object_id, args.job_id, args.owner)
 
 

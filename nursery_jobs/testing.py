@@ -13,6 +13,10 @@ an autojump ``MockClock``; without it, import the fixture and take ``autojump_cl
         await run_until_idle(nj_runtime)
         assert jobs_of(nj_runtime, Reminders, "ada") == []
 
+The fixture needs pytest and pytest-trio, which the ``test`` extra brings:
+``pip install 'nursery_jobs[test]'``. Without pytest-trio, a test that takes
+``nj_runtime`` fails at setup with one line that says so.
+
 Override the ``nj_runtime_options`` fixture to pass ``open_runtime`` arguments (``env``,
 ``idle_timeout``...). Without pytest, ``open_test_runtime()`` does the same.
 """
@@ -125,12 +129,33 @@ except ImportError:  # pragma: no cover - pytest is only needed for the fixtures
     pass
 else:
 
-    def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    NEEDS_PYTEST_TRIO: Final = "nj_runtime needs pytest-trio: pip install 'nursery_jobs[test]'"
+
+    def _uses_nj_runtime(item: pytest.Item) -> bool:
+        return "nj_runtime" in getattr(item, "fixturenames", ())
+
+    def _has_pytest_trio(config: pytest.Config) -> bool:
+        # pytest-trio registers itself as "trio" (its pytest11 entry point); `-p no:trio`
+        # or an uninstalled package leaves it out.
+        return config.pluginmanager.hasplugin("trio")
+
+    def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
         # pytest-trio takes the clock from the test's own arguments only; a test that
         # takes nj_runtime runs under an autojump MockClock unless it asks for a clock.
+        # Without pytest-trio there is no `trio` marker to add (strict markers refuse
+        # it): pytest_runtest_setup below fails those tests with one line instead.
+        if not _has_pytest_trio(config):
+            return
         for item in items:
-            if "nj_runtime" in getattr(item, "fixturenames", ()):
+            if _uses_nj_runtime(item):
                 item.add_marker(pytest.mark.trio(run=run_under_autojump), append=False)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(item: pytest.Item) -> None:
+        # Before any fixture is set up: without pytest-trio the async fixture would fail
+        # with pytest's own, longer complaint about async fixtures and tests.
+        if _uses_nj_runtime(item) and not _has_pytest_trio(item.config):
+            pytest.fail(NEEDS_PYTEST_TRIO, pytrace=False)
 
     @pytest.fixture
     def nj_runtime_options() -> dict[str, Any]:
@@ -140,7 +165,7 @@ else:
     @pytest.fixture
     async def nj_runtime(nj_runtime_options: dict[str, Any]) -> AsyncIterator[Runtime]:
         """An in-memory runtime under ``MockClock(autojump_threshold=0)`` with the epoch
-        pinned to ``EPOCH`` (needs pytest-trio)."""
+        pinned to ``EPOCH`` (needs pytest-trio: the ``test`` extra)."""
         if not isinstance(trio.lowlevel.current_clock(), trio.testing.MockClock):
             raise NurseryJobsError(
                 "nj_runtime runs under a MockClock: load the nursery_jobs pytest plugin"

@@ -68,3 +68,18 @@ def test_the_floors_do_the_work_they_time(tmp_path: Path) -> None:
     conn = sqlite3.connect(tmp_path / "floor-drain-normal-1.sqlite3")
     assert conn.execute("SELECT value FROM nj_kv WHERE key = 'count'").fetchone() == ("299",)
     conn.close()
+
+
+def test_missing_peers_are_named_with_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    from nursery_jobs.bench import _harness
+
+    monkeypatch.setattr(_harness, "peers_available", lambda: ["huey"])
+    note = _harness.peers_note()
+    assert note is not None
+    assert "persistqueue" in note and "dbos" in note and "apscheduler" in note
+    assert "huey" not in note
+    assert "pip install 'nursery_jobs[bench]'" in note and "\n" not in note
+    monkeypatch.setattr(_harness, "peers_available", lambda: list(_harness.PEERS))
+    assert _harness.peers_note() is None
+    monkeypatch.setattr(_harness, "peers_available", list)
+    assert "no peer installed" in (_harness.peers_note() or "")

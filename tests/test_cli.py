@@ -94,6 +94,27 @@ async def test_inspect_json_lists_jobs_and_dead_letters(
     assert files(data) == before  # nothing created, nothing touched
 
 
+async def test_inspect_shows_a_jobs_timeout(
+    tmp_path: Path, autojump_clock: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = tmp_path / "data"
+    async with nj.open_runtime(data) as rt:
+        mailer = rt.get(Mailer, "news")
+        await mailer.push("send", id="bounded", delay=3600, timeout=2.5)
+        await mailer.push("send", id="unbounded", delay=3600)
+    code, out, _ = run_cli("inspect", str(data), "--json", capsys=capsys)
+    assert code == 0
+    (entry,) = json.loads(out)["objects"]
+    assert [(j["id"], j["timeout"]) for j in entry["jobs"]] == [
+        ("bounded", 2.5), ("unbounded", None)
+    ]
+    code, out, _ = run_cli("inspect", str(data), capsys=capsys)
+    [bounded] = [line for line in out.splitlines() if "/bounded " in line]
+    assert bounded.endswith(", timeout 2.5 s")
+    [unbounded] = [line for line in out.splitlines() if "unbounded" in line]
+    assert "timeout" not in unbounded
+
+
 async def test_inspect_escapes_control_characters(
     tmp_path: Path, autojump_clock: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -328,3 +349,84 @@ def test_addresses_are_shown_whole_with_the_password_masked(given: str, shown: s
     assert address_label(given) == shown
     for secret in secrets_of(given):
         assert secret not in shown
+
+
+def _without(monkeypatch: pytest.MonkeyPatch, package: str) -> None:
+    """As if ``package`` were not installed (a module an earlier test imported included)."""
+    for name in {package} | {m for m in sys.modules if m.startswith(f"{package}.")}:
+        monkeypatch.setitem(sys.modules, name, None)
+
+
+@pytest.mark.parametrize("command", [
+    ("inspect",), ("inspect", "--json"), ("requeue", "ns", "obj", "job"),
+    ("serve", "--port", "0"),
+])
+def test_postgres_faces_without_the_driver_name_the_extra_in_one_line(
+    command: tuple[str, ...], monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _without(monkeypatch, "psycopg")
+    address = "postgresql://app:secret@127.0.0.1:1/jobs"
+    code, out, err = run_cli(command[0], address, *command[1:], capsys=capsys)
+    assert (code, out) == (2, "")
+    assert err.count("\n") == 1, err
+    assert "pip install 'nursery_jobs[postgres]'" in err
+    assert "secret" not in err
+
+
+def test_the_postgres_bench_without_the_driver_names_the_extra_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    _without(monkeypatch, "psycopg")
+    monkeypatch.delitem(sys.modules, "nursery_jobs.bench._pg", raising=False)
+    code, out, err = run_cli("bench", "--engine", "postgres", "--dsn",
+                             "postgresql://app:secret@127.0.0.1:1/jobs", "--quick",
+                             capsys=capsys)
+    assert (code, out) == (2, "")
+    assert err.count("\n") == 1, err
+    assert "pip install 'nursery_jobs[postgres]'" in err
+    assert "secret" not in err
+
+
+async def test_pause_and_resume_edit_a_stopped_data_directory(
+    tmp_path: Path, autojump_clock: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = tmp_path / "data"
+    await build(data)
+    async with nj.open_runtime(data) as rt:
+        await rt.get(Mailer, "news").push("send", id="soon", delay=5)
+
+    code, out, err = run_cli("pause", str(data), Mailer.namespace, "news", capsys=capsys)
+    assert code == 0, err
+    assert out.strip() == f"paused every job of {Mailer.namespace}/news in {data}"
+    code, out, _ = run_cli("pause", str(data), Mailer.namespace, "news", "--owner", "queue",
+                           capsys=capsys)
+    assert code == 0 and "paused the jobs of queue" in out
+    code, out, _ = run_cli("inspect", str(data), "--json", capsys=capsys)
+    assert json.loads(out)["objects"][0]["paused"] == [None, "queue"]
+    code, out, _ = run_cli("inspect", str(data), capsys=capsys)
+    assert ", paused\n" in out
+
+    async with nj.open_runtime(data) as rt:
+        await trio.sleep(10)
+        assert "ran:soon" not in await rt.get(Mailer, "news").ran()  # paused for good
+
+    code, out, _ = run_cli("resume", str(data), Mailer.namespace, "news", "--owner", "queue",
+                           capsys=capsys)
+    assert code == 0 and out.startswith("resumed the jobs of queue")
+    code, out, _ = run_cli("inspect", str(data), "--json", capsys=capsys)
+    assert json.loads(out)["objects"][0]["paused"] == [None]
+    code, out, _ = run_cli("pause", str(data), Mailer.namespace, "news", "--owner", "host",
+                           capsys=capsys)
+    code, out, _ = run_cli("inspect", str(data), capsys=capsys)
+    assert ", paused\n" in out
+    code, out, _ = run_cli("resume", str(data), Mailer.namespace, "news", capsys=capsys)
+    assert code == 0 and out.startswith("resumed every job")  # every pause of the object
+    code, out, _ = run_cli("inspect", str(data), "--json", capsys=capsys)
+    assert json.loads(out)["objects"][0]["paused"] == []
+    code, _, err = run_cli("resume", str(data), Mailer.namespace, "nobody", capsys=capsys)
+    assert code == 2 and "no object" in err
+
+    async with nj.open_runtime(data) as rt:
+        await trio.sleep(1)
+        assert "ran:soon" in await rt.get(Mailer, "news").ran()  # the resume woke it

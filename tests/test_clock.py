@@ -132,6 +132,41 @@ async def test_a_step_back_delays_an_absolute_time_to_its_wall_time(
             assert env.runs == [("a", 13.0, EPOCH + 8)]
 
 
+class Delayed(nj.DurableObject):
+    """A Lifecycle object: ``push(delay)`` pushes a job; each run is recorded."""
+
+    namespace = "tests.test_clock.Delayed"
+
+    def __init__(self, ctx: nj.ObjectContext) -> None:
+        super().__init__(ctx)
+        self.lifecycle = nj.Lifecycle.install(self)
+
+    async def push(self, delay: float) -> None:
+        await self.lifecycle.jobs.push("f", id="d", delay=delay)
+
+    async def on_job(self, ctx: nj.JobContext) -> None:
+        env: Runs = self.ctx.env
+        env.runs.append((self.ctx.id, trio.current_time(), nj.now()))
+
+
+async def test_a_delay_pushed_after_a_step_back_counts_from_its_push(
+    autojump_clock: trio.testing.MockClock, wall: FakeWall
+) -> None:
+    """Issue 22 #11: the wall clock steps back 5 s at 1.5, the runtime's check at 2
+    notices; a ``delay=1`` pushed in between (1.75) fired at +6 s, measured from a
+    ``now()`` the step had made stale. A push with a delay reads the wall clock."""
+    env = Runs()
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(env=env) as rt, trio.open_nursery() as nursery:
+            env.listen(rt)
+            nursery.start_soon(step_at, wall, 1.5, -5.0)
+            await trio.sleep(1.75)
+            await rt.get(Delayed, "d").push(1)
+            await trio.sleep(20)
+            assert env.adjusted == [(1.75, -5.0)]  # noticed by the push
+            assert env.runs == [("d", 2.75, EPOCH - 5 + 2.75)]
+
+
 async def test_the_timer_re_anchors_when_it_wakes(
     autojump_clock: trio.testing.MockClock, wall: FakeWall
 ) -> None:

@@ -333,3 +333,16 @@ async def test_the_dashboard_renders_in_a_real_browser(tmp_path: Path) -> None:
         assert "browser-check" in dom
         assert "ConnectionError: smtp down for grace" in dom  # the dead letter, rendered
         assert "<svg" in dom  # the charts
+
+
+async def test_http_without_the_web_extra_names_it_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # As if hypercorn were not installed (a module an earlier test imported included).
+    for name in {"hypercorn"} | {m for m in sys.modules if m.startswith("hypercorn.")}:
+        monkeypatch.setitem(sys.modules, name, None)
+    with pytest.raises(ImportError) as raised:
+        async with nj.open_runtime(tmp_path / "data", http=LOOPBACK):
+            raise AssertionError("the block must not run without the dashboard")
+    assert str(raised.value) == (
+        "serving the dashboard needs the web extra: pip install 'nursery_jobs[web]'")

@@ -240,3 +240,52 @@ async def test_event_data_that_cannot_be_printed_is_still_logged(
     (record,) = [r for r in caplog.records if "test:odd" in r.getMessage()]
     assert "repr() failed" in record.getMessage()
     assert "Logging error" not in capsys.readouterr().err
+
+
+class Failing(nj.DurableObject):
+    """A Lifecycle object whose jobs fail with the text they are given."""
+
+    namespace = "tests.test_events.Failing"
+
+    def __init__(self, ctx: nj.ObjectContext) -> None:
+        super().__init__(ctx)
+        self.lifecycle = nj.Lifecycle.install(self)
+
+    async def push(self, job_id: str, text: str) -> None:
+        await self.lifecycle.jobs.push("fail", id=job_id, payload=text,
+                                       retry=nj.RetryOptions(max_attempts=1))
+
+    async def on_job(self, ctx: nj.JobContext) -> None:
+        raise ValueError(ctx.job.payload)
+
+
+FORGED = "x\nCRITICAL nursery_jobs: forged line"
+
+
+async def test_control_characters_are_escaped_in_every_log_record(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 22 #10: an object id with a newline forged a log line. Ids, job ids and
+    error text are escaped in the log message; the event keeps its data raw."""
+    caplog.set_level(logging.DEBUG, "nursery_jobs")
+    events: list[nj.Event] = []
+    with trio.fail_after(HANG):
+        async with nj.open_runtime() as rt:
+            rt.events.add_listener(events.append)
+            await rt.get(Failing, FORGED).push(f"job{FORGED}", f"error{FORGED}\r\x1b[2J")
+            await trio.sleep(5)
+            rt.events.emit("test:custom", "ns", FORGED, text=FORGED)
+    records = [r for r in caplog.records if r.name.startswith("nursery_jobs")]
+    named = [r.getMessage() for r in records if "forged line" in r.getMessage()]
+    assert len(named) == 2  # the dead letter, the custom event
+    for message in named:
+        assert "\n" not in message and "\r" not in message and "\x1b" not in message
+        assert "x\\nCRITICAL" in message
+    # An error message with a newline names its job with the newline escaped too.
+    assert any("job" + "x\\nCRITICAL" in m and "error" + "x\\nCRITICAL" in m for m in named)
+    # The events keep what they carry, raw.
+    dead = [e for e in events if e.type == "job:dead_letter"]
+    assert dead and dead[0].object_id == FORGED
+    assert dead[0].data["id"] == f"job{FORGED}"
+    (custom,) = [e for e in events if e.type == "test:custom"]
+    assert (custom.object_id, custom.data) == (FORGED, {"text": FORGED})

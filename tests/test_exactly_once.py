@@ -13,6 +13,7 @@ import pytest
 import trio
 import trio.testing
 from conftest import EPOCH, engine
+from held_calls import ByRef, inside, run_held
 
 import nursery_jobs as nj
 
@@ -36,8 +37,8 @@ class Host(nj.DurableObject):
             self, completion_group=self.env.get("group", 64)
         )
 
-    async def run(self, fn: Callable[[Host], Awaitable[Any]]) -> Any:
-        return await fn(self)
+    async def run(self, ref: ByRef) -> ByRef:
+        return await run_held(self, ref)  # (see ``inside``)
 
     async def on_job(self, ctx: nj.JobContext) -> Any:
         self.env["runs"].append((ctx.job.id, nj.now() - EPOCH, ctx.attempt))
@@ -89,12 +90,12 @@ async def test_a_calls_rearm_never_commits_half_a_running_job(
     env: dict[str, Any] = {"runs": [], "h": _count_then_fail_once}
     async with nj.open_runtime(engine.location, env=env) as rt:
         obj = rt.get(Host, "o")
-        await obj.run(lambda o: _push(o, "J", delay=1, retry=RETRY))
+        await inside(obj, lambda o: _push(o, "J", delay=1, retry=RETRY))
         await trio.sleep(1.5)  # J: n=1 written, asleep
-        await obj.run(lambda o: o.lifecycle.jobs.rearm())
+        await inside(obj, lambda o: o.lifecycle.jobs.rearm())
         await trio.sleep(50)  # J fails at 3, retried at 4
         assert [r[2] for r in env["runs"]] == [1, 2]
-        assert await obj.run(_get) == 1  # exactly once; got 2
+        assert await inside(obj, _get) == 1  # exactly once; got 2
 
 
 class Sched(Host):
@@ -121,12 +122,12 @@ async def test_a_scheduler_dedupe_hit_never_commits_half_a_running_job(
     async with nj.open_runtime(engine.location, env=env) as rt:
         obj = rt.get(Sched, "o")
         await obj.every()
-        await obj.run(lambda o: _push(o, "J", delay=1, retry=RETRY))
+        await inside(obj, lambda o: _push(o, "J", delay=1, retry=RETRY))
         await trio.sleep(1.5)
         await obj.every()  # a dedupe hit: jobs.rearm()
         await trio.sleep(50)
         assert [r[2] for r in env["runs"]] == [1, 2]
-        assert await obj.run(_get) == 1
+        assert await inside(obj, _get) == 1
 
 
 async def test_tracked_work_ending_never_commits_half_a_running_job(
@@ -147,11 +148,11 @@ async def test_tracked_work_ending_never_commits_half_a_running_job(
     env: dict[str, Any] = {"runs": [], "w": heartbeat, "h": _count_then_fail_once}
     async with nj.open_runtime(engine.location, env=env) as rt:
         obj = rt.get(Host, "o")
-        await obj.run(lambda o: _push(o, "W", fn="w", delay=1))
-        await obj.run(lambda o: _push(o, "J", delay=1, retry=RETRY))
+        await inside(obj, lambda o: _push(o, "W", fn="w", delay=1))
+        await inside(obj, lambda o: _push(o, "J", delay=1, retry=RETRY))
         await trio.sleep(50)  # W at 1 (work to 2), J at 1 (fails at 3), J again at 4
         assert [(r[0], r[2]) for r in env["runs"]] == [("W", 1), ("J", 1), ("J", 2)]
-        assert await obj.run(_get) == 1  # got 2
+        assert await inside(obj, _get) == 1  # got 2
 
 
 async def test_a_calls_write_never_makes_a_failing_jobs_writes_stick(
@@ -165,14 +166,14 @@ async def test_a_calls_write_never_makes_a_failing_jobs_writes_stick(
     env: dict[str, Any] = {"runs": [], "h": _count_then_fail_once}
     async with nj.open_runtime(engine.location, env=env) as rt:
         obj = rt.get(Host, "o")
-        await obj.run(lambda o: _push(o, "J", delay=1, retry=RETRY))
+        await inside(obj, lambda o: _push(o, "J", delay=1, retry=RETRY))
         await trio.sleep(1.5)
-        await obj.run(lambda o: trio_put(o, "other", 1))
+        await inside(obj, lambda o: trio_put(o, "other", 1))
         assert trio.current_time() == 3  # it waited for J's turn
         await trio.sleep(50)
         assert [r[2] for r in env["runs"]] == [1, 2]
-        assert await obj.run(_get) == 1  # J exactly once
-        assert await obj.run(lambda o: _get(o, "other")) == 1
+        assert await inside(obj, _get) == 1  # J exactly once
+        assert await inside(obj, lambda o: _get(o, "other")) == 1
 
 
 async def test_a_calls_write_beside_a_job_that_then_succeeds_is_kept(
@@ -188,12 +189,12 @@ async def test_a_calls_write_beside_a_job_that_then_succeeds_is_kept(
     env: dict[str, Any] = {"runs": [], "h": count_slowly}
     async with nj.open_runtime(engine.location, env=env) as rt:
         obj = rt.get(Host, "o")
-        await obj.run(lambda o: _push(o, "J", delay=1))
+        await inside(obj, lambda o: _push(o, "J", delay=1))
         await trio.sleep(1.5)
-        await obj.run(lambda o: trio_put(o, "other", 1))
+        await inside(obj, lambda o: trio_put(o, "other", 1))
         assert trio.current_time() == 3  # the output gate waited for J
-        assert await obj.run(_get) == 1
-        assert await obj.run(lambda o: _get(o, "other")) == 1
+        assert await inside(obj, _get) == 1
+        assert await inside(obj, lambda o: _get(o, "other")) == 1
         assert [r[0] for r in env["runs"]] == ["J"]
 
 
@@ -225,7 +226,7 @@ async def test_the_alarm_is_rearmed_after_a_run_that_ended_inside_a_calls_block(
     env: dict[str, Any] = {"runs": [], "h": again, "on_alarm": on_alarm}
     async with nj.open_runtime(engine.location, env=env) as rt:
         obj = rt.get(Host, "o")
-        await obj.run(lambda o: _push(o, "J", delay=1))
+        await inside(obj, lambda o: _push(o, "J", delay=1))
         await trio.sleep(1.5)  # J ran at 1 (-> 3); on_alarm sleeps to 2
 
         async def block(o: Host) -> None:
@@ -233,7 +234,7 @@ async def test_the_alarm_is_rearmed_after_a_run_that_ended_inside_a_calls_block(
                 o.ctx.storage.put("x", 1)
                 await trio.sleep(1)  # the run ends at 2 while this is open
 
-        await obj.run(block)  # ends at 2.5
+        await inside(obj, block)  # ends at 2.5
         await trio.sleep(100)
         assert [(r[0], r[1]) for r in env["runs"]] == [("J", 1), ("J", 3)]
 
@@ -258,7 +259,7 @@ async def test_a_rolled_back_push_of_the_running_id_does_not_run_it_again(
     env: dict[str, Any] = {"runs": [], "h": job}
     async with nj.open_runtime(engine.location, env=env) as rt:
         obj = rt.get(Host, "o")
-        await obj.run(lambda o: _push(o, "J", delay=1))
+        await inside(obj, lambda o: _push(o, "J", delay=1))
         await trio.sleep(1.5)  # J asleep, nothing written yet
 
         async def block(o: Host) -> None:
@@ -267,11 +268,11 @@ async def test_a_rolled_back_push_of_the_running_id_does_not_run_it_again(
                 raise ValueError("roll the replacement back")
 
         with pytest.raises(ValueError):
-            await obj.run(block)
+            await inside(obj, block)
         await trio.sleep(100)
-        assert await obj.run(lambda o: _list(o)) == []
+        assert await inside(obj, lambda o: _list(o)) == []
         assert env["runs"] == [("J", 1, 1)]  # got a second run of J at 3
-        assert await obj.run(_get) == 1
+        assert await inside(obj, _get) == 1
 
 
 async def _list(o: Host) -> list[str]:
@@ -298,10 +299,10 @@ async def test_a_push_the_job_rolled_back_itself_is_not_replayed_when_it_fails(
     env: dict[str, Any] = {"runs": [], "h": job}
     async with nj.open_runtime(engine.location, env=env) as rt:
         obj = rt.get(Host, "o")
-        await obj.run(lambda o: _push(o, "J", delay=1, retry=RETRY))
+        await inside(obj, lambda o: _push(o, "J", delay=1, retry=RETRY))
         await trio.sleep(50)
         assert [r[0] for r in env["runs"]] == ["J", "J"]  # got J, X, J
-        assert await obj.run(lambda o: _list(o)) == []
+        assert await inside(obj, lambda o: _list(o)) == []
 
 
 async def test_a_requeue_refused_inside_the_group_keeps_its_dead_letter(
@@ -323,19 +324,19 @@ async def test_a_requeue_refused_inside_the_group_keeps_its_dead_letter(
     env: dict[str, Any] = {"runs": [], "bad": bad, "slow": slow}
     async with nj.open_runtime(engine.location, env=env) as rt:
         obj = rt.get(Host, "o")
-        await obj.run(lambda o: _push(o, "X", fn="bad", delay=1, retry=once))
+        await inside(obj, lambda o: _push(o, "X", fn="bad", delay=1, retry=once))
         await trio.sleep(1.5)  # X buried
-        await obj.run(lambda o: _push(o, "X", fn="bad", delay=1000, retry=once))
-        await obj.run(lambda o: _push(o, "S", fn="slow", delay=1))
+        await inside(obj, lambda o: _push(o, "X", fn="bad", delay=1000, retry=once))
+        await inside(obj, lambda o: _push(o, "S", fn="slow", delay=1))
         await trio.sleep(1.5)  # S runs (asleep): the group is open
 
         async def requeue(o: Host) -> Any:
             return await o.lifecycle.requeue("X")
 
         with pytest.raises(nj.JobOwnershipError, match="is queued again"):
-            await obj.run(requeue)
+            await inside(obj, requeue)
         await trio.sleep(10)
-        letters = await obj.run(
+        letters = await inside(obj,
             lambda o: trio_value([d.job.id for d in o.lifecycle.dead_letters()]))
         assert letters == ["X"]  # got []
 
@@ -441,7 +442,7 @@ async def test_an_on_job_error_outcome_never_lands_in_a_calls_block_that_rolls_b
             await o.later.lifecycle.jobs.push("f", id="L", delay=1,
                                               retry=nj.RetryOptions(max_attempts=1))
 
-        await obj.run(push)
+        await inside(obj, push)
         await trio.sleep(1.5)  # L failed at 1; on_job_error sleeps to 2
 
         async def block(o: Host) -> None:
@@ -451,7 +452,7 @@ async def test_an_on_job_error_outcome_never_lands_in_a_calls_block_that_rolls_b
                 raise ValueError("the block rolls back")
 
         with pytest.raises(ValueError):
-            await obj.run(block)
+            await inside(obj, block)
         await trio.sleep(50)
         assert env["runs"] == [("L", 1, 1)]  # got a second run long before 102
 
@@ -485,10 +486,10 @@ async def test_a_block_of_tracked_work_that_outlives_the_run_is_committed(
     env: dict[str, Any] = {"runs": [], "h": job, "on_alarm": on_alarm}
     async with nj.open_runtime(engine.location, env=env, idle_timeout=5) as rt:
         obj = rt.get(Host, "o")
-        await obj.run(lambda o: _push(o, "J", delay=1))
+        await inside(obj, lambda o: _push(o, "J", delay=1))
         await trio.sleep(100)  # J at 1, the work to 2; idle from 2, evicted at 7
         assert env["tracked"] is True
-        assert await obj.run(lambda o: _get(o, "w")) == 1  # got 0
+        assert await inside(obj, lambda o: _get(o, "w")) == 1  # got 0
         assert [r[0] for r in env["runs"]] == ["J"]  # got J again at 31
 
 
@@ -509,11 +510,11 @@ async def test_disable_alarms_undone_by_a_failing_job_does_not_strand_its_jobs(
     env: dict[str, Any] = {"runs": [], "h": job}
     async with nj.open_runtime(engine.location, env=env) as rt:
         obj = rt.get(Host, "o")
-        await obj.run(lambda o: _push(o, "J", delay=1, retry=RETRY))
-        await obj.run(lambda o: _push(o, "K", delay=10))
+        await inside(obj, lambda o: _push(o, "J", delay=1, retry=RETRY))
+        await inside(obj, lambda o: _push(o, "K", delay=10))
         await trio.sleep(100)
         ran = [(r[0], r[2]) for r in env["runs"]]
-        durable = await obj.run(
+        durable = await inside(obj,
             lambda o: trio_value(o.lifecycle.store.meta("alarms_disabled")))
         # The disable was undone with the job that asked: its jobs run (K, with the
         # same handler, disables and fails once too). (Got once: ran [J 1], flag 0.)

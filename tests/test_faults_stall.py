@@ -81,6 +81,22 @@ async def test_the_job_that_blocks_is_named_not_the_last_one_started() -> None:
     assert (event.object_id, event.data["job"]) == ("a", "culprit")
 
 
+async def test_back_to_back_blocking_jobs_are_two_stalls_each_named(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 22 #11: two jobs that each hold the loop, one right after the other (no
+    checkpoint between them), were one stall of their sum naming one of them."""
+    caplog.set_level(logging.WARNING, "nursery_jobs")
+    first, second = await run_jobs([("b", "first", "block"), ("b", "second", "block")])
+    assert (first.data["job"], second.data["job"]) == ("first", "second")
+    for event in (first, second):
+        assert event.object_id == "b"
+        assert 0.4 < event.data["seconds"] < 1.0, event.data
+    logged = stalls(caplog)
+    assert len(logged) == 2
+    assert "'first'" in logged[0].getMessage() and "'second'" in logged[1].getMessage()
+
+
 class PlainBlocker(nj.DurableObject):
     namespace = "tests.test_faults_stall.PlainBlocker"
 

@@ -12,10 +12,13 @@ let virtual time jump), and loops poll virtual time for an outcome.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sqlite3
 import subprocess
+import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +31,7 @@ from fault_seam import FaultPlan, faulty_engine, held_by_another_process
 
 import nursery_jobs as nj
 from nursery_jobs._engines.files._catalog import object_file_name
+from nursery_jobs._errors import DataDirectoryAccessError, DataDirectoryError, StorageFaultError
 from nursery_jobs._policy import LOCKED_RETRY
 
 RAN: list[tuple[str, str, float]] = []
@@ -115,6 +119,36 @@ async def test_a_lost_catalog_is_rebuilt_and_due_jobs_still_run(
         assert event.data["reason"].startswith("damaged")
         assert Path(event.data["moved_to"]).exists()
         assert Path(event.data["moved_to"]).name.startswith("catalog.sqlite3.damaged-")
+
+
+@pytest.mark.parametrize("page", [2, 5])
+async def test_a_catalog_damaged_past_its_first_page_is_rebuilt(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, page: int
+) -> None:
+    """Issue 22 #6: a catalog whose first page is intact but a later one is not raised
+    a raw ``sqlite3.DatabaseError`` from ``PRAGMA quick_check`` at every open. Rebuilt
+    as a lost catalog is: objects and alarms back from the object files."""
+    ids = [f"{i:02d}-" + "x" * 1000 for i in range(30)]  # ~30 KB of registry: many pages
+    async with nj.open_runtime(tmp_path) as rt:
+        for n, object_id in enumerate(ids):
+            await rt.get(Worker, object_id).push(f"j{n}", delay=100 + n)
+    catalog = tmp_path / "catalog.sqlite3"
+    page_size = 4096
+    assert catalog.stat().st_size >= 8 * page_size
+    with open(catalog, "r+b") as f:  # zeros over one b-tree page's header
+        f.seek((page - 1) * page_size)
+        f.write(bytes(64))
+    seen: list[nj.Event] = []
+    async with nj.open_runtime(tmp_path) as rt:
+        await events_of(rt, {"catalog:rebuilt"}, seen)
+        with trio.fail_after(200):
+            while len(RAN) < len(ids):
+                await trio.sleep(1)
+    assert RAN == [(object_id, f"j{n}", EPOCH + 100 + n) for n, object_id in enumerate(ids)]
+    (event,) = seen
+    assert event.data["reason"].startswith("damaged")
+    assert (event.data["objects"], event.data["alarms"]) == (len(ids), len(ids))
+    assert Path(event.data["moved_to"]).name.startswith("catalog.sqlite3.damaged-")
 
 
 async def test_an_intact_catalog_is_not_rebuilt(tmp_path: Path) -> None:
@@ -400,6 +434,119 @@ async def test_a_read_only_object_file_is_a_typed_error(tmp_path: Path) -> None:
     async with nj.open_runtime(tmp_path) as rt:
         await rt.get(Worker, "a").put("k", 3)
         assert await rt.get(Worker, "a").read("k") == 3
+
+
+def _bind_read_only(path: Path) -> None:
+    """Bind-mount ``path`` on itself, read-only (root; skips with the reason elsewhere).
+    As root, chmod stops no write: a read-only mount is the one real refusal."""
+    bound = subprocess.run(["mount", "--bind", "-o", "ro", str(path), str(path)],
+                           capture_output=True, text=True)
+    if bound.returncode != 0:
+        pytest.skip(f"cannot bind-mount read-only here: {bound.stderr.strip()}")
+    subprocess.run(["mount", "-o", "remount,ro,bind", str(path)], check=True)
+
+
+@pytest.mark.parametrize("state", ["fresh", "used"])
+async def test_a_read_only_data_directory_is_a_typed_error_at_open(
+    tmp_path: Path, state: str
+) -> None:
+    """Issue 22 #9: a raw ``OSError [Errno 30]`` on ``runtime.lock`` at open."""
+    data = tmp_path / "data"
+    data.mkdir()
+    if state == "used":
+        async with nj.open_runtime(data) as rt:
+            await rt.get(Worker, "a").put("k", 1)
+    _bind_read_only(data)
+    try:
+        with pytest.raises(nj.StorageError) as info:
+            async with nj.open_runtime(data):
+                pass
+        error = info.value
+        assert isinstance(error, DataDirectoryAccessError)
+        assert isinstance(error, DataDirectoryError)
+        assert error.cause == "readonly"
+        assert str(data) in str(error) and "read-only" in str(error)
+        assert error.path.startswith(str(data))
+    finally:
+        subprocess.run(["umount", str(data)], check=False)
+
+
+async def test_a_new_object_in_a_read_only_directory_is_a_typed_error(tmp_path: Path) -> None:
+    """Issue 22 #9: a raw ``sqlite3.OperationalError`` for an object whose file cannot
+    be created; an existing one's error names the real cause."""
+    async with nj.open_runtime(tmp_path) as rt:
+        await rt.get(Worker, "old").put("k", 1)
+    objects = tmp_path / "objects"
+    _bind_read_only(objects)
+    try:
+        async with nj.open_runtime(tmp_path) as rt:
+            for object_id in ("new", "old"):
+                with pytest.raises(nj.StorageError) as info:
+                    await rt.get(Worker, object_id).put("k", 2)
+                error = info.value
+                assert isinstance(error, StorageFaultError), repr(error)
+                assert error.cause == "readonly", str(error)
+                assert f"Worker/{object_id}" in str(error) and "read-only" in str(error)
+                assert error.file == str(object_file(tmp_path, object_id))
+    finally:
+        subprocess.run(["umount", str(objects)], check=False)
+
+
+READONLY_WORKER = Path(__file__).with_name("readonly_worker.py")
+
+
+def _as_unprivileged(data: Path, step: str) -> list[dict[str, Any]]:
+    """Run the read-only worker on ``data`` as a user who may not write it: ``nobody``
+    when the tests run as root (setpriv), else this user."""
+    cmd = [sys.executable, str(READONLY_WORKER), str(data), step]
+    if os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("running as root without setpriv: no user to be refused as")
+        cmd = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", *cmd]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)})
+    assert done.returncode == 0, done.stderr
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+def test_permission_denied_is_named_as_such(tmp_path: Path) -> None:
+    """Issue 22 #9: an existing object's database this process may not write was
+    "disk I/O error"; the data directory's lock file a raw ``PermissionError``."""
+    # A directory the unprivileged user can reach (pytest's tmp_path is root's alone).
+    top = Path(tempfile.mkdtemp(prefix="nj-denied-"))
+    try:
+        top.chmod(0o755)
+        data = top / "data"
+        seeded = subprocess.run(
+            [sys.executable, str(READONLY_WORKER), str(data), "objects"],
+            capture_output=True, text=True, timeout=60,
+            env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)})
+        assert seeded.returncode == 0, seeded.stderr
+        if os.geteuid() == 0:
+            # The runtime's own files become the user's; the objects stay root's.
+            for path in (data, data / "runtime.lock", data / "flight.rec",
+                         *data.glob("catalog.sqlite3*")):
+                os.chown(path, 65534, 65534)
+        (data / "objects").chmod(0o555)
+        for file in (data / "objects").glob("*.sqlite3"):
+            file.chmod(0o444)
+        by_step = {r["step"]: r for r in _as_unprivileged(data, "objects")}
+        assert by_step["open"]["type"] is None
+        assert by_step["new"]["cause"] == "denied", by_step["new"]
+        assert by_step["old"]["cause"] == "denied", by_step["old"]
+        for step in ("new", "old"):
+            assert "permission denied" in by_step[step]["message"]
+            assert "StorageFaultError" in by_step[step]["mro"]
+        (data / "runtime.lock").chmod(0o444)
+        if os.geteuid() == 0:
+            os.chown(data / "runtime.lock", 0, 0)
+        (result,) = _as_unprivileged(data, "open")
+        assert result["type"] == "DataDirectoryAccessError", result
+        assert result["cause"] == "denied"
+        assert result["path"] == str(data / "runtime.lock")
+        assert "permission denied" in result["message"]
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
 
 
 # -- (11) memory at scale ------------------------------------------------------------------

@@ -56,6 +56,10 @@ ASYNC_CASES: dict[str, Callable[[Target], Awaitable[Any]]] = {
     "id not a str": lambda t: t.lifecycle.jobs.push("f", id=5),  # type: ignore[arg-type]
     "id too long": lambda t: t.lifecycle.jobs.push("f", id="x" * 1025),
     "negative hung_timeout": lambda t: t.lifecycle.jobs.push("f", hung_timeout=-1),
+    "timeout 0": lambda t: t.lifecycle.jobs.push("f", timeout=0),
+    "timeout nan": lambda t: t.lifecycle.jobs.push("f", timeout=math.nan),
+    "timeout a huge int": lambda t: t.lifecycle.jobs.push("f", timeout=10**400),
+    "timeout a str": lambda t: t.lifecycle.jobs.push("f", timeout="5"),  # type: ignore[arg-type]
     "singleflight a str": lambda t: t.lifecycle.jobs.push("f", singleflight="yes"),  # type: ignore[arg-type]
     "retry a dict": lambda t: t.lifecycle.jobs.push("f", retry={"max_attempts": 2}),  # type: ignore[arg-type]
     "reschedule nan": lambda t: t.lifecycle.jobs.reschedule("x", math.nan),
@@ -98,6 +102,9 @@ SYNC_CASES: dict[str, Callable[[Target], Any]] = {
     "Reschedule of a str": lambda t: nj.Reschedule("soon"),  # type: ignore[arg-type]
     "RetryOptions max_attempts 0": lambda t: nj.RetryOptions(max_attempts=0),
     "RetryOptions negative base": lambda t: nj.RetryOptions(base_delay=-1),
+    "RetryOptions give_up_on an int": lambda t: nj.RetryOptions(give_up_on=5),
+    "RetryOptions give_up_on an instance": lambda t: nj.RetryOptions(
+        give_up_on=(ValueError("x"),)),
     "jitter of a negative base": lambda t: nj.jitter(-1),
 }
 

@@ -22,6 +22,7 @@ import pytest
 import trio
 import trio.testing
 from conftest import EPOCH, engine
+from held_calls import ByRef, inside, run_held
 
 import nursery_jobs as nj
 
@@ -128,9 +129,9 @@ class Host(nj.DurableObject):
     async def dead_letters(self) -> list[nj.DeadLetter]:
         return self.lifecycle.dead_letters()
 
-    async def run(self, fn: Callable[[Host], Awaitable[Any]]) -> Any:
-        """Run ``fn(self)`` inside the object (test access to its internals)."""
-        return await fn(self)
+    async def run(self, ref: ByRef) -> ByRef:
+        """Run a function inside the object (test access to its internals): ``inside``."""
+        return await run_held(self, ref)
 
     async def on_job(self, ctx: nj.JobContext) -> nj.JobOutcome:
         result: nj.JobOutcome = await self.env.handle(self, "host", ctx)
@@ -190,11 +191,13 @@ async def test_alarm_is_the_earliest_job_across_owners(
             obj = rt.get(Host, "o")
             await obj.push("h", id="h", time=EPOCH + 50)
             assert alarm(rt) == 50
-            await obj.run(lambda o: cap(o, "a").lifecycle.jobs.push("x", id="ca", time=EPOCH + 20))
+            await inside(obj, lambda o: cap(o, "a").lifecycle.jobs.push(
+                "x", id="ca", time=EPOCH + 20))
             assert alarm(rt) == 20
-            await obj.run(lambda o: cap(o, "b").lifecycle.jobs.push("x", id="cb", time=EPOCH + 80))
+            await inside(obj, lambda o: cap(o, "b").lifecycle.jobs.push(
+                "x", id="cb", time=EPOCH + 80))
             assert alarm(rt) == 20
-            assert await obj.run(lambda o: cap(o, "a").lifecycle.jobs.cancel("ca")) is True
+            assert await inside(obj, lambda o: cap(o, "a").lifecycle.jobs.cancel("ca")) is True
             # Raised again to the next job, which belongs to another owner.
             assert alarm(rt) == 50
             await trio.sleep(100)
@@ -259,7 +262,8 @@ async def test_same_time_jobs_run_fifo_by_push_order(
             # Ids in reverse alphabetical order, owners mixed, one anonymous: only the
             # push order may decide.
             await obj.push("f", id="z", time=EPOCH + 10)
-            await obj.run(lambda o: cap(o, "c").lifecycle.jobs.push("f", id="y", time=EPOCH + 10))
+            await inside(obj, lambda o: cap(o, "c").lifecycle.jobs.push(
+                "f", id="y", time=EPOCH + 10))
             anonymous = await obj.push("f", time=EPOCH + 10)
             await obj.push("f", id="b", time=EPOCH + 10)
             await obj.push("f", id="a", time=EPOCH + 10)
@@ -347,13 +351,13 @@ async def test_cross_owner_push_raises_and_leaves_the_job_untouched(
                     "mine", id="shared", time=EPOCH + 30, payload="kept"
                 )
 
-            original = await obj.run(setup)
+            original = await inside(obj, setup)
 
             async def intrude(o: Host) -> None:
                 await jobs_of(o, other).push("theirs", id="shared", time=EPOCH + 5, payload="x")
 
             with pytest.raises(nj.JobOwnershipError, match="shared") as info:
-                await obj.run(intrude)
+                await inside(obj, intrude)
             assert isinstance(info.value, ValueError)
 
             async def check(o: Host) -> None:
@@ -365,7 +369,7 @@ async def test_cross_owner_push_raises_and_leaves_the_job_untouched(
                 assert await jobs_of(o, other).reschedule("shared", EPOCH + 1) is False
                 assert jobs_of(o, holder).get("shared") == original
 
-            await obj.run(check)
+            await inside(obj, check)
             assert alarm(rt) == 30
             await trio.sleep(100)
             assert [(owner, job, t, payload) for owner, job, t, _, payload in env.runs] == [
@@ -416,7 +420,7 @@ async def test_past_and_omitted_times_run_at_the_next_alarm(
                 await o.lifecycle.jobs.push("f", id="delay", delay=dt.timedelta(seconds=2.5))
                 return now_job
 
-            now_job = await obj.run(push_three)
+            now_job = await inside(obj, push_three)
             assert now_job.time == EPOCH + 5
             await trio.sleep(10)
             assert env.ran() == [("past", 5), ("now", 5), ("delay", 7.5)]
@@ -639,7 +643,8 @@ async def test_on_alarm_runs_after_the_jobs(autojump_clock: trio.testing.MockClo
         async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Host, "o")
             await obj.push("f", id="a", time=EPOCH + 10)
-            await obj.run(lambda o: cap(o, "c").lifecycle.jobs.push("f", id="b", time=EPOCH + 10))
+            await inside(obj, lambda o: cap(o, "c").lifecycle.jobs.push(
+                "f", id="b", time=EPOCH + 10))
             await trio.sleep(20)
             assert [e for e in env.log if e[0] != "start"] == [
                 ("job", "a", 10),
@@ -789,7 +794,7 @@ async def test_on_job_error_outcome_is_honoured(
     with trio.fail_after(HANG):
         async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Host, "o")
-            await obj.run(lambda o: cap(o, "g").lifecycle.jobs.push(
+            await inside(obj, lambda o: cap(o, "g").lifecycle.jobs.push(
                 "fail", id="j", time=EPOCH + 10, retry=retry))
             await trio.sleep(500)
             hooks = [e for e in env.log if e[0] == "on_job_error"]
@@ -803,7 +808,7 @@ async def test_on_job_error_outcome_is_honoured(
                 [letter] = await obj.dead_letters()
                 assert (letter.job.id, letter.job.owner, letter.attempts) == ("j", "g", 2)
                 assert letter.error == "RuntimeError: boom 2"
-                assert await obj.run(
+                assert await inside(obj,
                     lambda o: trio_value(cap(o, "g").lifecycle.dead_letters())
                 ) == [letter]
             assert await obj.jobs() == []
@@ -918,7 +923,7 @@ async def test_track_alarm_work_outside_an_alarm_returns_false(
                     cap(o, "c").lifecycle.track_alarm_work(work),
                 )
 
-            assert await obj.run(outside) == (False, False)
+            assert await inside(obj, outside) == (False, False)
             await trio.sleep(10)
             assert done == []
 
@@ -942,7 +947,7 @@ async def test_backlog_warning_at_ten_due_jobs_of_one_owner(
                 for i in range(count - 1):  # always one short of the host
                     await cap(o, "c").lifecycle.jobs.push("f", id=f"c{i}", time=EPOCH + 10)
 
-            await obj.run(cap_jobs)
+            await inside(obj, cap_jobs)
             await trio.sleep(20)
             assert len(env.runs) == 2 * count - 1
             warnings = env.of("job:backlog_warning")
@@ -951,6 +956,32 @@ async def test_backlog_warning_at_ten_due_jobs_of_one_owner(
             else:
                 [event] = warnings
                 assert (event.time, event.data) == (EPOCH + 10, {"owner": "host", "count": 10})
+
+
+async def test_backlog_warning_once_per_backlog_not_per_alarm(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 22 #10: a drain of 100k jobs over many alarm runs printed 4,793 warnings.
+    A backlog is warned of when it builds up; again only after it has cleared (an alarm
+    run found fewer than ten due jobs of that owner) and built up again."""
+    caplog.set_level(logging.WARNING, "nursery_jobs")
+    env = make_env()
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(engine.location, env=env) as rt:
+            listen(rt, env)
+            obj = rt.get(Host, "o")
+            # Alarm runs at 10, 11 and 12 each find 20 due jobs (one backlog); the run
+            # at 13 finds 5 (it cleared); the run at 14 finds 20 again (a new one).
+            for at, count in ((10, 20), (11, 20), (12, 20), (13, 5), (14, 20)):
+                for i in range(count):
+                    await obj.push("f", id=f"j{at}-{i}", time=EPOCH + at)
+            await trio.sleep(20)
+            assert len(env.runs) == 85
+            warnings = env.of("job:backlog_warning")
+            assert [(e.time - EPOCH, e.data) for e in warnings] == [
+                (10, {"owner": "host", "count": 20}), (14, {"owner": "host", "count": 20})]
+            logged = [r for r in caplog.records if "due jobs of" in r.getMessage()]
+            assert len(logged) == 2
 
 
 async def test_slow_dispatch_event(
@@ -1031,7 +1062,7 @@ async def test_one_slow_dispatch_watchdog_per_object_while_its_alarm_runs(
                 return watchdogs(o)
 
             # It ends with the run: an idle object keeps no task of its own.
-            assert await obj.run(after_the_run) == 0
+            assert await inside(obj, after_the_run) == 0
 
 
 # -- missing handlers ------------------------------------------------------------------------
@@ -1094,11 +1125,11 @@ async def test_capability_job_without_on_job_is_dropped_with_a_log(
                     "f", id="s", time=EPOCH + 10)
                 await cap(o, "c").lifecycle.jobs.push("f", id="c", time=EPOCH + 10)
 
-            await obj.run(push)
+            await inside(obj, push)
             await trio.sleep(20)
             # Dropped; the next job of the run still ran.
             assert env.ran() == [("c", 10)]
-            assert await obj.run(
+            assert await inside(obj,
                 lambda o: trio_value(o.lifecycle.store.rows())) == []
             errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
             assert len(errors) == 1 and "'s'" in errors[0] and "'silent'" in errors[0]
@@ -1111,14 +1142,14 @@ async def test_job_of_a_missing_capability_is_dropped_with_a_log(
     with trio.fail_after(HANG):
         async with nj.open_runtime(engine.durable(tmp_path), env=env) as rt:
             obj = rt.get(Host, "o")
-            await obj.run(lambda o: cap(o, "gone").lifecycle.jobs.push(
+            await inside(obj, lambda o: cap(o, "gone").lifecycle.jobs.push(
                 "f", id="g", time=EPOCH + 10))
             await obj.push("f", id="h", time=EPOCH + 10)
         env.caps = lambda: []  # redeployed without the capability
         async with nj.open_runtime(engine.durable(tmp_path), env=env) as rt:
             await trio.sleep(20)
             assert env.ran() == [("h", 10)]
-            assert await rt.get(Host, "o").run(
+            assert await inside(rt.get(Host, "o"),
                 lambda o: trio_value(o.lifecycle.store.rows())) == []
             errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
             assert len(errors) == 1 and "'g'" in errors[0] and "'gone'" in errors[0]
@@ -1135,7 +1166,7 @@ async def test_jobs_survive_eviction_and_run_on_time(
         async with nj.open_runtime(engine.location, env=env, idle_timeout=1) as rt:
             obj = rt.get(Host, "o")
             await obj.push("f", id="h", time=EPOCH + 100, payload="host")
-            await obj.run(lambda o: cap(o, "c").lifecycle.jobs.push(
+            await inside(obj, lambda o: cap(o, "c").lifecycle.jobs.push(
                 "f", id="c", time=EPOCH + 100.5, payload="cap"))
             await trio.sleep(5)
             assert rt.statistics().active_objects == 0  # evicted at +1
@@ -1159,7 +1190,7 @@ async def test_jobs_survive_a_restart_and_run_on_time(
             obj = rt.get(Host, "o")
             await obj.push("f", id="late", time=EPOCH + 100)
             await obj.push("f", id="soon", time=EPOCH + 20, payload={"n": 1})
-            await obj.run(lambda o: cap(o, "c").lifecycle.jobs.push(
+            await inside(obj, lambda o: cap(o, "c").lifecycle.jobs.push(
                 "f", id="c", time=EPOCH + 20))
         await trio.sleep(50)  # down while "soon" and "c" fall due
         assert env.runs == []
@@ -1344,7 +1375,7 @@ async def test_storage_set_alarm_is_refused_on_a_lifecycle_object(
                     o.ctx.storage.delete_alarm()
                 assert o.ctx.storage.get_alarm() == EPOCH + 50
 
-            await obj.run(meddle)
+            await inside(obj, meddle)
             assert alarm(rt) == 50
             await trio.sleep(100)
             assert env.ran() == [("j", 50)]
@@ -1374,7 +1405,7 @@ async def test_use_refuses_a_duplicate_id_and_use_after_start(
                     o.lifecycle.use(Cap("c", env))
                 assert list(o.lifecycle.capabilities) == ["a"]
 
-            await obj.run(check)
+            await inside(obj, check)
 
 
 async def test_capability_sees_only_its_own_jobs(autojump_clock: trio.testing.MockClock) -> None:
@@ -1397,7 +1428,7 @@ async def test_capability_sees_only_its_own_jobs(autojump_clock: trio.testing.Mo
                 assert cap(o, "b").lifecycle.jobs.get("b1") == b_job
                 assert (a_job.owner, b_job.owner, host_job.owner) == ("a", "b", "host")
 
-            await obj.run(check)
+            await inside(obj, check)
             await trio.sleep(50)
             assert [(owner, job, t) for owner, job, t, _, _ in env.runs] == [
                 ("a", "a2", 5), ("host", "h", 10), ("a", "a1", 20), ("b", "b1", 30),
@@ -1473,8 +1504,8 @@ async def test_push_in_a_transaction_commits_with_other_writes(
                     await o.lifecycle.jobs.push("f", id="a", time=EPOCH + 12)  # replace
                     await o.lifecycle.jobs.push("f", id="b", time=EPOCH + 11)
 
-            await obj.run(together)
-            assert await obj.run(lambda o: trio_value(o.ctx.storage.get("k"))) == 1
+            await inside(obj, together)
+            assert await inside(obj, lambda o: trio_value(o.ctx.storage.get("k"))) == 1
             assert [(j.id, j.time - EPOCH) for j in await obj.jobs()] == [("b", 11), ("a", 12)]
             assert alarm(rt) is not None and alarm(rt) <= 11  # type: ignore[operator]
             await trio.sleep(20)
@@ -1498,8 +1529,8 @@ async def test_rolled_back_transaction_leaves_no_job(
                     await o.lifecycle.jobs.push("g", id="keep", time=EPOCH + 20)
                     raise RuntimeError("abort")
 
-            await obj.run(rolled_back)
-            assert await obj.run(lambda o: trio_value(o.ctx.storage.get("k"))) is None
+            await inside(obj, rolled_back)
+            assert await inside(obj, lambda o: trio_value(o.ctx.storage.get("k"))) is None
             assert await obj.jobs() == [kept]
             await trio.sleep(100)
             # An early wake is harmless; nothing of the rolled-back pushes runs.
@@ -1513,7 +1544,7 @@ async def test_disable_alarms_keeps_the_jobs(autojump_clock: trio.testing.MockCl
         async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Host, "o")
             await obj.push("f", id="j", time=EPOCH + 10)
-            await obj.run(lambda o: o.lifecycle.disable_alarms())
+            await inside(obj, lambda o: o.lifecycle.disable_alarms())
             assert alarm(rt) is None
             await trio.sleep(50)
             assert env.runs == []
@@ -1542,7 +1573,7 @@ async def test_rolled_back_cancel_or_reschedule_keeps_the_alarm(
                         assert await o.lifecycle.jobs.reschedule("a", EPOCH + 80) is True
                     raise RuntimeError("abort")
 
-            await obj.run(rolled_back)
+            await inside(obj, rolled_back)
             assert [j.id for j in await obj.jobs()] == ["a", "b"]
             # The alarm is never above a pending job's time: a is still due at +10.
             assert alarm(rt) is not None and alarm(rt) <= 10  # type: ignore[operator]
@@ -1565,9 +1596,9 @@ async def test_dead_letter_requeue_runs_again_with_fresh_attempts(
                            retry=nj.RetryOptions(max_attempts=1))
             await trio.sleep(20)
             assert len(await obj.dead_letters()) == 1
-            job = await obj.run(lambda o: o.lifecycle.requeue("d"))
+            job = await inside(obj, lambda o: o.lifecycle.requeue("d"))
             assert (job.id, job.time, job.payload) == ("d", EPOCH + 20, "p")
-            assert await obj.run(lambda o: o.lifecycle.requeue("d")) is None
+            assert await inside(obj, lambda o: o.lifecycle.requeue("d")) is None
             assert await obj.dead_letters() == []
             await trio.sleep(10)
             assert [(t, a) for _, _, t, a, _ in env.runs] == [(10, 1), (20, 1)]

@@ -89,6 +89,9 @@ class Site:
     def fenced(self, namespace: str, object_id: str, reason: str | None = None) -> None:
         pass
 
+    def serves(self, namespace: str, class_path: str | None) -> bool:
+        return True
+
 
 async def test_a_serving_host_sweeps_a_dead_host_row(pg_dsn: str) -> None:
     # lease_ttl 0.3 s: a renewal every 0.1 s, a sweep every SWEEP_EVERY renewals (2 s),

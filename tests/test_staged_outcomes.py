@@ -10,6 +10,7 @@ import pytest
 import trio
 import trio.testing
 from conftest import EPOCH
+from held_calls import inside
 from test_lifecycle import HANG, Host, alarm, make_env
 
 import nursery_jobs as nj
@@ -86,7 +87,7 @@ async def test_rolled_back_exclusive_push_does_not_raise_the_alarm(
                                                 exclusive=True)
                     raise RuntimeError("abort")
 
-            await obj.run(rolled_back)
+            await inside(obj, rolled_back)
             assert [j.id for j in await obj.jobs()] == ["p"]
             assert alarm(rt) == 10
             await trio.sleep(100)
@@ -110,7 +111,7 @@ async def test_replacing_exclusive_job_in_transaction_lowers_the_alarm(
                 with o.ctx.storage.transaction():
                     await o.lifecycle.jobs.push("x", id="x", time=EPOCH + 10)
 
-            await obj.run(replace)
+            await inside(obj, replace)
             stored = await obj.get_job("x")
             assert stored is not None and not stored.exclusive and stored.time == EPOCH + 10
             assert alarm(rt) is not None and alarm(rt) <= 10

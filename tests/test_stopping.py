@@ -6,9 +6,11 @@ the next start, and the block exits normally."""
 from __future__ import annotations
 
 import os
+import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -102,3 +104,65 @@ def test_a_real_sigterm_during_a_long_job_exits_at_once_and_the_job_reruns(
     assert "start 1" in out and "done" in out, out
     assert "crash" not in err.lower(), err
     assert time.monotonic() - started < 10  # at once, not after a 30 s strike delay
+
+
+SIGNAL_WORKER = Path(__file__).with_name("signal_worker.py")
+
+
+class Lines:
+    """The stdout lines of a process, read by a thread: wait for one with a deadline."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.queue: queue.Queue[str] = queue.Queue()
+        assert proc.stdout is not None
+        stdout = proc.stdout
+        threading.Thread(target=lambda: [self.queue.put(line.strip()) for line in stdout],
+                         daemon=True).start()
+
+    def next(self, timeout: float) -> str:
+        try:
+            return self.queue.get(timeout=timeout)
+        except queue.Empty:
+            raise AssertionError(f"no line within {timeout} s") from None
+
+
+def test_ctrl_c_during_a_cpu_bound_job_is_no_strike_three_times_over(tmp_path: Path) -> None:
+    """Issue 22 #3: a KeyboardInterrupt that lands inside a CPU-bound job's code was a
+    crash strike for the job, and three Ctrl-Cs sealed a healthy job. A signal is never
+    the job's failure: no strike, no attempt used, the job runs again at once."""
+    data = str(tmp_path / "data")
+
+    def run(mode: str, seconds: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [sys.executable, str(SIGNAL_WORKER), data, mode, seconds],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+
+    for n in range(3):
+        proc = run("push" if n == 0 else "resume", "60")
+        lines = Lines(proc)
+        # At once: a strike would delay the job by 30 s (60 s after two).
+        assert sorted([lines.next(10), lines.next(10)]) == ["start 1", "up"]
+        time.sleep(0.2)  # deep in the spin
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=30)
+        assert proc.returncode == -signal.SIGINT, err
+        assert err.rstrip().endswith("KeyboardInterrupt"), err
+        assert "strike" not in err.lower() and "ExceptionGroup" not in err, err
+    last = run("resume", "0.2")
+    out, err = last.communicate(timeout=60)
+    assert last.returncode == 0, err
+    assert out.split("\n")[:4] == ["up", "start 1", "done", "dead 0"], out
+    assert "strike" not in err.lower(), err
+
+
+def test_system_exit_from_a_job_exits_with_its_status(tmp_path: Path) -> None:
+    """Issue 22 #3: ``SystemExit(3)`` raised by a job escaped as a nested exception
+    group, and the process exited 1."""
+    done = subprocess.run(
+        [sys.executable, str(SIGNAL_WORKER), str(tmp_path / "data"), "exit", "1"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 3, done.stderr
+    assert "ExceptionGroup" not in done.stderr, done.stderr
+    assert done.stdout.split() == ["up", "start", "1"], done.stdout

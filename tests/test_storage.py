@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import datetime as dt
 import sqlite3
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import sqlite_utils
+from held_calls import ByRef, inside, run_held
 
 import nursery_jobs as nj
 
@@ -20,8 +20,8 @@ class Box(nj.DurableObject):
 
     namespace = "tests.test_storage.Box"
 
-    async def run(self, fn: Callable[[nj.Storage], Any]) -> Any:
-        return fn(self.ctx.storage)
+    async def run(self, ref: ByRef) -> ByRef:
+        return await run_held(self.ctx.storage, ref)  # (fn(storage): see ``inside``)
 
 
 class Boom(Exception):
@@ -54,7 +54,7 @@ async def test_kv_get_put_delete() -> None:
             s.put("", "x")
 
     async with nj.open_runtime() as rt:
-        await rt.get(Box, "b").run(body)
+        await inside(rt.get(Box, "b"), body)
 
 
 async def test_kv_list_with_prefix() -> None:
@@ -75,7 +75,7 @@ async def test_kv_list_with_prefix() -> None:
         assert s.list("zzz") == {}
 
     async with nj.open_runtime() as rt:
-        await rt.get(Box, "b").run(body)
+        await inside(rt.get(Box, "b"), body)
 
 
 async def test_values_go_through_the_codec(tmp_path: Path) -> None:
@@ -99,10 +99,10 @@ async def test_values_go_through_the_codec(tmp_path: Path) -> None:
         return {key: s.get(key) for key in values}
 
     async with nj.open_runtime(tmp_path) as rt:
-        await rt.get(Box, "b").run(write)
+        await inside(rt.get(Box, "b"), write)
     # Read back in a fresh runtime, so the values come from disk.
     async with nj.open_runtime(tmp_path) as rt:
-        got = await rt.get(Box, "b").run(read)
+        got = await inside(rt.get(Box, "b"), read)
     assert got == values
     for key, value in values.items():
         assert type(got[key]) is type(value), key
@@ -119,7 +119,7 @@ async def test_unencodable_values_are_refused_before_writing() -> None:
         assert s.get("k") == "before"
 
     async with nj.open_runtime() as rt:
-        await rt.get(Box, "b").run(body)
+        await inside(rt.get(Box, "b"), body)
 
 
 async def test_transaction_commits_together(tmp_path: Path) -> None:
@@ -141,7 +141,7 @@ async def test_transaction_commits_together(tmp_path: Path) -> None:
         seen.append(s.conn.in_transaction)
 
     async with nj.open_runtime(tmp_path) as rt:
-        await rt.get(Box, "b").run(body)
+        await inside(rt.get(Box, "b"), body)
     assert seen == [True, False]
     reader = sqlite3.connect(object_db_path(tmp_path))
     try:
@@ -176,10 +176,10 @@ async def test_raising_transaction_rolls_everything_back(tmp_path: Path) -> None
 
     async with nj.open_runtime(tmp_path) as rt:
         box = rt.get(Box, "b")
-        await box.run(body)
-        assert await box.run(read) == ({"keep": "old"}, 0, False)
+        await inside(box, body)
+        assert await inside(box, read) == ({"keep": "old"}, 0, False)
     async with nj.open_runtime(tmp_path) as rt:
-        assert await rt.get(Box, "b").run(read) == ({"keep": "old"}, 0, False)
+        assert await inside(rt.get(Box, "b"), read) == ({"keep": "old"}, 0, False)
 
 
 async def test_nested_transaction_rolls_back_the_inner_only() -> None:
@@ -208,8 +208,8 @@ async def test_nested_transaction_rolls_back_the_inner_only() -> None:
 
     async with nj.open_runtime() as rt:
         box = rt.get(Box, "b")
-        await box.run(body)
-        assert await box.run(read) == ({"inner-ok": 5, "outer-1": 1, "outer-2": 4}, [1])
+        await inside(box, body)
+        assert await inside(box, read) == ({"inner-ok": 5, "outer-1": 1, "outer-2": 4}, [1])
 
 
 async def test_outer_rollback_discards_committed_inner_savepoints() -> None:
@@ -223,7 +223,7 @@ async def test_outer_rollback_discards_committed_inner_savepoints() -> None:
         return s.list()
 
     async with nj.open_runtime() as rt:
-        assert await rt.get(Box, "b").run(body) == {}
+        assert await inside(rt.get(Box, "b"), body) == {}
 
 
 async def test_execute_raw_sql_and_sqlite_utils_db() -> None:
@@ -245,10 +245,10 @@ async def test_execute_raw_sql_and_sqlite_utils_db() -> None:
 
     async with nj.open_runtime() as rt:
         box = rt.get(Box, "b")
-        assert await box.run(body) == (["c"], 36)
+        assert await inside(box, body) == (["c"], 36)
         # Raw SQL errors reach the caller as sqlite3 errors.
         with pytest.raises(sqlite3.OperationalError):
-            await box.run(lambda s: s.execute("SELECT * FROM no_such_table"))
+            await inside(box, lambda s: s.execute("SELECT * FROM no_such_table"))
 
 
 @pytest.mark.parametrize(("durability", "synchronous"), [("normal", 1), ("full", 2)])
@@ -261,9 +261,9 @@ async def test_durability(tmp_path: Path, durability: str, synchronous: int) -> 
         )
 
     async with nj.open_runtime(tmp_path, durability=durability) as rt:  # type: ignore[arg-type]
-        assert await rt.get(Box, "b").run(body) == (synchronous, "wal")
+        assert await inside(rt.get(Box, "b"), body) == (synchronous, "wal")
     async with nj.open_runtime(tmp_path, durability=durability) as rt:  # type: ignore[arg-type]
-        assert await rt.get(Box, "b").run(lambda s: s.get("k")) == durability
+        assert await inside(rt.get(Box, "b"), lambda s: s.get("k")) == durability
 
 
 async def test_bad_durability_is_refused(tmp_path: Path) -> None:

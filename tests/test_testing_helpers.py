@@ -195,3 +195,27 @@ def test_the_plugin_runs_nj_runtime_tests_under_autojump(pytester: pytest.Pytest
         "-o", "trio_mode=true", "-W", "error",
     )
     result.assert_outcomes(passed=1)
+
+
+def test_without_pytest_trio_the_fixture_names_the_test_extra_in_one_line(
+    pytester: pytest.Pytester,
+) -> None:
+    # pytest-trio disabled (as if not installed): the test fails at setup with one line
+    # that names the extra, not with pytest's "async fixture" or strict-marker noise.
+    pytester.makepyfile(textwrap.dedent("""
+        async def test_needs_the_runtime(nj_runtime):
+            raise AssertionError("never runs")
+
+        def test_a_plain_test_is_left_alone():
+            pass
+    """))
+    result = pytester.runpytest_subprocess(
+        "-p", "no:trio", "-p", "no:nursery_jobs", "-p", "nursery_jobs.testing",
+        "--strict-markers", "-W", "error",
+    )
+    result.assert_outcomes(passed=1, errors=1)
+    line = "nj_runtime needs pytest-trio: pip install 'nursery_jobs[test]'"
+    shown = [text for text in result.outlines if line in text]
+    assert shown, result.outlines
+    assert "never runs" not in result.stdout.str()
+    assert "Traceback" not in result.stdout.str()

@@ -11,6 +11,7 @@ import pytest
 import trio
 import trio.testing
 from conftest import EPOCH, engine
+from held_calls import ByRef, inside, run_held
 
 import nursery_jobs as nj
 
@@ -31,8 +32,8 @@ class Host(nj.DurableObject):
         self.env: dict[str, Any] = ctx.env
         self.lifecycle = nj.Lifecycle.install(self)
 
-    async def run(self, fn: Callable[[Host], Awaitable[Any]]) -> Any:
-        return await fn(self)
+    async def run(self, ref: ByRef) -> ByRef:
+        return await run_held(self, ref)  # (see ``inside``)
 
     async def on_job(self, ctx: nj.JobContext) -> Any:
         self.env["runs"].append((ctx.job.id, nj.now() - EPOCH, ctx.attempt))
@@ -54,7 +55,7 @@ async def test_an_outcome_never_lands_in_a_call_block_that_rolls_back(
     env: dict[str, Any] = {"runs": [], "h": job}
     async with nj.open_runtime(engine.location, env=env) as rt:
         obj = rt.get(Host, "o")
-        await obj.run(lambda o: _push(o, "J", delay=1))
+        await inside(obj, lambda o: _push(o, "J", delay=1))
         await trio.sleep(1.5)  # J runs (asleep)
 
         async def block(o: Host) -> None:
@@ -64,13 +65,13 @@ async def test_an_outcome_never_lands_in_a_call_block_that_rolls_back(
                 raise ValueError("the block rolls back")
 
         with pytest.raises(ValueError):
-            await obj.run(block)
+            await inside(obj, block)
         await trio.sleep(200)
 
         async def state(o: Host) -> Any:
             return o.ctx.storage.get("n"), o.lifecycle.jobs.list(), o.ctx.storage.get("x")
 
-        assert await obj.run(state) == (1, [], None)
+        assert await inside(obj, state) == (1, [], None)
     assert env["runs"] == [("J", 1, 1)]  # once: its outcome committed with its write
 
 
@@ -88,9 +89,9 @@ async def test_a_push_rolled_back_with_its_block_never_runs(
                 raise ValueError("roll back the push")
 
         with pytest.raises(ValueError):
-            await obj.run(block)
+            await inside(obj, block)
         await trio.sleep(10)
-        assert await obj.run(lambda o: _list(o)) == []
+        assert await inside(obj, lambda o: _list(o)) == []
     assert env["runs"] == []
 
 
@@ -112,16 +113,16 @@ async def test_a_failing_job_never_undoes_a_calls_push(
     env: dict[str, Any] = {"runs": [], "h": job}
     async with nj.open_runtime(engine.location, env=env) as rt:
         obj = rt.get(Host, "o")
-        await obj.run(lambda o: _push(o, "J", delay=1))
+        await inside(obj, lambda o: _push(o, "J", delay=1))
         await trio.sleep(1.5)
-        await obj.run(lambda o: _push(o, "X", fn="x", delay=1000, payload="from call"))
+        await inside(obj, lambda o: _push(o, "X", fn="x", delay=1000, payload="from call"))
 
         async def state(o: Host) -> Any:
             found = o.lifecycle.jobs.get("X")
             return None if found is None else found.payload, o.ctx.storage.get("a")
 
         await trio.sleep(5)
-        assert await obj.run(state) == ("from call", None)
+        assert await inside(obj, state) == ("from call", None)
 
 
 async def test_a_job_failing_while_a_call_block_is_open_counts_its_attempt(
@@ -136,7 +137,7 @@ async def test_a_job_failing_while_a_call_block_is_open_counts_its_attempt(
     retry = nj.RetryOptions(max_attempts=3, base_delay=1.0, jitter=False)
     async with nj.open_runtime(engine.location, env=env) as rt:
         obj = rt.get(Host, "o")
-        await obj.run(lambda o: _push(o, "J", delay=1, retry=retry))
+        await inside(obj, lambda o: _push(o, "J", delay=1, retry=retry))
         await trio.sleep(1.5)
 
         async def block(o: Host) -> None:
@@ -144,7 +145,7 @@ async def test_a_job_failing_while_a_call_block_is_open_counts_its_attempt(
                 o.ctx.storage.put("x", 1)
                 await trio.sleep(5)
 
-        await obj.run(block)
+        await inside(obj, block)
         await trio.sleep(50)
     # Attempt 1 failed at 3 and waited for the block (to 6.5); attempt 2 ran 1 s later.
     assert [(job_id, attempt) for job_id, _, attempt in env["runs"]] == [("J", 1), ("J", 2)]

@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 import attrs
 
-from nursery_jobs import _clock
+from nursery_jobs import _clock, _codec
 from nursery_jobs._capabilities._queue import Queue, QueueItem, call_callback
 from nursery_jobs._capabilities._scheduler import Missed, Schedule, Scheduler, When
 from nursery_jobs._core._object import DurableObject, ObjectContext
@@ -48,6 +48,10 @@ class TaskInfo:
     name: str
     attempt: int
 
+
+# (A stub call may return them.)
+_codec.register_record(TaskRecord, "TaskRecord")
+_codec.register_record(TaskInfo, "TaskInfo")
 
 # The task running in this Trio task (and the tasks it starts), with its Agent: a
 # context variable, so a call that another task makes meanwhile (an @interleave
@@ -208,7 +212,9 @@ class Agent(DurableObject):
     async def dequeue(self, id: str) -> bool:
         """Remove queued task ``id``; return whether it was queued. A scheduled task is
         left alone (``cancel_schedule`` removes either). A run in progress finishes,
-        but is neither retried nor dead-lettered. Checkpoints."""
+        but is neither retried nor dead-lettered — unless this is called where no turn
+        is held (an ``@nj.interleave`` method): then that run is cancelled at once, as
+        ``jobs.cancel`` does. Checkpoints."""
         return await self._task_queue.cancel(id)
 
     async def dequeue_all(self, method: str | None = None) -> int:

@@ -17,7 +17,7 @@ from typing import Any
 
 import attrs
 
-from nursery_jobs import _clock
+from nursery_jobs import _clock, _codec
 from nursery_jobs._errors import JobError, UnknownCallbackError, safe_repr
 from nursery_jobs._jobs._capability import CallbackCapability
 from nursery_jobs._jobs._records import MAX_PRIORITY, Job, JobContext, JobOutcome, check_job_id
@@ -56,6 +56,10 @@ class QueueDeadLetter:
     error: str
     attempts: int
     time: float
+
+
+_codec.register_record(QueueItem, "QueueItem")  # (a stub call may return it)
+_codec.register_record(QueueDeadLetter, "QueueDeadLetter")
 
 
 def item_of(job: Job, attempt: int = 0) -> QueueItem:

@@ -24,7 +24,7 @@ from typing import Any, Final, Literal
 import attrs
 from cronsim import CronSim, CronSimError
 
-from nursery_jobs import _clock
+from nursery_jobs import _clock, _codec
 from nursery_jobs._capabilities._queue import call_callback
 from nursery_jobs._codec import content_text
 from nursery_jobs._errors import JobError, UnknownCallbackError, safe_repr
@@ -79,6 +79,9 @@ class Schedule:
     retry: RetryOptions
     tz: str = DEFAULT_TZ
     missed: Missed = "coalesce"
+
+
+_codec.register_record(Schedule, "Schedule")  # (a stub call may return it)
 
 
 def schedule_of(job: Job) -> Schedule:
@@ -276,7 +279,7 @@ class Scheduler(CallbackCapability):
                 ``missed="skip"`` with a one-shot too); nothing is written.
             UnknownCallbackError: ``callback`` is not registered.
         """
-        now = _clock.now()
+        now = _clock.fresh_now()  # a delay counts from the wall clock as it is now
         missed = check_missed(missed)
         cron: str | None = None
         kind: Kind
@@ -346,7 +349,7 @@ class Scheduler(CallbackCapability):
             )
         interval = float(seconds)
         dedupe = True if idempotent is None else _check_idempotent(idempotent)
-        anchor = _clock.now()
+        anchor = _clock.fresh_now()
         return await self._upsert("interval", anchor + interval, callback, payload, id=id,
                                   retry=retry, dedupe=dedupe, cron=None, interval=interval,
                                   anchor=anchor, tz=DEFAULT_TZ, missed=missed)

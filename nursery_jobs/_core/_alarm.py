@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from nursery_jobs._core._host import Reset
     from nursery_jobs._core._metrics import Metrics
     from nursery_jobs._core._object import AlarmInfo
+    from nursery_jobs._core._tracing import Tracing
     from nursery_jobs._core._transactions import ObjectTransactions
     from nursery_jobs._core._turns import TurnGate
     from nursery_jobs._engines.base import Engine, FlightSlot, ObjectState
@@ -36,6 +37,18 @@ AlarmHandler = Callable[["AlarmInfo"], Awaitable[None]]
 
 # Due alarms fetched per timer pass, beyond those already in flight.
 _TIMER_BATCH: Final = 256
+
+
+class JobPermits(Protocol):
+    """The permits of a limited namespace (``_limits.NamespaceLimit``): taken before
+    each job runs, given back when its run ends; an object that finds none is parked
+    and its alarm delivered again when one comes free."""
+
+    def try_acquire(self, object_id: str) -> bool: ...
+
+    def release(self) -> None: ...
+
+    def park(self, object_id: str) -> None: ...
 
 
 class AlarmClaim(Protocol):
@@ -71,6 +84,10 @@ class AlarmClaim(Protocol):
     def probation(self) -> trio.Lock:
         """Held around work under suspicion of killing the process (one at a time)."""
 
+    @property
+    def limit(self) -> JobPermits | None:
+        """The permits of the object's namespace (None: it is not limited)."""
+
     def crash_tokens(self) -> list[tuple[str, float]]: ...
 
     def clear_crash_tokens(self) -> None: ...
@@ -95,6 +112,10 @@ class AlarmClaim(Protocol):
     @property
     def metrics(self) -> Metrics:
         """The runtime's counters (jobs run, their durations)."""
+
+    @property
+    def tracing(self) -> Tracing | None:
+        """The runtime's tracing (``open_runtime(tracing=...)``); None when it is off."""
 
     @property
     def ships(self) -> bool:
@@ -206,6 +227,7 @@ class Timer:
         self._deliver = deliver
         self._scope: trio.CancelScope | None = None
         self._target = math.inf
+        self._nursery: trio.Nursery | None = None
         self.inflight: set[Key] = set()
 
     def earliest_alarm(self) -> float:
@@ -222,8 +244,17 @@ class Timer:
         """Look at the index again now (an alarm may have changed behind our back)."""
         self.lowered(-math.inf)
 
+    def deliver_now(self, key: Key) -> None:
+        """Deliver ``key``'s alarm now, whatever its time in the index (a permit of
+        its namespace's limit came free). Does not checkpoint."""
+        if key in self.inflight or self._nursery is None:
+            return  # (a delivery in flight takes the permit, or hands it on at its end)
+        self.inflight.add(key)
+        self._nursery.start_soon(self._delivery, key)
+
     async def run(self, nursery: trio.Nursery) -> None:
         engine, inflight = self._engine, self.inflight
+        self._nursery = nursery
         while True:
             _clock.reanchor()  # every timer wake re-anchors the wall clock (DESIGN §2)
             now = _clock.now()

@@ -26,7 +26,7 @@ from nursery_jobs._core._metrics import Metrics
 from nursery_jobs._core._object import AlarmInfo, DurableObject, ObjectContext, class_path
 from nursery_jobs._core._storage import Storage
 from nursery_jobs._core._transactions import ObjectTransactions
-from nursery_jobs._core._turns import SlowTurns, TurnGate, method_turn
+from nursery_jobs._core._turns import SlowTurns, TurnGate, call_chain, method_turn
 from nursery_jobs._errors import (
     AlarmOwnedError,
     ObjectFencedError,
@@ -41,7 +41,9 @@ from nursery_jobs._events import EventBus
 from nursery_jobs._policy import LOCKED_RETRY, Backoff
 
 if TYPE_CHECKING:
+    from nursery_jobs._core._limits import JobLimits
     from nursery_jobs._core._runtime import Stub
+    from nursery_jobs._core._tracing import Tracing
     from nursery_jobs._engines.base import Engine, FlightSlot, ObjectState
 
 logger = logging.getLogger("nursery_jobs")
@@ -99,12 +101,17 @@ class HostSite(Protocol):
     dormancy: trio.Lock
     probation: trio.Lock
     slow_turns: SlowTurns
+    limits: JobLimits  # (open_runtime(limits=...))
+    tracing: Tracing | None  # open_runtime(tracing=...); None: off
 
     def get(self, cls: type[DurableObject], object_id: str) -> Stub: ...
     def host_closed(self, host: ObjectHost) -> None: ...
-    # A resident object's database was closed (it dozed) or opened again (it woke).
+    # A resident object's database was closed (it dozed), or is about to be opened (its
+    # activation or wake waits here while the open-file budget is spent).
     def database_closed(self, host: ObjectHost) -> None: ...
-    def database_opened(self, host: ObjectHost) -> None: ...
+    async def open_slot(self, host: ObjectHost, *, for_turn: bool = False) -> None: ...
+    # Its last work ended (an object waiting for the budget may take its file).
+    def host_idle(self, host: ObjectHost) -> None: ...
 
 
 class ObjectHost:
@@ -125,8 +132,10 @@ class ObjectHost:
         "error",
         "flight",
         "for_alarm",
+        "for_turn",
         "instance",
         "key",
+        "memory_mark",
         "namespace",
         "object_id",
         "phase",
@@ -141,7 +150,7 @@ class ObjectHost:
 
     def __init__(
         self, site: HostSite, cls: type[DurableObject], namespace: str, object_id: str, *,
-        for_alarm: bool,
+        for_alarm: bool, for_turn: bool = False,
     ) -> None:
         self.site = site
         self.cls = cls
@@ -149,6 +158,8 @@ class ObjectHost:
         self.object_id = object_id
         self.key = (namespace, object_id)
         self.for_alarm = for_alarm
+        # Activated by a task holding an object's turn (``Runtime.open_slot``).
+        self.for_turn = for_turn
         self.phase = Phase.STARTING
         self.ready = trio.Event()
         self.closed = trio.Event()
@@ -165,6 +176,8 @@ class ObjectHost:
         self._busy = 0
         self._destroy = False  # delete its data once its work ends (then it leaves)
         self._alarm_work = 0
+        # The memory sample before its current alarm work began (``_memory``).
+        self.memory_mark: float | None = None
         self.transactions: ObjectTransactions | None = None
         # One task changes the object at a time: calls, alarm runs and startup take turns.
         self.turns = TurnGate(self.label, slow=site.slow_turns, emit=self._turn_slow)
@@ -181,6 +194,7 @@ class ObjectHost:
         site = self.site
         start_error: Exception | None = None
         try:
+            await site.open_slot(self, for_turn=self.for_turn)
             try:
                 self.state = state = await site.engine.open_object(
                     self.namespace, self.object_id, class_path(self.cls)
@@ -333,14 +347,24 @@ class ObjectHost:
         attempt = 0
         # (The state is looked at again after each wait: a reset meanwhile closes it.)
         while state is not None and state is self.state and state.dormant:
+            # (Run by the task of the call or alarm run that wakes it.)
+            await self.site.open_slot(self, for_turn=bool(call_chain()))
+            if state is not self.state or not state.dormant:
+                continue  # (a reset closed it, or another task woke it meanwhile)
             try:
                 await state.wake()
-                self.site.database_opened(self)
                 break
             except StorageFaultError as exc:
+                self.site.database_closed(self)
                 delay = LOCKED_RETRY.delay(attempt) if exc.cause == "locked" else None
                 if delay is None:
                     raise
+            except BaseException:
+                # Cancelled (waiting for a close still in its thread): still dormant,
+                # it holds no file; counted as open it would stay so until it left.
+                if state is self.state and state.dormant:
+                    self.site.database_closed(self)
+                raise
             await trio.sleep(delay)
             attempt += 1
         else:
@@ -401,11 +425,14 @@ class ObjectHost:
             self._work_scopes.discard(scope)
             self._busy -= 1
             self._alarm_work -= alarm
+            if self._alarm_work == 0:
+                self.memory_mark = None
             if self._busy == 0:
                 if self._destroy:
                     self._leave("destroyed")
                 else:
                     self._idle_scope.deadline = self._idle_deadline()
+                    self.site.host_idle(self)
 
     def evict(self, reason: str = "evicted") -> None:
         """Ask an idle object to leave memory."""
@@ -588,6 +615,13 @@ class ObjectHost:
         self._idle_scope.deadline = math.inf
         try:
             self.ctx.nursery.start_soon(self._alarm_task, done)
+        except RuntimeError:
+            # Its nursery is closed to new arrivals: the object is going away (a task of
+            # it raised, a Ctrl-C among them) between the delivery and here. The alarm
+            # stays in the index for its next activation.
+            self._busy -= 1
+            await trio.lowlevel.checkpoint()
+            return
         except BaseException:
             self._busy -= 1
             raise

@@ -10,9 +10,10 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 if TYPE_CHECKING:
-    from nursery_jobs._core._alarm import ObjectAlarm
+    from nursery_jobs._core._alarm import JobPermits, ObjectAlarm
     from nursery_jobs._core._host import ObjectHost, Reset
     from nursery_jobs._core._metrics import Metrics
+    from nursery_jobs._core._tracing import Tracing
     from nursery_jobs._core._transactions import ObjectTransactions
     from nursery_jobs._core._turns import TurnGate
     from nursery_jobs._engines.base import FlightSlot
@@ -61,6 +62,10 @@ class HostClaim:
     def probation(self) -> trio.Lock:
         return self._host.site.probation
 
+    @property
+    def limit(self) -> JobPermits | None:
+        return self._host.site.limits.get(self._host.namespace)
+
     def crash_tokens(self) -> list[tuple[str, float]]:
         state = self._host.state
         return [] if state is None else state.crash_tokens()
@@ -89,6 +94,10 @@ class HostClaim:
     @property
     def metrics(self) -> Metrics:
         return self._host.site.metrics
+
+    @property
+    def tracing(self) -> Tracing | None:
+        return self._host.site.tracing
 
     @property
     def ships(self) -> bool:

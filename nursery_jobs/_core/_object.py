@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 
+from nursery_jobs import _codec
+
 if TYPE_CHECKING:
     import trio
 
@@ -32,6 +34,9 @@ class AlarmInfo:
 
     retry_count: int
     is_retry: bool
+
+
+_codec.register_record(AlarmInfo, "AlarmInfo")
 
 
 class DurableObject:

@@ -16,7 +16,7 @@ import signal
 import sqlite3
 import threading
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import ExitStack, asynccontextmanager
 from typing import Any, Final, Literal, Protocol
 
@@ -24,17 +24,21 @@ import attrs
 import psutil
 import trio
 
-from nursery_jobs import _clock
+from nursery_jobs import _clock, _codec
 from nursery_jobs._core._alarm import Key, Timer, retry_unreachable
 from nursery_jobs._core._host import ObjectHost, Phase
+from nursery_jobs._core._limits import JobLimits, check_limits
 from nursery_jobs._core._location import engine_for
+from nursery_jobs._core._memory import MemoryWatch
 from nursery_jobs._core._metrics import Metrics
 from nursery_jobs._core._object import DurableObject, resolve_namespace
 from nursery_jobs._core._stall import StallWatch
+from nursery_jobs._core._tracing import Tracing, tracing_for
 from nursery_jobs._core._turns import SlowTurns, adopt_chain, call_chain, forget_chain
 from nursery_jobs._engines.base import Engine
 from nursery_jobs._engines.files._catalog import check_object_id
 from nursery_jobs._errors import (
+    EngineError,
     ObjectFencedError,
     ObjectLeasedElsewhere,
     ObjectMoved,
@@ -43,7 +47,8 @@ from nursery_jobs._errors import (
     RuntimeClosedError,
     lone_interrupt,
 )
-from nursery_jobs._events import EventBus
+from nursery_jobs._events import Event, EventBus
+from nursery_jobs._policy import Limit
 
 logger = logging.getLogger("nursery_jobs")
 
@@ -55,12 +60,28 @@ _MAX_CONCURRENT_ALARMS: Final = 64
 MEMORY_CHECK_INTERVAL: Final = 0.1
 
 
-def default_max_active() -> int:
-    """How many objects may be resident by default: what the open-file limit allows."""
+# Open object databases kept by default when idle (``max_active=None``): an open one
+# holds ~220 KiB, nearly all of it SQLite's (page cache, lookaside; a dormant resident
+# object ~46 KiB, measured with /dev/shm, 2,000 objects). Bounded by the open-file limit
+# alone, 20,000 overdue objects peaked at 2.27 GiB with 9,872 resident (issue 22.8);
+# this bounds the idle ones at ~450 MiB whatever the limit. Busy objects are never held
+# back by it (only by the open-file limit, ``open_file_budget``).
+DEFAULT_OPEN_DATABASES: Final = 2048
+
+
+def open_file_budget() -> int:
+    """How many object databases may be open at once: what the open-file limit allows
+    (two descriptors each, a margin for everything else)."""
     soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:
         return 100_000
     return max(16, (soft - 256) // 2)
+
+
+def default_max_active() -> int:
+    """How many objects may stay resident (open, with dormancy on) when idle, by
+    default: the open-file budget, at most ``DEFAULT_OPEN_DATABASES``."""
+    return min(open_file_budget(), DEFAULT_OPEN_DATABASES)
 
 
 def process_rss() -> int:
@@ -77,6 +98,10 @@ class RuntimeStatistics:
     pending_alarms: int
     events_dropped: int
 
+
+# (A stub call may return them; Event lives beside the codec, which cannot import it.)
+_codec.register_record(RuntimeStatistics, "RuntimeStatistics")
+_codec.register_record(Event, "Event")
 
 _STUB_TOKEN: Final = object()  # what only Runtime.get passes
 
@@ -101,20 +126,42 @@ class Stub:
         return f"<Stub {self._ns}/{self._id!r}>"
 
     async def call(self, name: str, /, *args: Any, **kwargs: Any) -> Any:
-        """Call method ``name`` on the object, activating it if needed. Checkpoints."""
+        """Call method ``name`` on the object, activating it if needed. Checkpoints.
+
+        The arguments and the result are copied through the payload codec, on every
+        engine (a call that works on one works on all); exceptions the method raises
+        reach the caller as they are.
+
+        Raises:
+            CodecError: an argument (nothing ran) or the result cannot be encoded;
+                ``CallCodecError.part`` says which.
+        """
+        if args or kwargs:
+            copied, named = _codec.copy_arguments(args, kwargs, self._method(name))
+        else:
+            copied, named = args, kwargs
         for _ in range(2):
             try:
                 host = await self._rt._activate(self._cls, self._ns, self._id)
             except ObjectLeasedElsewhere as moved:  # hook(pg): another host holds it
+                # (It copies through the codec on its way: the original arguments go.)
                 return await moved.forward_call(self._cls, self._id, name, args, kwargs,
-                                                self.call, call_chain())
+                                                self.call, call_chain(),
+                                                self._rt.trace_context())  # (tracing)
             try:
-                return await host.call(name, args, kwargs)
+                result = await host.call(name, copied, named)
             except ObjectMoved as moved:
                 # (hook(pg)) This host's lease lapsed before the method ran: the object
                 # was dropped here; route the call again — once.
                 error = moved
+            else:
+                if result is None:
+                    return None
+                return _codec.copy_result(result, self._method(name))
         raise ObjectFencedError(f"{self._ns}/{self._id}: {error}") from error
+
+    def _method(self, name: str) -> str:
+        return f"{self._ns}/{self._id}.{name}()"
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
@@ -125,6 +172,19 @@ class Stub:
 
         remote.__name__ = name
         return remote
+
+
+class TracedStub(Stub):
+    """The stub of a runtime with tracing on: each call in a span (``Tracing.call_span``).
+    A class apart, so that a call without tracing pays nothing, not even a check."""
+
+    __slots__ = ()
+
+    async def call(self, name: str, /, *args: Any, **kwargs: Any) -> Any:
+        tracing = self._rt.tracing
+        assert tracing is not None
+        with tracing.call_span(self._ns, self._id, name):
+            return await super().call(name, *args, **kwargs)
 
 
 class Runtime:
@@ -142,8 +202,12 @@ class Runtime:
         memory_probe: Callable[[], float] | None = None,
         dormant_after: float | None = None,
         turn_warning: float = 10.0,
+        limits: dict[str, Limit] | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self.engine = engine
+        # open_runtime(tracing=...): spans for calls and job runs (None: off).
+        self.tracing = tracing
         self.slow_turns = SlowTurns(turn_warning)
         self.memory_limit = memory_limit
         self.memory_probe = memory_probe or process_rss
@@ -165,12 +229,28 @@ class Runtime:
         self._hosts: OrderedDict[Key, ObjectHost] = OrderedDict()
         # The hosts whose database is open (or opening), least recently used first.
         self._open: OrderedDict[Key, ObjectHost] = OrderedDict()
+        # Where objects' databases are files, how many may be open at once (whatever
+        # state their objects are in), and the activations and wakes waiting for one.
+        self._file_budget = open_file_budget() if engine.holds_files else None
+        self._files_freed = trio.lowlevel.ParkingLot()
         self._nursery: trio.Nursery | None = None
         self._limiter = trio.CapacityLimiter(_MAX_CONCURRENT_ALARMS)
         self._closing = False
         # Work under suspicion of killing the process runs one at a time (the
         # Lifecycle holds it around jobs with crash strikes).
         self.probation = trio.Lock()
+        # Permits per limited namespace (open_runtime(limits=...)); empty: no cost.
+        self.limits = JobLimits(limits or {}, self._wake_limited, self._start_soon)
+
+    def _wake_limited(self, namespace: str, object_id: str) -> None:
+        """A permit of the namespace's limit is reserved for a held object: deliver its
+        alarm now (its run takes the permit)."""
+        if not self._closing:
+            self.timer.deliver_now((namespace, object_id))
+
+    def _start_soon(self, fn: Callable[..., Any], *args: Any) -> None:
+        if self._nursery is not None and not self._closing:
+            self._nursery.start_soon(fn, *args)
 
     @property
     def path(self) -> Any:
@@ -183,7 +263,9 @@ class Runtime:
         checkpoint."""
         if not (isinstance(cls, type) and issubclass(cls, DurableObject)):
             raise TypeError(f"get() needs a DurableObject subclass, got {cls!r}")
-        return Stub(self, cls, check_object_id(object_id), _token=_STUB_TOKEN)
+        # (tracing) with tracing on, stubs whose calls make spans
+        stub = Stub if self.tracing is None else TracedStub
+        return stub(self, cls, check_object_id(object_id), _token=_STUB_TOKEN)
 
     def host_closed(self, host: ObjectHost) -> None:
         if self._hosts.get(host.key) is host:
@@ -193,10 +275,55 @@ class Runtime:
     def database_closed(self, host: ObjectHost) -> None:
         if self._open.get(host.key) is host:
             del self._open[host.key]
+            if self._files_freed:
+                self._files_freed.unpark()
 
-    def database_opened(self, host: ObjectHost) -> None:
-        self._open[host.key] = host
-        self._evict_over_limit()
+    async def open_slot(self, host: ObjectHost, *, for_turn: bool = False) -> None:
+        """Count ``host``'s database, about to open, as open. Where databases are
+        files, wait while the open-file budget is spent — asking idle objects to doze or
+        leave — rather than open one more (past it, opens fail with EMFILE and so does
+        the application's own ``open()``). Checkpoints.
+
+        ``for_turn``: the task that asks holds a turn of an object (a call or job of it
+        calls this one), whose own file stays open until this answers. Where no open
+        object can give a file up (every one is busy, maybe each waiting so), it opens
+        past the budget: waiting could never end (the margin for other descriptors
+        absorbs it). Activations by the timer or the application still wait."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        budget = self._file_budget
+        if budget is not None and host.key not in self._open:
+            while len(self._open) >= budget and host.phase is not Phase.CLOSED:
+                wanted = len(self._open) - budget + 1
+                if self._free_files(wanted) == wanted and for_turn:
+                    break  # nobody to ask: a deadlock if the busy ones wait for us
+                await self._files_freed.park()
+        # Counted with no checkpoint since the look at the count (those that wake at
+        # once must not all see the same free file).
+        if host.phase is not Phase.CLOSED:
+            self._open[host.key] = host
+            self._open.move_to_end(host.key)
+            self._evict_over_limit()
+        await trio.lowlevel.cancel_shielded_checkpoint()
+
+    def host_idle(self, host: ObjectHost) -> None:
+        if self._files_freed:  # someone waits for a file: an idle object gives one up
+            self._free_files(len(self._files_freed))
+
+    def _free_files(self, n: int) -> int:
+        """Ask up to ``n`` idle objects, least recently used first, to close their
+        databases: they doze (with dormancy on) or leave memory. One asked already
+        counts. Returns how many of the ``n`` no object could be asked for. Does not
+        checkpoint."""
+        for host in list(self._open.values()):
+            if n <= 0:
+                break
+            if host.doze_pending or host.leaving:
+                n -= 1
+            elif host.serving and not host.busy:
+                if self.dormant_after is None or not host.doze_now():
+                    host.evict("evicted: max_active (the open-file limit)")
+                n -= 1
+        return max(n, 0)
 
     async def _activate(
         self, cls: type[DurableObject], namespace: str, object_id: str, *,
@@ -211,10 +338,9 @@ class Runtime:
                 )
             host = self._hosts.get(key)
             if host is None:
-                host = ObjectHost(self, cls, namespace, object_id, for_alarm=for_alarm)
+                host = ObjectHost(self, cls, namespace, object_id, for_alarm=for_alarm,
+                                  for_turn=bool(call_chain()))
                 self._hosts[key] = host
-                self._open[key] = host
-                self._evict_over_limit()
                 try:
                     await self._nursery.start(host.run)
                 except BaseException as exc:
@@ -241,16 +367,7 @@ class Runtime:
         if self._bounds_open:
             # The open-file limit's bound, with dormancy on: past it the least recently
             # used idle objects doze at once (one that may not doze leaves memory).
-            excess = len(self._open) - self.max_active
-            for host in list(self._open.values()):
-                if excess <= 0:
-                    break
-                if host.doze_pending:
-                    excess -= 1
-                elif host.serving and not host.busy:
-                    if not host.doze_now():
-                        host.evict("evicted: max_active (the open-file limit)")
-                    excess -= 1
+            self._free_files(len(self._open) - self.max_active)
             return
         if self.max_active is None or len(self._hosts) <= self.max_active:
             return
@@ -330,7 +447,16 @@ class Runtime:
 
     async def run_call(
         self, namespace: str, object_id: str, name: str, args: tuple[Any, ...],
-        kwargs: dict[str, Any], chain: tuple[str, ...] = (),
+        kwargs: dict[str, Any], chain: tuple[str, ...] = (), trace: str | None = None,
+    ) -> Any:
+        if self.tracing is not None:  # a span here, a child of the caller's (tracing)
+            with self.tracing.served_call_span(namespace, object_id, name, trace):
+                return await self._run_call(namespace, object_id, name, args, kwargs, chain)
+        return await self._run_call(namespace, object_id, name, args, kwargs, chain)
+
+    async def _run_call(
+        self, namespace: str, object_id: str, name: str, args: tuple[Any, ...],
+        kwargs: dict[str, Any], chain: tuple[str, ...],
     ) -> Any:
         cls = resolve_namespace(namespace, self.engine.class_path(namespace))
         if cls is None:
@@ -342,6 +468,13 @@ class Runtime:
             return await host.call(name, args, kwargs)
         finally:
             forget_chain(token)
+
+    def serves(self, namespace: str, class_path: str | None) -> bool:
+        return resolve_namespace(namespace, class_path) is not None
+
+    def trace_context(self) -> str | None:
+        """The current span's context to carry with a forwarded call (None: untraced)."""
+        return None if self.tracing is None else self.tracing.push_context()
 
     def fenced(self, namespace: str, object_id: str, reason: str | None = None) -> None:
         host = self._hosts.get((namespace, object_id))
@@ -357,6 +490,14 @@ class Runtime:
     async def _deliver(self, key: Key) -> None:
         """Activate the object of a due alarm (if needed) and run its alarm."""
         namespace, object_id = key
+        try:
+            await self._activate_and_run(namespace, object_id)
+        finally:
+            if self.limits:
+                # A permit reserved for this object that its run did not take goes on.
+                self.limits.delivered(namespace, object_id)
+
+    async def _activate_and_run(self, namespace: str, object_id: str) -> None:
         async with self._limiter:
             cls = resolve_namespace(namespace, self.engine.class_path(namespace))
             if cls is None:
@@ -392,23 +533,13 @@ class Runtime:
                 stopping.cancel(reason=f"{name}: a graceful stop")
                 return
 
-    async def _memory_watchdog(self) -> None:
-        """Sample memory; over the limit, reset every object whose alarm work runs."""
-        assert self.memory_limit is not None
+    async def _memory_watchdog(self, watch: MemoryWatch) -> None:
+        """Sample memory; over the limit, reset the objects whose alarm work grew it
+        (``_memory.MemoryWatch``). Holds no host between samples: a reset object must
+        be free to leave memory."""
         while True:
             await trio.sleep(MEMORY_CHECK_INTERVAL)
-            used = self.memory_probe()
-            if used <= self.memory_limit:
-                continue
-            victims = [h for h in self._hosts.values()
-                       if h.serving and h.running_alarm_work]
-            if not victims:
-                continue
-            logger.error("memory %d > limit %d: resetting %d object(s) running alarm work",
-                         used, self.memory_limit, len(victims))
-            for host in victims:
-                host.reset(f"memory limit exceeded ({used:.0f} > {self.memory_limit})",
-                           memory=True)
+            watch.check(self._hosts.values())
 
     def _close(self) -> None:
         for host in list(self._hosts.values()):
@@ -432,14 +563,20 @@ async def open_runtime(
     lease_ttl: float | None = None,
     pool_size: int | None = None,
     turn_warning: float = 10.0,
+    limits: Mapping[str | type[DurableObject], Limit] | None = None,
     stop_on: Iterable[int] = (signal.SIGTERM,),
+    client_only: bool = False,
+    tracing: object = None,
 ) -> AsyncIterator[Runtime]:
     """Open a runtime on data directory ``path`` (None: everything in memory; or an
     ``Engine``). A ``scheme://`` address no engine serves raises ``EngineError``.
 
     With a ``postgresql://`` address this process is a host of that database's cluster
     (DESIGN section 9): ``lease_ttl`` (seconds, default 10) and ``pool_size`` (default 8)
-    go to its ``PostgresEngine``; they are refused for any other location.
+    go to its ``PostgresEngine``; they are refused for any other location. With
+    ``client_only=True`` (a ``postgresql://`` address only; ``EngineError`` naming it
+    elsewhere) the runtime holds no object and claims no alarm: every call is forwarded
+    to a host (``RpcError`` when none is running).
 
     Leaving the block stops the timer, cancels in-flight work and closes every
     database. Raises ``RuntimeLockedError`` if another runtime holds ``path``.
@@ -465,8 +602,22 @@ async def open_runtime(
     stop of its block: running jobs are cancelled, keep their attempts, get no crash
     strike and run again at once on the next start; then the block exits normally.
     ``stop_on=()`` leaves signals to the application.
+
+    ``limits={namespace or class: nj.Limit(concurrency=N, rate=(k, per_seconds))}``
+    bounds how many of that namespace's jobs run at once in this runtime, and how many
+    start in any ``per_seconds`` window (on PostgreSQL: per host). A held job stays due,
+    in order, and uses up no attempt; a held object waits in line holding nothing else
+    (no turn: calls to it do not wait; no alarm slot).
+
+    With ``tracing`` (an OpenTelemetry ``TracerProvider``; the ``otel`` extra), stub
+    calls and job runs make spans, and a push stores the current span's context with the
+    job, so its run links to the trace that asked for it. Raises ``TracingError`` (a
+    ``TypeError``) for a value that is no TracerProvider, ``MissingExtraError`` where
+    OpenTelemetry is not installed; nothing is opened then.
     """
     signals = _check_stop_on(stop_on)
+    checked_limits = check_limits(limits)
+    tracer = tracing_for(tracing)
     if (isinstance(turn_warning, bool) or not isinstance(turn_warning, (int, float))
             or math.isnan(turn_warning) or turn_warning <= 0):
         raise ValueError(f"turn_warning must be a number of seconds > 0, got {turn_warning!r}")
@@ -497,13 +648,23 @@ async def open_runtime(
         raise ValueError(f"max_active must be None or an int >= 1, got {max_active!r}")
     if durability not in _SYNCHRONOUS:
         raise ValueError(f"durability must be 'normal' or 'full', got {durability!r}")
-    cluster = {name: value for name, value in (("lease_ttl", lease_ttl),
-                                               ("pool_size", pool_size)) if value is not None}
+    if not isinstance(client_only, bool):
+        raise TypeError(f"client_only must be a bool, got {client_only!r}")
+    if client_only and not _is_postgres(path):
+        raise EngineError(
+            f"client_only=True needs a postgresql:// address (a client forwards every call"
+            f" to a host of that database), not {path!r}: a data directory or memory has"
+            " no other host to run its objects")
+    cluster: dict[str, Any] = {
+        name: value for name, value in (("lease_ttl", lease_ttl), ("pool_size", pool_size))
+        if value is not None}
+    if client_only:
+        cluster["client_only"] = True
     engine = engine_for(path, synchronous=_SYNCHRONOUS[durability], **cluster)
     rt = Runtime(engine, env=env, idle_timeout=float(idle_timeout), max_active=max_active,
                  durability=durability, memory_limit=memory_limit, memory_probe=memory_probe,
                  dormant_after=None if dormant_after is None else float(dormant_after),
-                 turn_warning=float(turn_warning))
+                 turn_warning=float(turn_warning), limits=checked_limits, tracing=tracer)
     engine.open(_clock.now())
     body_error: BaseException | None = None
     try:
@@ -516,7 +677,10 @@ async def open_runtime(
                 nursery.start_soon(StallWatch(rt.events).run)
                 nursery.start_soon(rt.slow_turns.run)
                 if memory_limit is not None:
-                    nursery.start_soon(rt._memory_watchdog)
+                    # (Its first sample now, before any task of the runtime has run.)
+                    watch = MemoryWatch(memory_limit, rt.memory_probe)
+                    watch.begin()
+                    nursery.start_soon(rt._memory_watchdog, watch)
                 stopping = trio.CancelScope()
                 try:
                     if http is not None:
@@ -552,6 +716,11 @@ async def open_runtime(
     finally:
         rt._closing = True
         rt._close()
+
+
+def _is_postgres(location: object) -> bool:
+    return isinstance(location, str) and location.partition("://")[0].lower() in (
+        "postgresql", "postgres")
 
 
 def _check_stop_on(stop_on: object) -> tuple[signal.Signals, ...]:

@@ -4,8 +4,9 @@ that calls ``time.sleep``, a CPU-bound loop) and names it (issue 10 #8).
 A task on the Trio side ticks every ``TICK`` seconds; a daemon thread checks that the
 tick is never more than ``STALL_THRESHOLD`` late. When it is, the thread looks at the
 Trio thread's stack (``sys._current_frames``) to name what holds it, and logs it, once
-per stall. When the loop runs again, the tick task emits ``runtime:stalled {seconds,
-object, job, where}`` on the Trio thread, where the event bus lives.
+per piece of work that holds it (two blocking jobs back to back are two stalls). When
+the loop runs again, the tick task emits ``runtime:stalled {seconds, object, job,
+where}`` for each, on the Trio thread, where the event bus lives.
 
 Why the stack and not a "what is running" slot that the Lifecycle fills in when a job
 starts: jobs interleave at ``await`` points, so the job that started last is often not
@@ -51,7 +52,8 @@ class StallWatch:
         # loads, atomic under the GIL. Times are time.monotonic(): the stall is real
         # time on this machine, not the runtime's (possibly virtual) clock.
         self._due = float("inf")  # when the tick task should next run
-        self._seen: tuple[float, Culprit] | None = None  # (due, culprit) of a stall
+        # (due, segments) of a stall: what held the loop, piece by piece.
+        self._seen: tuple[float, tuple[tuple[float, Culprit], ...]] | None = None
         self._stop = threading.Event()
         self._trio_thread = 0
 
@@ -78,37 +80,61 @@ class StallWatch:
             self._stop.set()
 
     def _report(self, due: float, late: float) -> None:
-        """On the Trio thread, once the loop runs again: emit the stall."""
+        """On the Trio thread, once the loop runs again: emit the stall, one event per
+        piece of work that held it (two blocking jobs back to back are two stalls, each
+        naming its own job, issue 22 #11)."""
         seen = self._seen
-        culprit = seen[1] if seen is not None and seen[0] == due else None
-        namespace, object_id, job, where = culprit or _NOBODY
-        if culprit is None:  # too short for the thread to see it: log it here
+        segments = seen[1] if seen is not None and seen[0] == due else ()
+        if not segments:  # too short for the thread to see it: log it here
             logger.warning("the Trio loop stalled for %.3f s", late)
+            self._emit(late, _NOBODY)
+            return
+        ends = [start for start, _ in segments[1:]] + [due + late]
+        spans = [(end - start, culprit)
+                 for (start, culprit), end in zip(segments, ends, strict=True)]
+        long_ones = [span for span in spans if span[0] > self._threshold]
+        # Pieces each shorter than a stall (the thread saw several jobs in turn) are
+        # one stall of their sum, named by the first.
+        for seconds, culprit in long_ones or [(late, segments[0][1])]:
+            self._emit(seconds, culprit)
+
+    def _emit(self, seconds: float, culprit: Culprit) -> None:
+        namespace, object_id, job, where = culprit
         self._events.emit(
-            "runtime:stalled", namespace or "", object_id or "", seconds=round(late, 3),
+            "runtime:stalled", namespace or "", object_id or "", seconds=round(seconds, 3),
             object=None if namespace is None else f"{namespace}/{object_id}", job=job,
             where=where,
         )
 
     # -- the thread ---------------------------------------------------------------------
     def _watch(self) -> None:
-        noticed = 0.0  # the due time of the stall already logged
+        stall = 0.0  # the due time of the stall being watched
+        # (start, culprit) of each piece of work seen holding the loop in this stall;
+        # a new piece starts when another object or job holds it.
+        segments: tuple[tuple[float, Culprit], ...] = ()
+        logged = 0  # how many of them were logged
         while not self._stop.wait(CHECK):
             due = self._due
-            late = time.monotonic() - due
-            if late <= self._threshold or due == noticed:
+            now = time.monotonic()
+            if now - due <= self._threshold:
                 continue
-            noticed = due
+            if due != stall:
+                stall, segments, logged = due, (), 0
             try:
                 culprit = self._culprit()
             except Exception:  # a stack in flux, a hostile __eq__: name nobody
                 culprit = _NOBODY
             if self._due != due:
                 continue  # the loop ran again meanwhile: the tick task reports it
-            self._seen = (due, culprit)
-            namespace, object_id, job, where = culprit
+            if not segments or segments[-1][1][:3] != culprit[:3]:
+                segments = (*segments, (due if not segments else now, culprit))
+                self._seen = (due, segments)
+            start, (namespace, object_id, job, where) = segments[-1]
+            if logged == len(segments) or now - start <= self._threshold:
+                continue
+            logged = len(segments)
             logger.warning(
-                "the Trio loop has not run for %.3f s: held by %s%s%s", late,
+                "the Trio loop has not run for %.3f s: held by %s%s%s", now - start,
                 "no object" if namespace is None else f"{namespace}/{object_id}",
                 "" if job is None else f", job {job!r}",
                 "" if where is None else f", at {where}",

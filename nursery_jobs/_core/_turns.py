@@ -22,6 +22,7 @@ import logging
 import math
 import os
 import secrets
+import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -146,8 +147,8 @@ class TurnGate:
     """The turns of one object: one writing turn, or any number of read turns, at a
     time; the rest wait in arrival order."""
 
-    __slots__ = ("_emit", "_label", "_readers", "_slow", "_waiters", "watched", "writer",
-                 "writer_task")
+    __slots__ = ("__weakref__", "_emit", "_label", "_readers", "_slow", "_waiters", "watched",
+                 "writer", "writer_task")
 
     def __init__(
         self, label: str, *, slow: SlowTurns | None = None,
@@ -346,11 +347,13 @@ class TurnGate:
 class SlowTurns:
     """The runtime's watch for turns held past ``turn_warning``: one task and one heap
     entry per object at most (no task per turn, and no turn kept alive by the watch
-    after it ends: a busy object's calls come and go by the ten thousand)."""
+    after it ends: a busy object's calls come and go by the ten thousand). The heap holds
+    gates weakly: an object that left memory (a memory reset must free it) is not kept
+    alive for ``turn_warning`` seconds by its watch."""
 
     def __init__(self, warning: float) -> None:
         self.warning = warning
-        self._heap: list[tuple[float, int, TurnGate]] = []
+        self._heap: list[tuple[float, int, weakref.ref[TurnGate]]] = []
         self._serial = itertools.count()
         self._scope: trio.CancelScope | None = None
 
@@ -361,7 +364,7 @@ class SlowTurns:
             return
         gate.watched = True
         due = since + self.warning
-        heapq.heappush(self._heap, (due, next(self._serial), gate))
+        heapq.heappush(self._heap, (due, next(self._serial), weakref.ref(gate)))
         scope = self._scope
         if scope is not None and due < scope.deadline:
             scope.deadline = due
@@ -373,7 +376,10 @@ class SlowTurns:
                 await trio.sleep_forever()
             now = trio.current_time()
             while heap and heap[0][0] <= now:
-                _, _, gate = heapq.heappop(heap)
+                _, _, ref = heapq.heappop(heap)
+                gate = ref()
+                if gate is None:
+                    continue  # its object left memory
                 gate.watched = False
                 next_look = gate.warn_slow(self.warning, now)
                 if next_look is not None:

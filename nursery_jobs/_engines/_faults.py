@@ -52,6 +52,7 @@ _NEARLY_FULL: Final = 64 * 1024
 _EXPLAIN: Final[dict[Cause, str]] = {
     "full": "the disk is full",
     "readonly": "the file or its directory is read-only",
+    "denied": "permission denied: this process may not write the file or its directory",
     "locked": "locked by another process (a backup, the sqlite3 shell, an unclosed"
               " connection)",
     "corrupt": "the file is damaged",
@@ -92,17 +93,25 @@ def fault_error(
 
 
 def _refine(cause: Cause, file: str) -> Cause:
-    """SQLite reports a read-only filesystem, or a full one, as an I/O error when it
-    cannot create a side file (``-wal``): ask the filesystem what it is."""
-    if cause not in ("io", "cantopen") or file in ("", ":memory:"):
+    """SQLite reports a read-only filesystem, a file or directory this process may not
+    write, or a full disk, as an I/O error or a failure to open when it cannot create a
+    side file (``-wal``), and a permission problem as a read-only database: ask the
+    filesystem what it is (a permission problem was named "disk I/O error", issue 22
+    #9)."""
+    if cause not in ("io", "cantopen", "readonly") or file in ("", ":memory:"):
         return cause
+    directory = os.path.dirname(file) or "."
     try:
-        stats = os.statvfs(os.path.dirname(file) or ".")
+        stats = os.statvfs(directory)
     except OSError:
         return cause
     if stats.f_flag & os.ST_RDONLY:
         return "readonly"
-    if stats.f_bavail * stats.f_frsize < _NEARLY_FULL:
+    if not os.access(directory, os.W_OK) or (
+        os.path.exists(file) and not os.access(file, os.W_OK)
+    ):
+        return "denied"
+    if cause != "readonly" and stats.f_bavail * stats.f_frsize < _NEARLY_FULL:
         return "full"
     return cause
 

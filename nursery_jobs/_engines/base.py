@@ -113,6 +113,11 @@ class Engine(Protocol):
     def label(self) -> str:
         """What to call this engine's data in messages: a path or an address."""
 
+    @property
+    def holds_files(self) -> bool:
+        """Whether an open object holds file descriptors (its database file and WAL):
+        the runtime then keeps open databases within the open-file limit."""
+
     def open(self, now: float) -> None:
         """Take the data (the directory lock), recover what a dead process left (its
         flight record becomes crash tokens, and their objects wake at ``now``)."""
@@ -170,13 +175,19 @@ class EngineSite(Protocol):
 
     async def run_call(
         self, namespace: str, object_id: str, name: str, args: tuple[Any, ...],
-        kwargs: dict[str, Any], chain: tuple[str, ...] = (),
+        kwargs: dict[str, Any], chain: tuple[str, ...] = (), trace: str | None = None,
     ) -> Any:
         """Run a call forwarded from another host on the object here, as a local stub
         call would (activating it if needed); its exception propagates. ``chain`` is the
         caller's call chain (the turns it holds, by id): a call back into one of them
-        re-enters it."""
+        re-enters it. ``trace`` is the caller's span context (W3C trace context as JSON),
+        the parent of the call's span here when tracing is on."""
 
     def fenced(self, namespace: str, object_id: str, reason: str | None = None) -> None:
         """Another host took the object over (or ``reason``, in words: why this host
         may no longer run it): cancel its scope and drop it, now."""
+
+    def serves(self, namespace: str, class_path: str | None) -> bool:
+        """Whether this runtime can resolve ``namespace`` to a class (its registry, or
+        ``class_path`` imported): an engine shared by hosts claims alarms of those
+        namespaces only."""

@@ -22,6 +22,8 @@ class MemoryEngine(CatalogEngine):
     """Everything in memory: for tests and throwaway runtimes. Object databases live
     as long as the engine, so an evicted object comes back with its data."""
 
+    holds_files = False  # (see Engine.holds_files)
+
     def __init__(self, *, synchronous: str) -> None:
         super().__init__()
         self._synchronous = synchronous

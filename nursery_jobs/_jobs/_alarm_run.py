@@ -19,7 +19,9 @@ from typing import TYPE_CHECKING, Any, Final
 import trio
 
 from nursery_jobs import _clock
-from nursery_jobs._errors import describe_error, safe_repr
+from nursery_jobs._core._limits import PARK_FOR
+from nursery_jobs._core._tracing import traced_run
+from nursery_jobs._errors import describe_error, from_signal, safe_repr
 from nursery_jobs._jobs._capability import Capability
 from nursery_jobs._jobs._records import (
     HOST,
@@ -31,6 +33,7 @@ from nursery_jobs._jobs._records import (
     completion_of,
     job_context,
 )
+from nursery_jobs._jobs._steering import CancelRequest, run_with_timeout
 from nursery_jobs._jobs._table import Cursor, JobRow
 
 if TYPE_CHECKING:
@@ -52,7 +55,8 @@ _START: Final[Cursor] = (-(2**31), -math.inf, -1)
 class AlarmRun:
     """One alarm run in progress: what ``track_alarm_work`` attaches work to."""
 
-    __slots__ = ("active", "epoch", "job", "lifecycle", "started", "time", "tracked")
+    __slots__ = ("active", "cancel", "epoch", "job", "lifecycle", "scope", "started", "time",
+                 "tracked")
 
     def __init__(self, lifecycle: Lifecycle) -> None:
         self.lifecycle = lifecycle
@@ -63,6 +67,10 @@ class AlarmRun:
         self.job: Job | None = None
         self.started = 0.0
         self.tracked = False
+        # The scope the jobs of this run are dispatched in (``jobs.cancel`` of the job
+        # running now cancels it), and that cancel.
+        self.scope: trio.CancelScope | None = None
+        self.cancel: CancelRequest | None = None
 
 
 current_run: contextvars.ContextVar[AlarmRun | None] = contextvars.ContextVar(
@@ -95,11 +103,19 @@ class AlarmRunner:
         self._claim = lifecycle.claim
         self._metrics = lifecycle.claim.metrics
         self._namespace = lifecycle.ctx.namespace
+        self._tracing = lifecycle.store.tracing  # (tracing) None: off
         self._turns = lifecycle.claim.turns
         self._rng = rng
         self._watch_scope: trio.CancelScope | None = None
         self._watch_job: Job | None = None
         self._watch_deadline = math.inf
+        # The permits of the object's namespace (None: not limited, no cost per job).
+        self._limit = lifecycle.claim.limit
+        self._object_id = lifecycle.ctx.id
+        # Owners whose backlog was warned of: warned once per backlog, not per alarm
+        # run (a drain of 100k jobs printed 4,793 warnings, issue 22 #10); again once an
+        # alarm run has found it cleared.
+        self._backlogged: set[str] = set()
 
     async def __call__(self, info: Any) -> None:
         lc, store = self._lc, self._store
@@ -115,8 +131,9 @@ class AlarmRunner:
                 now = _clock.now()
                 if store.has_due(now):
                     store.set_alarm(now + FALLBACK_ALARM)  # the backup alarm
+            held = False
             if not store.disabled:
-                await self._run_due(run, now)
+                held = await self._run_due(run, now)
             on_alarm = getattr(lc.host, "on_alarm", None)
             if on_alarm is not None:
                 await on_alarm()
@@ -131,6 +148,15 @@ class AlarmRunner:
                 # object wakes as soon as a runtime opens the path again.
                 store.rearm()
             raise
+        except (KeyboardInterrupt, SystemExit):
+            # The process stops: what is due stays due (the fallback alarm is 30 s out),
+            # so the next start runs it at once.
+            try:
+                store.rearm()
+            except Exception as exc:
+                logger.warning("the alarm of %s was not re-armed as the process stopped:"
+                               " %s", lc.label, describe_error(exc))
+            raise
         except Exception:
             store.flush()  # the jobs that completed stay completed
             if store.next_alarm_time() is None:
@@ -143,18 +169,75 @@ class AlarmRunner:
             self._unwatch()
         if not lc.tracked:
             lc.breaker.clear()  # a clean, quiescent alarm run
-        store.rearm()
+        if held:
+            self._park()
+        else:
+            store.rearm()
 
-    async def _run_due(self, run: AlarmRun, now: float) -> None:
+    def _park(self) -> None:
+        """A job found no permit of the namespace's limit: what is due stays due, the
+        object waits in line for a permit (which delivers its alarm again), and its
+        alarm is only a fallback meanwhile (a process death loses no wake-up)."""
+        assert self._limit is not None
         store = self._store
-        for owner, count in store.due_counts(now):
-            if count >= BACKLOG_WARNING:
+        store.flush()
+        fallback = store.next_alarm_time()
+        if fallback is not None:
+            store.set_alarm(max(fallback, _clock.now() + PARK_FOR))
+        self._limit.park(self._object_id)
+
+    async def _run_due(self, run: AlarmRun, now: float) -> bool:
+        """Run the due jobs; return True if a job was held by the namespace's limit
+        (the run stops there: what is due stays due, in order)."""
+        store = self._store
+        backlogged = {owner: count for owner, count in store.due_counts(now)
+                      if count >= BACKLOG_WARNING}
+        for owner, count in backlogged.items():
+            if owner not in self._backlogged:
                 self._lc.emit("job:backlog_warning", owner=owner, count=count,
-                              _log=(logging.WARNING, "%s: %d due jobs of %r in one alarm",
+                              _log=(logging.WARNING, "%s: %d due jobs of %r in one alarm"
+                                    " (warned once until the backlog clears)",
                                     (self._lc.label, count, owner)))
-        cursor = _START
+        self._backlogged = set(backlogged)
         ran: set[str] = set()
         readmitted: set[str] = set()
+        steering = self._lc.steering
+        steering.run = run
+        try:
+            while True:
+                # One scope per run, not per job (a scope costs a few µs, a dispatch
+                # ~10): a cancel of the running job ends the scope, and a new one
+                # carries the run on.
+                with trio.CancelScope() as run.scope:
+                    return await self._dispatch_due(run, now, ran, readmitted)
+                if run.cancel is not None:
+                    await self._end_cancelled(run, run.cancel)
+                now = _clock.now()
+        finally:
+            steering.run = run.scope = None
+            if run.cancel is not None:
+                run.cancel.decide(False)  # (the run ended another way: a shutdown, a fault)
+                run.cancel = None
+
+    async def _end_cancelled(self, run: AlarmRun, request: CancelRequest) -> None:
+        """``jobs.cancel`` ended the run of ``request.job`` (its writes were undone on the
+        way out): delete the job — no retry, no dead letter — commit, and tell the
+        canceller once that is durable."""
+        job = request.job
+        self._watch_job = None
+        self._store.delete_cancelled(job)
+        self._lc.emit("job:cancelled", id=job.id, owner=job.owner, fn=job.fn,
+                      _log=(logging.INFO, "job %r of %s: its run was cancelled (jobs.cancel)",
+                            (job.id, self._lc.label)))
+        await self._store.durable()
+        run.cancel = None
+        request.decide(True)
+
+    async def _dispatch_due(
+        self, run: AlarmRun, now: float, ran: set[str], readmitted: set[str]
+    ) -> bool:
+        store = self._store
+        cursor = _START
         # Each owner's handler, looked up once per run.
         handlers: dict[str, tuple[Any, Callable[..., Awaitable[Any]] | None]] = {}
         batch: list[JobRow] = []
@@ -173,7 +256,7 @@ class AlarmRunner:
                 batch = store.due_batch(now, cursor, _DUE_BATCH)
                 index, read_at = 0, store.version
                 if not batch:
-                    return
+                    return False
             row = batch[index]
             index += 1
             job = row.job
@@ -197,6 +280,10 @@ class AlarmRunner:
             if on_job is None:
                 self._drop(job)
                 superseded = False
+            elif self._limit is not None:
+                if not self._limit.try_acquire(self._object_id):
+                    return True  # held: no attempt used, nothing written
+                superseded = await self._with_permit(run, row, owner, on_job)
             elif row.crash_strikes:
                 superseded = await self._on_probation(run, row, owner, on_job)
             else:
@@ -215,6 +302,20 @@ class AlarmRunner:
                 await self._turns.hand_over("alarm run")
             elif dispatched % _CHECKPOINT_EVERY == 0:
                 await trio.lowlevel.checkpoint()
+        return False
+
+    async def _with_permit(
+        self, run: AlarmRun, row: JobRow, owner: Any, on_job: Callable[..., Awaitable[Any]]
+    ) -> bool:
+        """Run one job of a limited namespace under the permit it took; the permit goes
+        back when the run ends, however it ends."""
+        assert self._limit is not None
+        try:
+            if row.crash_strikes:
+                return await self._on_probation(run, row, owner, on_job)
+            return await self._run_job(run, row, owner, on_job)
+        finally:
+            self._limit.release()
 
     def _handler(self, owner_id: str) -> tuple[Any, Callable[..., Awaitable[Any]] | None]:
         if owner_id == HOST:
@@ -269,8 +370,18 @@ class AlarmRunner:
         run.job, run.started, run.tracked = job, started, False
         ctx = job_context(job, row.attempts + 1)
         self._watch(job, clock)
+        if self._tracing is not None:  # (tracing) the run in a span linked to its push
+            on_job = traced_run(self._tracing, self._namespace, self._lc.ctx.id, job.id,
+                                job.fn, job.owner, store.trace(row), on_job)
         try:
-            outcome = coerce_outcome(await on_job(ctx))
+            if job.timeout is None:
+                outcome = coerce_outcome(await on_job(ctx))
+            else:
+                outcome = coerce_outcome(await run_with_timeout(on_job, ctx, self._lc.label))
+            if run.cancel is not None:
+                # Cancelled (jobs.cancel), the job went on to the end: its run's scope
+                # raises the Cancelled here, and it is cancelled all the same.
+                await trio.lowlevel.checkpoint()
         except trio.Cancelled as exc:
             if trio.current_effective_deadline() != -math.inf:
                 # A Cancelled the job made itself, not a cancellation of its scope: the
@@ -289,11 +400,14 @@ class AlarmRunner:
             store.flush()
             await self._lc.memory_error(job, exc)
         except (KeyboardInterrupt, SystemExit) as exc:
-            # The job asked the process to stop: it may, once — with a crash strike for
-            # the job first, so a job that does it every time is sealed, never a loop.
             store.fail()
             store.flush()
-            self._lc.strike_job(job.id, started, why=f"it raised {type(exc).__name__}")
+            if not from_signal(exc):
+                # The job asked the process to stop: it may, once — with a crash strike
+                # for the job first, so a job that does it every time is sealed, never
+                # a loop. A Ctrl-C that landed in its code is no act of the job's: a
+                # stop, as a cancellation is (issue 22 #3).
+                self._lc.strike_job(job.id, started, why=f"it raised {type(exc).__name__}")
             raise
         except BaseExceptionGroup as group:
             if (group.split(trio.Cancelled)[1] is None
@@ -326,6 +440,11 @@ class AlarmRunner:
         self, run: AlarmRun, owner: Any, ctx: JobContext, error: BaseException, clock: float
     ) -> None:
         """What the job raised is its own failure: an attempt, a retry, a dead letter."""
+        if run.cancel is not None:
+            # Cancelled (jobs.cancel), the job raised something else on its way out: no
+            # attempt; its writes go, and its run's scope raises the Cancelled here.
+            self._store.fail()
+            await trio.lowlevel.checkpoint()
         self._watch_job = None
         self._metrics.job_ran(self._namespace, ctx.job.owner, run.time() - clock, False)
         self._store.fail()
@@ -337,7 +456,9 @@ class AlarmRunner:
         store, job, label = self._store, ctx.job, self._lc.label
         if store.superseded:
             return  # pushed, re-timed or cancelled during the run: that change wins
-        if ctx.attempt < job.retry.max_attempts:
+        if ctx.attempt < job.retry.max_attempts and not (
+            job.retry.give_up_on and job.retry.gives_up_on(error)
+        ):
             bound = job.retry.backoff_bound(ctx.attempt)
             delay = self._rng.uniform(0.0, bound) if job.retry.jitter else bound
             store.complete(job, Completion(kind="retry", kept=False,

@@ -26,6 +26,7 @@ from nursery_jobs._jobs._alarm_run import (
 )
 from nursery_jobs._jobs._capability import Capability
 from nursery_jobs._jobs._records import HOST, DeadLetter, Job, check_before, check_job_id
+from nursery_jobs._jobs._steering import Steering
 from nursery_jobs._jobs._store import DEFAULT_COMPLETION_GROUP, DEFAULT_DEAD_LETTER_LIMIT, JobStore
 from nursery_jobs._jobs._strikes import (
     MemoryBreaker,
@@ -89,7 +90,8 @@ class Lifecycle:
                               completion_group=completion_group,
                               dead_letter_limit=dead_letter_limit,
                               on_dropped=self._dead_letter_dropped)
-        self.jobs = jobs_view(self.store, HOST)
+        self.steering = Steering(self.store, self.claim.turns)
+        self.jobs = jobs_view(self.store, HOST, self.steering)
         self.breaker = MemoryBreaker(self.store, max_alarm_memory_limit_strikes, self.label,
                                      self.emit)
         self._runner = AlarmRunner(self, rng or _DEFAULT_RNG)
@@ -202,6 +204,56 @@ class Lifecycle:
         await trio.lowlevel.checkpoint()
         self.store.disable()
 
+    # -- pausing ----------------------------------------------------------------------
+    async def pause(self, owner: str | None = None) -> None:
+        """Pause the jobs of ``owner`` ("host" or a capability id; None: every owner),
+        durably: they stay due but do not run, nor wake the object, until ``resume``.
+        Pushes are still accepted. Emits ``object:paused`` if it was not paused.
+        Checkpoints.
+
+        Raises:
+            CapabilityError: ``owner`` is neither None, "host" nor an installed
+                capability's id (nothing is written).
+        """
+        await self._set_paused(self._check_owner(owner), True)
+
+    async def resume(self, owner: str | None = None) -> None:
+        """Resume the jobs of ``owner`` (None: lift every pause of the object, its own
+        and each owner's); what is due runs at once. A resumed owner's jobs stay held
+        while the whole object is paused. Emits ``object:resumed``. Checkpoints.
+
+        Raises:
+            CapabilityError: as ``pause``.
+        """
+        owner = self._check_owner(owner)
+        if owner is None:
+            for named in sorted(o for o in self.store.paused if o is not None):
+                await self._set_paused(named, False)
+        await self._set_paused(owner, False)
+
+    def paused(self) -> frozenset[str | None]:
+        """The paused owners; None among them: the whole object is paused. Does not
+        checkpoint."""
+        self.store.reading()
+        return self.store.paused
+
+    def _check_owner(self, owner: object) -> str | None:
+        if owner is None or owner == HOST or (
+            isinstance(owner, str) and owner in self._capabilities
+        ):
+            return owner  # type: ignore[return-value]
+        raise CapabilityError(
+            f"{self!r}: owner must be None (every owner), {HOST!r} or an installed"
+            f" capability's id ({', '.join(map(repr, self._capabilities)) or 'none'}),"
+            f" got {owner!r}"
+        )
+
+    async def _set_paused(self, owner: str | None, paused: bool) -> None:
+        await trio.lowlevel.checkpoint()
+        if self.store.set_paused(owner, paused):
+            await self.store.durable()
+            self.emit("object:paused" if paused else "object:resumed", owner=owner)
+
     # -- long work --------------------------------------------------------------------
     def track_alarm_work(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> bool:
         """Start ``fn(*args)`` in the object's nursery under the current alarm run.
@@ -243,7 +295,8 @@ class Lifecycle:
         try:
             with claim.working(alarm=True):
                 try:
-                    await fn(*args)
+                    with self.steering.work_scope(job):  # (a cancel of the job ends it)
+                        await fn(*args)
                 except trio.Cancelled:
                     # Work that hits the memory limit counts against the job that
                     # started it.

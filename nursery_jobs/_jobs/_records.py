@@ -11,11 +11,12 @@ from typing import Any, Final, Literal
 
 import attrs
 
-from nursery_jobs import _clock
+from nursery_jobs import _clock, _codec
 from nursery_jobs._errors import JobError, JobOwnershipError
 from nursery_jobs._policy import (
     DEFAULT_RETRY,
     RetryOptions,
+    is_finite,
 )
 
 HOST: Final = "host"
@@ -122,6 +123,12 @@ YIELD: Final = _Yield.YIELD
 """Outcome: the job stays due and the object wakes again at once (after other due jobs)."""
 
 JobOutcome = Reschedule | _Yield | None
+
+# Stub calls return these (DESIGN section 2: a call's result goes through the codec).
+# (RetryOptions is defined on the ground floor, beside the codec, which it cannot import.)
+for _record in (RetryOptions, Job, JobContext, DeadLetter, Reschedule):
+    _codec.register_record(_record, _record.__name__)
+del _record
 MAX_PRIORITY: Final = 1000
 
 # Column order of every SELECT that builds a JobRow.
@@ -220,6 +227,20 @@ def check_hung_timeout(value: object, *, job: str) -> float:
         math.isfinite(value) and value >= 0
     ):
         raise JobError(f"job {job!r}: hung_timeout must be a finite number >= 0, got {value!r}")
+    return float(value)
+
+
+def check_timeout(value: object, *, job: str) -> float | None:
+    """A run's ``timeout``: None, or a finite number of seconds > 0."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+        is_finite(value) and value > 0
+    ):
+        raise JobError(
+            f"job {job!r}: timeout must be a finite number of seconds > 0, or None; got"
+            f" {value!r}"
+        )
     return float(value)
 
 

@@ -41,7 +41,8 @@ class JobStore:
 
     __slots__ = (
         "_alarm", "_done", "_dropped", "completion_group", "conn", "dead_letter_limit",
-        "disabled", "running_id", "running_seq", "superseded", "table", "tx", "version",
+        "disabled", "paused", "running_id", "running_seq", "superseded", "table", "tracing",
+        "tx", "version",
     )
 
     def __init__(
@@ -55,6 +56,8 @@ class JobStore:
         transactions.staged = self.table  # finished jobs' deletes wait for the group
         transactions.blocks = self  # a rolled-back block's effects in memory go too
         self._alarm = alarm
+        # open_runtime(tracing=...): a push stores the current span's context (None: off).
+        self.tracing = alarm.tracing
         self.completion_group = completion_group
         self.dead_letter_limit = dead_letter_limit
         self._dropped = on_dropped
@@ -69,6 +72,14 @@ class JobStore:
         # Alarms disabled for good (``Lifecycle.disable_alarms``, durable): the alarm
         # is left alone. (Read when a rollback may have undone it: ``_reread``.)
         self.disabled = bool(self.table.meta(_ALARMS_DISABLED))
+        # Paused owners (None: the whole object), durable in nj_meta; read again, as
+        # ``disabled``, when a rollback may have undone a pause or resume.
+        self.paused: frozenset[str | None] = frozenset()
+        self._read_paused()
+
+    def _read_paused(self) -> None:
+        self.paused = paused = self.table.paused()
+        self.table.hold(paused)
 
     # -- the group transaction ------------------------------------------------------
     # A job's writes and its outcome commit together: the alarm run opens the group and
@@ -157,6 +168,7 @@ class JobStore:
         self.superseded = False
         self.version += 1
         self.disabled = bool(self.table.meta(_ALARMS_DISABLED))
+        self._read_paused()
 
     # -- storage.transaction() blocks (the ``BlockWatcher`` of ``_transactions``) --------
     def mark(self) -> tuple[str | None, bool]:
@@ -170,6 +182,7 @@ class JobStore:
             self.superseded = superseded
         self.version += 1
         self.disabled = bool(self.table.meta(_ALARMS_DISABLED))
+        self._read_paused()
 
     def writing(self) -> AbstractContextManager[None]:
         """``with store.writing():`` one transaction for the writes in the block — or,
@@ -215,6 +228,10 @@ class JobStore:
         """The alarm run's read: due rows after ``after`` in run order."""
         return self.table.next_due(now, after, limit)
 
+    def trace(self, row: JobRow) -> str | None:
+        """The pushing span's context stored with ``row``'s job (read with tracing on)."""
+        return self.table.trace(row.seq)
+
     def due_counts(self, now: float) -> list[tuple[str, int]]:
         return self.table.due_counts(now)
 
@@ -240,8 +257,10 @@ class JobStore:
                     raise ownership_error(job.owner, holder, job.id)
                 replaced = holder is not None
                 self._touch(job.id)
-            self._lower_alarm(job.time, job.exclusive, job.id)
-            self.table.upsert(job, payload_text)
+            self._lower_alarm(job.time, job.exclusive, job.id, job.owner)
+            tracing = self.tracing
+            self.table.upsert(job, payload_text,
+                              None if tracing is None else tracing.push_context())
         if replaced:
             stored = self.table.row(job.id)
             if stored is not None:
@@ -262,6 +281,16 @@ class JobStore:
             self.rearm()
         return deleted
 
+    def delete_cancelled(self, job: Job) -> bool:
+        """``jobs.cancel`` ended the run of ``job`` (the alarm run, which holds the turn,
+        deletes it for the canceller, which cannot take it): delete the job, committed
+        now. Its alarm is left to the run's end. Returns whether it was there."""
+        with self.writing():
+            deleted = self.table.delete(job.owner, job.id)
+            self._touch(job.id)
+        self.flush()
+        return deleted
+
     def reschedule(self, owner: str, job_id: str, when: float) -> bool:
         in_transaction = self.conn.in_transaction
         with self.writing():
@@ -269,7 +298,7 @@ class JobStore:
             if row is None or row.job.owner != owner:
                 return False
             self._touch(job_id)
-            self._lower_alarm(when, row.job.exclusive, job_id)
+            self._lower_alarm(when, row.job.exclusive, job_id, owner)
             self.table.retime(owner, job_id, when)
         if not in_transaction:  # as in cancel: never raise the alarm before a commit
             self.rearm()
@@ -295,11 +324,34 @@ class JobStore:
             self.table.unbury(owner, job_id)
             job = attrs.evolve(letter.job, time=_clock.now())
             self._touch(job_id)
-            self._lower_alarm(job.time, job.exclusive, job.id)
+            self._lower_alarm(job.time, job.exclusive, job.id, job.owner)
             text = encode_payload(job.payload)
-            self.table.upsert(job, text)
+            # (The requeue's own span, if any, asked for this run: the letter kept none.)
+            self.table.upsert(job, text,
+                              None if self.tracing is None else self.tracing.push_context())
 
         return job
+
+    def set_paused(self, owner: str | None, paused: bool) -> bool:
+        """Pause or resume the jobs of ``owner`` (None: the whole object); return
+        whether that changed anything. A pause may raise the alarm (after the commit);
+        a resume lowers it before the commit (an early wake is harmless, a lost one is
+        not)."""
+        in_transaction = self.conn.in_transaction
+        with self.writing():
+            changed = self.table.set_paused(owner, paused)
+            if not changed:
+                return False
+            self.version += 1  # an alarm run in progress reads the due rows again
+            self._read_paused()
+            if not paused and not self.disabled:
+                time = self.table.next_alarm_time(_clock.now())
+                current = self._alarm.get()
+                if time is not None and (current is None or time < current):
+                    self._alarm.set(time)
+        if paused and not in_transaction:
+            self.rearm()
+        return True
 
     # -- what the alarm run and the breaker write ------------------------------------
     def bury(
@@ -372,13 +424,15 @@ class JobStore:
             return cleared
 
     # -- the alarm --------------------------------------------------------------------
-    def _lower_alarm(self, time: float, exclusive: bool, job_id: str) -> None:
+    def _lower_alarm(self, time: float, exclusive: bool, job_id: str, owner: str) -> None:
         """Before a write commits: lower the alarm to ``time`` if it is later — never
         raise it (a rollback would leave a pending job behind a raised alarm). Raising
         it to an exclusive job's time is ``rearm``'s, after the commit."""
         if self.disabled:
             return
         current = self._alarm.get()
+        if self.paused and (self.table.all_held or owner in self.paused):
+            return  # a paused owner's job wakes nothing (its resume lowers the alarm)
         if current is not None and time >= current:
             return  # (most pushes of a batch: no query for exclusive jobs)
         if not exclusive and self.table.first_exclusive_time(excluding=job_id) is not None:

@@ -28,8 +28,8 @@ _ORDER = "priority DESC, time, seq"
 UPSERT: Final = (
     "INSERT INTO nj_jobs (id, owner, fn, time, payload, max_attempts, base_delay,"
     " max_delay, jitter, singleflight, hung_timeout, exclusive, recovery_loop,"
-    " created_at, priority, timeout, give_up_on)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " created_at, priority, timeout, give_up_on, trace)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
     " ON CONFLICT (id) DO UPDATE SET fn = excluded.fn, time = excluded.time,"
     " payload = excluded.payload, max_attempts = excluded.max_attempts,"
     " base_delay = excluded.base_delay, max_delay = excluded.max_delay,"
@@ -37,7 +37,8 @@ UPSERT: Final = (
     " singleflight = excluded.singleflight, hung_timeout = excluded.hung_timeout,"
     " exclusive = excluded.exclusive, recovery_loop = excluded.recovery_loop,"
     " priority = excluded.priority, timeout = excluded.timeout,"
-    " give_up_on = excluded.give_up_on, attempts = 0, running_since = NULL,"
+    " give_up_on = excluded.give_up_on, trace = excluded.trace, attempts = 0,"
+    " running_since = NULL,"
     " crash_strikes = 0"
     " WHERE owner = excluded.owner"
 )
@@ -47,6 +48,9 @@ DUE: Final = (
     " ORDER BY time, seq LIMIT ?"
 )
 Cursor = tuple[int, float, int]  # (-priority, time, seq) of the last row an alarm run read
+# The ``nj_meta`` rows of a pause: the whole object, or one owner (the key's tail).
+PAUSED_ALL: Final = "paused"
+PAUSED_PREFIX: Final = "paused:"
 _MAX_STAGED = 512  # staged deletes run at once past this many (SQLite's variable limit)
 
 
@@ -104,7 +108,8 @@ class JobTable:
     previous job's row); deletes run under it are staged again if it rolls back.
     """
 
-    __slots__ = ("_conn", "_finished", "_in_savepoint", "_staged_at")
+    __slots__ = ("_conn", "_finished", "_held", "_held_args", "_in_savepoint", "_staged_at",
+                 "all_held")
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn  # the schema is the engine's (``_schema.prepare``)
@@ -113,6 +118,19 @@ class JobTable:
         # While a job's savepoint is open: the deletes run under it (a rollback of the
         # savepoint undoes them, so they are staged again).
         self._in_savepoint: list[int] | None = None
+        # Paused owners (``hold``): their rows are left out of the due query and the
+        # alarm time. Empty (the usual case): the plain statements, no extra clause.
+        self._held = ""
+        self._held_args: tuple[str, ...] = ()
+        self.all_held = False
+
+    def hold(self, owners: frozenset[str | None]) -> None:
+        """Leave the jobs of ``owners`` (every job, with None among them) out of what
+        is due and of the alarm time, until the next ``hold``."""
+        self.all_held = None in owners
+        named = tuple(sorted(o for o in owners if o is not None))
+        self._held_args = named
+        self._held = f" AND owner NOT IN ({','.join('?' * len(named))})" if named else ""
 
     @property
     def conn(self) -> sqlite3.Connection:
@@ -184,6 +202,8 @@ class JobTable:
 
     def next_due(self, now: float, after: Cursor, limit: int = 1) -> list[JobRow]:
         """The first ``limit`` jobs due at ``now`` that come after ``after`` in run order."""
+        if self._held or self.all_held:
+            return self._next_due_held(now, after, limit)
         if self.conn.execute(
             "SELECT 1 FROM nj_jobs WHERE priority != 0 LIMIT 1"
         ).fetchone() is None:
@@ -202,14 +222,37 @@ class JobTable:
             )
         return [JobRow.from_sql(row) for row in cursor]
 
+    def _next_due_held(self, now: float, after: Cursor, limit: int) -> list[JobRow]:
+        """``next_due`` while some owners are paused: their rows are not due."""
+        if self.all_held:
+            return []
+        cursor = self.conn.execute(
+            f"SELECT {_COLUMNS} FROM nj_jobs WHERE time <= ?"
+            f" AND (-priority, time, seq) > (?, ?, ?){self._held} ORDER BY {_ORDER} LIMIT ?",
+            (now, after[0], after[1], after[2], *self._held_args, limit),
+        )
+        return [JobRow.from_sql(row) for row in cursor]
+
+    def trace(self, seq: int) -> str | None:
+        """The pushing span's context stored with job ``seq`` (tracing on). Read apart
+        from the due rows, so dispatch with tracing off reads no extra column; on the
+        raw connection, since staged deletes are of other (finished) jobs."""
+        row = self._conn.execute("SELECT trace FROM nj_jobs WHERE seq = ?", (seq,)).fetchone()
+        return None if row is None or not isinstance(row[0], str) else row[0]
+
     def due_counts(self, now: float) -> list[tuple[str, int]]:
+        if self.all_held:
+            return []
         return self.conn.execute(
-            "SELECT owner, COUNT(*) FROM nj_jobs WHERE time <= ? GROUP BY owner", (now,)
+            f"SELECT owner, COUNT(*) FROM nj_jobs WHERE time <= ?{self._held} GROUP BY owner",
+            (now, *self._held_args),
         ).fetchall()
 
     def has_due(self, now: float) -> bool:
+        if self.all_held:
+            return False
         return self.conn.execute(
-            "SELECT 1 FROM nj_jobs WHERE time <= ? LIMIT 1", (now,)
+            f"SELECT 1 FROM nj_jobs WHERE time <= ?{self._held} LIMIT 1", (now, *self._held_args)
         ).fetchone() is not None
 
     def running(self) -> list[JobRow]:
@@ -219,27 +262,34 @@ class JobTable:
         return [JobRow.from_sql(r) for r in cursor]
 
     def first_exclusive_time(self, excluding: str | None = None) -> float | None:
-        """The earliest exclusive job's time (leaving out job ``excluding``)."""
+        """The earliest exclusive job's time (leaving out job ``excluding``, and the jobs
+        of paused owners)."""
+        if self.all_held:
+            return None
         row = self.conn.execute(
-            "SELECT MIN(time) FROM nj_jobs WHERE exclusive = 1 AND id IS NOT ?", (excluding,)
+            f"SELECT MIN(time) FROM nj_jobs WHERE exclusive = 1 AND id IS NOT ?{self._held}",
+            (excluding, *self._held_args),
         ).fetchone()
         return None if row[0] is None else float(row[0])
 
     def next_alarm_time(self, now: float) -> float | None:
         """When the object must wake: the earliest exclusive job (unclamped) if any;
         else the earliest runnable job, where an in-flight single-flight job counts
-        from ``running_since + hung_timeout``."""
+        from ``running_since + hung_timeout``. The jobs of paused owners do not count."""
+        if self.all_held:
+            return None
         exclusive = self.first_exclusive_time()
         if exclusive is not None:
             return exclusive
+        held, args = self._held, self._held_args
         row = self.conn.execute(
-            "SELECT time FROM nj_jobs WHERE singleflight = 0 OR running_since IS NULL"
-            " ORDER BY time LIMIT 1"
+            "SELECT time FROM nj_jobs WHERE (singleflight = 0 OR running_since IS NULL)"
+            f"{held} ORDER BY time LIMIT 1", args
         ).fetchone()
         ready = None if row is None else float(row[0])
         row = self.conn.execute(
             "SELECT MIN(MAX(time, running_since + hung_timeout)) FROM nj_jobs"
-            " WHERE running_since IS NOT NULL AND singleflight = 1"
+            f" WHERE running_since IS NOT NULL AND singleflight = 1{held}", args
         ).fetchone()
         in_flight = None if row[0] is None else float(row[0])
         if ready is None:
@@ -247,16 +297,17 @@ class JobTable:
         return ready if in_flight is None else min(ready, in_flight)
 
     # -- writes ---------------------------------------------------------------------
-    def upsert(self, job: Job, payload_text: str | None) -> None:
+    def upsert(self, job: Job, payload_text: str | None, trace: str | None = None) -> None:
         """Insert ``job``, or replace the same owner's job of that id in place (it keeps
-        its push sequence and creation time; attempts, marker and strikes reset)."""
+        its push sequence and creation time; attempts, marker and strikes reset).
+        ``trace``: the pushing span's context (tracing on), the newest push's wins."""
         retry = job.retry
         self.conn.execute(
             UPSERT,
             (job.id, job.owner, job.fn, job.time, payload_text, retry.max_attempts,
              retry.base_delay, retry.max_delay, retry.jitter, job.singleflight, job.hung_timeout,
              job.exclusive, job.recovery_loop, job.created_at, job.priority, job.timeout,
-             json.dumps(retry.give_up_on) if retry.give_up_on else None),
+             json.dumps(retry.give_up_on) if retry.give_up_on else None, trace),
         )
 
     def delete(self, owner: str, job_id: str) -> bool:
@@ -406,6 +457,27 @@ class JobTable:
             " ON CONFLICT DO UPDATE SET value = excluded.value",
             (key, value),
         )
+
+    def paused(self) -> frozenset[str | None]:
+        """The owners whose jobs are paused (None: the whole object), from ``nj_meta``."""
+        rows = self.conn.execute(
+            "SELECT key FROM nj_meta WHERE key = ? OR substr(key, 1, ?) = ?",
+            (PAUSED_ALL, len(PAUSED_PREFIX), PAUSED_PREFIX),
+        ).fetchall()
+        return frozenset(None if key == PAUSED_ALL else key[len(PAUSED_PREFIX):]
+                         for (key,) in rows)
+
+    def set_paused(self, owner: str | None, paused: bool) -> bool:
+        """Pause or resume ``owner`` (None: the whole object); return whether it
+        changed."""
+        key = PAUSED_ALL if owner is None else PAUSED_PREFIX + owner
+        if paused:
+            cursor = self.conn.execute(
+                "INSERT INTO nj_meta (key, value) VALUES (?, 1) ON CONFLICT DO NOTHING", (key,)
+            )
+        else:
+            cursor = self.conn.execute("DELETE FROM nj_meta WHERE key = ?", (key,))
+        return cursor.rowcount > 0
 
 
 def _dead_letter(job: str, error: str, attempts: int, reason: str, time: float) -> DeadLetter:

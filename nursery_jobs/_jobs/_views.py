@@ -15,7 +15,7 @@ import trio
 
 from nursery_jobs import _clock
 from nursery_jobs._codec import encode_payload
-from nursery_jobs._errors import JobError
+from nursery_jobs._errors import CapabilityError, JobError
 from nursery_jobs._events import EventBus
 from nursery_jobs._jobs._records import (
     DeadLetter,
@@ -26,6 +26,7 @@ from nursery_jobs._jobs._records import (
     check_job_id,
     check_priority,
     check_retry,
+    check_timeout,
     checked_job,
     new_job_id,
     resolve_time,
@@ -34,6 +35,7 @@ from nursery_jobs._policy import RetryOptions
 
 if TYPE_CHECKING:
     from nursery_jobs._jobs._lifecycle import Lifecycle
+    from nursery_jobs._jobs._steering import Steering
     from nursery_jobs._jobs._store import JobStore
 
 _TOKEN = object()  # what only the Lifecycle passes: the views are not built by users
@@ -47,11 +49,16 @@ def _check_token(token: object, name: str) -> None:
 class Jobs:
     """``lifecycle.jobs``: push, cancel, reschedule and read the jobs of one owner."""
 
-    __slots__ = ("_store", "owner")
+    __slots__ = ("_steering", "_store", "owner")
 
-    def __init__(self, store: JobStore, owner: str, *, _token: object = None) -> None:
+    def __init__(
+        self, store: JobStore, owner: str, *, _token: object = None,
+        _steering: Steering | None = None,
+    ) -> None:
         _check_token(_token, "Jobs")
+        assert _steering is not None
         self._store = store
+        self._steering = _steering
         self.owner = owner
 
     def __repr__(self) -> str:
@@ -71,11 +78,14 @@ class Jobs:
         exclusive: bool = False,
         recovery_loop: bool = False,
         priority: int = 0,
+        timeout: float | None = None,  # noqa: ASYNC109 (the job's, stored: not this call's)
     ) -> Job:
         """Store a job; durable (committed, alarm lowered) when it returns.
 
         Pushing an id this owner already holds replaces that job in place. Among due
-        jobs a higher ``priority`` runs first. Checkpoints.
+        jobs a higher ``priority`` runs first. A run still going after ``timeout``
+        seconds is cancelled and fails with ``JobTimeoutError`` (an attempt, retried by
+        ``retry``). Checkpoints.
 
         Raises:
             JobOwnershipError: another owner holds ``id``.
@@ -83,29 +93,41 @@ class Jobs:
             CodecError: a payload that cannot be stored (nothing is written).
         """
         fn = check_fn(fn)
-        now = _clock.now()
+        # A relative delay counts from the wall clock as it is now (issue 22 #11).
+        now = _clock.now() if delay is None else _clock.fresh_now()
         job_id = new_job_id(now) if id is None else check_job_id(id)
         label = job_id if id is not None else f"fn={fn}"  # name what the caller gave
         when = resolve_time(time, delay, now, job=label)
         retry = check_retry(retry, job=label)
         hung_timeout = check_hung_timeout(hung_timeout, job=label)
         priority = check_priority(priority, job=label)
+        timeout = check_timeout(timeout, job=label)
         for name, flag in (("singleflight", singleflight), ("exclusive", exclusive),
                            ("recovery_loop", recovery_loop)):
             if not isinstance(flag, bool):
                 raise JobError(f"job {label!r}: {name} must be a bool, got {flag!r}")
         payload_text = encode_payload(payload)
         job = checked_job(job_id, self.owner, fn, when, payload, retry, singleflight,
-                          hung_timeout, exclusive, recovery_loop, now, priority)
+                          hung_timeout, exclusive, recovery_loop, now, priority, timeout)
         await self._checkpoint()
         job = self._store.push(job, payload_text, stable_id=id is not None)
         await self._store.durable()
         return job
 
     async def cancel(self, id: str) -> bool:
-        """Delete this owner's job ``id``; return whether it existed. Checkpoints."""
+        """Delete this owner's job ``id``; return whether it existed. Checkpoints.
+
+        Called where no turn of the object is held (an ``@nj.interleave`` method, a
+        background task), a run of the job in progress is cancelled at once, with the
+        tracked work it started, and the job deleted: no retry, no dead letter,
+        ``job:cancelled``; it returns once that is committed. Called inside a turn (a
+        stub call, the job itself), it waits for no run: a run in progress is its
+        caller's own, and its result is discarded.
+        """
         job_id = check_job_id(id)
         await self._checkpoint()
+        if not self._steering.holds_turn():
+            return await self._steering.cancel(self.owner, job_id)
         cancelled = self._store.cancel(self.owner, job_id)
         await self._store.durable()
         return cancelled
@@ -151,7 +173,8 @@ class CapabilityLifecycle:
         _check_token(_token, "CapabilityLifecycle")
         self._lifecycle = lifecycle
         self.capability_id = capability_id
-        self.jobs = Jobs(lifecycle.store, capability_id, _token=_TOKEN)
+        self.jobs = Jobs(lifecycle.store, capability_id, _token=_TOKEN,
+                         _steering=lifecycle.steering)
 
     def track_alarm_work(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> bool:
         """See ``Lifecycle.track_alarm_work``."""
@@ -186,9 +209,30 @@ class CapabilityLifecycle:
     async def rearm_alarm(self) -> None:
         await self._lifecycle.rearm_alarm()
 
+    async def pause(self, owner: str | None = None) -> None:
+        """Pause this capability's jobs (``owner``: None or this capability's id). See
+        ``Lifecycle.pause``."""
+        await self._lifecycle.pause(self._own(owner))
 
-def jobs_view(store: JobStore, owner: str) -> Jobs:
-    return Jobs(store, owner, _token=_TOKEN)
+    async def resume(self, owner: str | None = None) -> None:
+        """Resume this capability's jobs (``owner``: None or this capability's id)."""
+        await self._lifecycle.resume(self._own(owner))
+
+    def paused(self) -> frozenset[str | None]:
+        """See ``Lifecycle.paused`` (every paused owner of the object)."""
+        return self._lifecycle.paused()
+
+    def _own(self, owner: object) -> str:
+        if owner is None or owner == self.capability_id:
+            return self.capability_id
+        raise CapabilityError(
+            f"capability {self.capability_id!r} may pause or resume only its own jobs"
+            f" (owner None or {self.capability_id!r}), got owner {owner!r}"
+        )
+
+
+def jobs_view(store: JobStore, owner: str, steering: Steering) -> Jobs:
+    return Jobs(store, owner, _token=_TOKEN, _steering=steering)
 
 
 def capability_view(lifecycle: Lifecycle, capability_id: str) -> CapabilityLifecycle:

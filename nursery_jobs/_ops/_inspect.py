@@ -35,6 +35,7 @@ from nursery_jobs._errors import (
     RuntimeLockedError,
     UnknownObjectError,
 )
+from nursery_jobs._jobs._table import JobTable
 
 if TYPE_CHECKING:
     from nursery_jobs._core._runtime import Runtime
@@ -89,6 +90,9 @@ class JobInfo:
     exclusive: bool
     singleflight: bool
     payload: Any
+    timeout: float | None = None
+    """Seconds a run may last (``push(timeout=)``); None: no limit, or a table from
+    before the column."""
 
 
 @attrs.frozen(kw_only=True)
@@ -119,6 +123,8 @@ class ObjectSummary:
     max_attempts: int = 0
     dead_letters: int = 0
     breaker_strikes: int = 0
+    # Paused owners (``lifecycle.pause``); None among them: the whole object is paused.
+    paused: tuple[str | None, ...] = ()
 
 
 @attrs.frozen(kw_only=True)
@@ -406,13 +412,16 @@ def _count(conn: sqlite3.Connection, row: ObjectRow, state: State, now: float,
     if "nj_dead_letters" in tables:
         letters = conn.execute("SELECT COUNT(*) FROM nj_dead_letters").fetchone()[0]
     strikes = 0
+    paused: tuple[str | None, ...] = ()
     if "nj_meta" in tables:
         found = conn.execute("SELECT value FROM nj_meta WHERE key = ?", (STRIKES_KEY,)).fetchone()
         strikes = 0 if found is None else int(found[0])
+        # (JobTable.paused: the same rows, read without a Lifecycle)
+        paused = tuple(sorted(JobTable(conn).paused(), key=lambda o: (o is not None, o or "")))
     return ObjectSummary(
         row=row, state=state, lifecycle=True, jobs=int(jobs), due=int(due),
         running=int(running), max_attempts=int(attempts), dead_letters=int(letters),
-        breaker_strikes=strikes,
+        breaker_strikes=strikes, paused=paused,
     )
 
 
@@ -430,9 +439,10 @@ def _read_jobs(conn: sqlite3.Connection, limit: int | None,
     has_priority = "priority" in _columns(conn, "nj_jobs")
     priority = "priority" if has_priority else "NULL"
     order = "priority DESC, time, seq" if has_priority else "time, seq"
+    timeout = "timeout" if "timeout" in _columns(conn, "nj_jobs") else "NULL"
     cursor = conn.execute(
         f"SELECT id, owner, fn, time, {priority}, attempts, max_attempts, running_since,"
-        " crash_strikes, created_at, exclusive, singleflight, payload FROM nj_jobs"
+        f" crash_strikes, created_at, exclusive, singleflight, payload, {timeout} FROM nj_jobs"
         f" ORDER BY {order} LIMIT ?", (-1 if limit is None else limit,),
     )
     return [
@@ -442,9 +452,10 @@ def _read_jobs(conn: sqlite3.Connection, limit: int | None,
                 running=running_since is not None or id == running_id,
                 running_since=running_since, crash_strikes=int(strikes),
                 created_at=float(created), exclusive=bool(exclusive),
-                singleflight=bool(singleflight), payload=_payload(payload))
+                singleflight=bool(singleflight), payload=_payload(payload),
+                timeout=None if timeout is None else float(timeout))
         for (id, owner, fn, time, prio, attempts, max_attempts, running_since, strikes,
-             created, exclusive, singleflight, payload) in cursor
+             created, exclusive, singleflight, payload, timeout) in cursor
     ]
 
 

@@ -30,7 +30,7 @@ def job_json(job: JobInfo) -> dict[str, Any]:
         "priority": job.priority, "attempts": job.attempts, "max_attempts": job.max_attempts,
         "running": job.running, "running_since": job.running_since,
         "crash_strikes": job.crash_strikes, "created_at": job.created_at,
-        "exclusive": job.exclusive, "singleflight": job.singleflight,
+        "exclusive": job.exclusive, "singleflight": job.singleflight, "timeout": job.timeout,
         "payload": preview(job.payload),
     }
 
@@ -52,6 +52,7 @@ def summary_json(summary: ObjectSummary) -> dict[str, Any]:
         "counts": {"jobs": summary.jobs, "due": summary.due, "running": summary.running,
                    "dead_letters": summary.dead_letters},
         "max_attempts": summary.max_attempts, "breaker_strikes": summary.breaker_strikes,
+        "paused": list(summary.paused),
     }
 
 

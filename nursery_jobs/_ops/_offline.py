@@ -1,7 +1,8 @@
-"""The one operator write outside a runtime: requeue a dead letter, in a stopped data
-directory (under the data directory's lock) or in a PostgreSQL database (in one fenced
-transaction, on an object no live host holds). No runtime starts and no alarm runs;
-both engines build the job row with the same code, from the dead letter's record."""
+"""The operator writes outside a runtime: requeue a dead letter, pause or resume an
+object's jobs; in a stopped data directory (under the data directory's lock) or in a
+PostgreSQL database (in one fenced transaction, on an object no live host holds). No
+runtime starts and no alarm runs; both engines build the job row with the same code,
+from the dead letter's record."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from nursery_jobs._errors import (
     UnknownObjectError,
 )
 from nursery_jobs._jobs._records import ownership_error
+from nursery_jobs._jobs._table import PAUSED_ALL, PAUSED_PREFIX
 from nursery_jobs._ops._inspect import _tables, refuse_if_running
 
 if TYPE_CHECKING:
@@ -289,6 +291,145 @@ def requeue_postgres(
         except psycopg.Error as exc:
             raise StorageError(f"cannot requeue in PostgreSQL {label}: {exc};"
                                " nothing was written") from exc
+    if done is None:
+        raise UnknownObjectError(f"no object {namespace}/{object_id} in {label}")
+    if isinstance(done, pg_ops.Held):
+        raise ObjectHeldError(namespace, object_id, done.owner, done.seconds_left)
+    return done.result
+
+
+# -- pause and resume -----------------------------------------------------------------
+@attrs.frozen(kw_only=True)
+class PauseChanged:
+    """What ``pause_offline`` / ``pause_postgres`` did: ``owner`` None is the whole
+    object; ``changed`` False: it was already so."""
+
+    namespace: str
+    object_id: str
+    owner: str | None
+    paused: bool
+    changed: bool
+
+
+def _pause_in(db: sqlite3.Connection, owner: str | None, paused: bool) -> tuple[bool, bool]:
+    """Write the pause row (``nj_meta``, as ``JobTable.set_paused`` does); return
+    (changed, whether the object has jobs: a resume must wake it)."""
+    key = PAUSED_ALL if owner is None else PAUSED_PREFIX + owner
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        db.execute("CREATE TABLE IF NOT EXISTS nj_meta (key TEXT PRIMARY KEY, value)"
+                   " WITHOUT ROWID")
+        if paused:
+            cursor = db.execute(
+                "INSERT INTO nj_meta (key, value) VALUES (?, 1) ON CONFLICT DO NOTHING", (key,))
+        elif owner is None:  # (as ``lifecycle.resume(None)``: every pause of the object)
+            cursor = db.execute(
+                "DELETE FROM nj_meta WHERE key = ? OR substr(key, 1, ?) = ?",
+                (PAUSED_ALL, len(PAUSED_PREFIX), PAUSED_PREFIX))
+        else:
+            cursor = db.execute("DELETE FROM nj_meta WHERE key = ?", (key,))
+        changed = cursor.rowcount > 0
+        has_jobs = "nj_jobs" in _tables(db) and db.execute(
+            "SELECT 1 FROM nj_jobs LIMIT 1").fetchone() is not None
+    except BaseException:
+        if db.in_transaction:
+            db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
+    return changed, has_jobs
+
+
+def pause_offline(
+    data: str | os.PathLike[str], namespace: str, object_id: str, *, owner: str | None,
+    paused: bool, now: float,
+) -> PauseChanged:
+    """Pause (``paused``) or resume the jobs of ``owner`` (None: the whole object; a
+    resume of None lifts every pause, as ``lifecycle.resume(None)``) of an object in a
+    stopped data directory. A resume lowers the object's alarm to ``now``
+    (an early wake is harmless: the next runtime runs what is due and re-arms). Runs no
+    alarm and no user code; blocks.
+
+    Raises:
+        RuntimeLockedError: a runtime holds the data directory.
+        DataDirectoryError, UnknownObjectError: no such directory or object.
+    """
+    data = Path(data)
+    if not (data / "catalog.sqlite3").is_file():
+        raise DataDirectoryError(f"{data} is not a nursery_jobs data directory"
+                                 " (no catalog.sqlite3)")
+    with _runtime_lock(data):
+        with _translated(f"the catalog of {data}"):
+            catalog = _writable(data / "catalog.sqlite3")
+        try:
+            with _translated(f"the catalog of {data}"):
+                row = catalog.execute(
+                    "SELECT file FROM nj_objects WHERE namespace = ? AND object_id = ?",
+                    (namespace, object_id),
+                ).fetchone()
+            if row is None:
+                raise UnknownObjectError(f"no object {namespace}/{object_id} in {data}")
+            path = data / "objects" / str(row[0])
+            if not path.exists():
+                raise UnknownObjectError(
+                    f"the database of {namespace}/{object_id} ({path.name}) is missing"
+                )
+            with _translated(f"the database of {namespace}/{object_id}"):
+                db = _writable(path)
+            try:
+                with _translated(f"the database of {namespace}/{object_id}"):
+                    if not paused:  # lowered before the row commits, as requeue does
+                        _lower_catalog_alarm(catalog, namespace, object_id, now)
+                    changed, _ = _pause_in(db, owner, paused)
+            finally:
+                db.close()
+        finally:
+            catalog.close()
+    return PauseChanged(namespace=namespace, object_id=object_id, owner=owner, paused=paused,
+                        changed=changed)
+
+
+def _lower_catalog_alarm(
+    catalog: sqlite3.Connection, namespace: str, object_id: str, now: float
+) -> None:
+    catalog.execute(
+        "INSERT INTO nj_alarms (namespace, object_id, time, retry) VALUES (?, ?, ?, 0)"
+        " ON CONFLICT DO UPDATE SET time = excluded.time, retry = 0"
+        " WHERE excluded.time < time",
+        (namespace, object_id, now),
+    )
+
+
+def pause_postgres(
+    dsn: str, namespace: str, object_id: str, *, owner: str | None, paused: bool, now: float,
+) -> PauseChanged:
+    """``pause_offline`` on a PostgreSQL engine's database: only on an object no live
+    host holds (see ``requeue_postgres``); a resume lowers its alarm to ``now`` (hosts
+    are notified). Blocks.
+
+    Raises:
+        ObjectHeldError: a live host leases the object (nothing was written).
+        UnknownObjectError, DataDirectoryError, StorageError: as ``requeue_postgres``.
+    """
+    from nursery_jobs._engines.postgres import _ops as pg_ops
+    from nursery_jobs._ops._inspect_pg import PgReader, address_label, connect_driver
+
+    label = address_label(dsn)
+    psycopg, conn = connect_driver(dsn, label)
+
+    def edit(copy: sqlite3.Connection) -> Edit[PauseChanged]:
+        changed, has_jobs = _pause_in(copy, owner, paused)
+        return pg_ops.Edit(
+            PauseChanged(namespace=namespace, object_id=object_id, owner=owner, paused=paused,
+                         changed=changed),
+            alarm=now if changed and not paused and has_jobs else None)
+
+    with conn:
+        try:
+            PgReader(conn, label=label, live=False).check_schema()
+            done = pg_ops.edit_unheld(conn, namespace, object_id, edit)
+        except psycopg.Error as exc:
+            raise StorageError(f"cannot change the pause of {namespace}/{object_id} in"
+                               f" PostgreSQL {label}: {exc}; nothing was written") from exc
     if done is None:
         raise UnknownObjectError(f"no object {namespace}/{object_id} in {label}")
     if isinstance(done, pg_ops.Held):

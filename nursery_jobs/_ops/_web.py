@@ -65,6 +65,7 @@ from nursery_jobs._ops._web_html import (
     _state_badge,
     esc,
     page,
+    paused_badge,
     svg_chart,
     when,
 )
@@ -514,6 +515,7 @@ class _View:
             dead = (f'<span class="badge b-dead">{s.dead_letters}</span>'
                     if s.dead_letters else "0")
             problem = f'<div class="err">{esc(s.problem)}</div>' if s.problem else ""
+            problem += paused_badge(s.paused)
             retry = (f' <span class="muted">(retry {row.alarm_retry})</span>'
                      if row.alarm_retry else "")
             body.append(
@@ -603,7 +605,8 @@ class _View:
         flash = ""
         if query.get("done"):
             flash = f'<div class="flash">{esc(query["done"])}</div>'
-        facts = [("state", _state_badge(s.state)), ("alarm", when(row.alarm, now)),
+        state = _state_badge(s.state) + paused_badge(s.paused)
+        facts = [("state", state), ("alarm", when(row.alarm, now)),
                  ("alarm retries", str(row.alarm_retry)), ("jobs", str(s.jobs)),
                  ("due", str(s.due)), ("running", str(s.running)),
                  ("dead letters", str(s.dead_letters)),
@@ -619,6 +622,8 @@ class _View:
         for job in detail.jobs:
             flags = " ".join(f'<span class="badge">{name}</span>'
                              for name in ("exclusive", "singleflight") if getattr(job, name))
+            if job.timeout is not None:
+                flags += f' <span class="badge">timeout {job.timeout:g} s</span>'
             if job.running:
                 flags += ' <span class="badge b-active">running</span>'
             if job.crash_strikes:

@@ -128,6 +128,14 @@ def page(title: str, source: DataSource, now: float, body: str, *,
     )
 
 
+def paused_badge(paused: tuple[str | None, ...]) -> str:
+    """A "paused" badge for an object whose jobs (or some owners' jobs) are paused."""
+    if not paused:
+        return ""
+    owners = "" if None in paused else ": " + ", ".join(str(o) for o in paused)
+    return f' <span class="badge b-due">paused{esc(owners)}</span>'
+
+
 def _state_badge(state: str) -> str:
     return f'<span class="badge b-{state.replace(" ", "-")}">{esc(state)}</span>'
 

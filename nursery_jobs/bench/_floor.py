@@ -45,7 +45,7 @@ def _rows(n: int, now: float, delay: float) -> list[tuple[object, ...]]:
     retry = DEFAULT_RETRY
     return [(f"{int(now * 1e6) + i:014x}000000benchtag", "host", "noop", now + delay + i * 1e-6,
              encode_payload(i), retry.max_attempts, retry.base_delay, retry.max_delay,
-             retry.jitter, False, 30.0, False, False, now, 0, None, None) for i in range(n)]
+             retry.jitter, False, 30.0, False, False, now, 0, None, None, None) for i in range(n)]
 
 
 def floors(directory: Path, n: int, durability: str) -> dict[str, float]:

@@ -232,6 +232,18 @@ def peers_available() -> list[str]:
     return [p for p in PEERS if importlib.util.find_spec(modules[p]) is not None]
 
 
+def peers_note() -> str | None:
+    """One line naming the peers that are not installed, and the extra that brings them;
+    None when every peer is there."""
+    missing = [p for p in PEERS if p not in peers_available()]
+    if not missing:
+        return None
+    extra = "pip install 'nursery_jobs[bench]'"
+    if len(missing) == len(PEERS):
+        return f"no peer installed: {extra}"
+    return f"not measured, not installed: {', '.join(missing)}: {extra}"
+
+
 # -- the report -----------------------------------------------------------------------------
 def run(n: int, directory: Path | None, with_peers: bool, progress_enabled: bool) -> dict[str, Any]:
     available = peers_available() if with_peers else []
@@ -250,8 +262,9 @@ def run(n: int, directory: Path | None, with_peers: bool, progress_enabled: bool
             # its own settings): one run each, at its durable settings.
             report["peers"][name] = peer(name, tmp, min(n, PEER_N[name]), "full")
             progress.step(f"peer {name}")
-        if with_peers and not available:
-            report["peers_note"] = "no peer installed: pip install -e '.[bench]'"
+        note = peers_note() if with_peers else None
+        if note is not None:
+            report["peers_note"] = note
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return report
@@ -330,7 +343,7 @@ def render(report: dict[str, Any]) -> str:
             if result.get("settings"):
                 notes.append(f"settings: {result['settings']}")
             lines += [f"    {note}" for note in notes]
-    elif report.get("peers_note"):
+    if report.get("peers_note"):
         lines += ["", report["peers_note"]]
     return "\n".join(lines)
 
@@ -359,6 +372,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args(argv)
     if args.engine == "postgres":
+        try:
+            import psycopg  # noqa: F401  (the postgres extra; _pg imports it)
+        except ImportError as exc:
+            print(f"nursery-jobs bench: --engine postgres needs the PostgreSQL driver ({exc}):"
+                  " pip install 'nursery_jobs[postgres]'", file=sys.stderr)
+            return 2
         from ._pg import main as pg_main
 
         return pg_main(args.dsn, args.n, args.runs, args.quick, args.lease_ttl, args.json,

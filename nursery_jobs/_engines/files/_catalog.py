@@ -14,7 +14,7 @@ import sqlite3
 from collections.abc import Iterable, Iterator
 from urllib.request import pathname2url
 
-from nursery_jobs._engines._faults import GuardedConnection, fault_error
+from nursery_jobs._engines._faults import GuardedConnection, fault_cause, fault_error
 from nursery_jobs._errors import ObjectIdError
 
 MAX_OBJECT_ID_LENGTH = 1024
@@ -100,8 +100,11 @@ def connect(
     Raises:
         StorageFaultError: the file cannot be opened (locked, damaged, disk full...).
     """
-    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False,
-                           timeout=busy_timeout, factory=factory)
+    try:
+        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False,
+                               timeout=busy_timeout, factory=factory)
+    except sqlite3.Error as exc:  # typed as a statement's fault is (issue 22 #9)
+        raise fault_error(exc, label=label, file=path, doing="opening it") from exc
     assert isinstance(conn, GuardedConnection)
     conn.name(label, path, quarantines=exclusive)
     try:
@@ -197,9 +200,26 @@ class Catalog:
         self._conn.close()
 
     def check(self) -> str | None:
-        """What ``PRAGMA quick_check`` finds wrong with the catalog, or None."""
-        rows = [str(row[0]) for row in self._conn.execute("PRAGMA quick_check")]
+        """What ``PRAGMA quick_check`` finds wrong with the catalog, or None.
+
+        Damage it cannot step over (a b-tree page past the first one that is not a
+        page) raises from the rows themselves, where no connection method sees it
+        (issue 22 #6): that is damage too, not an error to raise.
+
+        Raises:
+            StorageFaultError: the catalog cannot be read for another reason (I/O...).
+        """
+        try:
+            rows = [str(row[0]) for row in self._conn.execute("PRAGMA quick_check")]
+        except sqlite3.DatabaseError as exc:
+            if fault_cause(exc) != "corrupt":
+                raise fault_error(exc, label="the catalog", file=self._file(),
+                                  doing="checking it") from exc
+            return str(exc)
         return None if rows == ["ok"] else "; ".join(rows[:5])
+
+    def _file(self) -> str:
+        return str(getattr(self._conn, "file", "catalog.sqlite3"))
 
     def register(
         self, namespace: str, object_id: str, class_path: str, now: float

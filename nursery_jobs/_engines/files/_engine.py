@@ -22,7 +22,7 @@ import trio
 import trio.testing
 
 from nursery_jobs import _clock
-from nursery_jobs._engines._faults import GuardedConnection
+from nursery_jobs._engines._faults import GuardedConnection, fault_cause
 from nursery_jobs._engines._schema import prepare
 from nursery_jobs._engines.base import EngineSite, FlightSlot
 from nursery_jobs._engines.files._catalog import Catalog, connect, object_file_name, reopen
@@ -36,7 +36,7 @@ from nursery_jobs._engines.files._rebuild import (
     quarantine_path,
     stamp_identity,
 )
-from nursery_jobs._errors import RuntimeLockedError, StorageFaultError
+from nursery_jobs._errors import DataDirectoryAccessError, RuntimeLockedError, StorageFaultError
 from nursery_jobs._policy import LOCKED_RETRY, Backoff
 
 if TYPE_CHECKING:
@@ -264,6 +264,8 @@ class CatalogEngine:
 class FilesEngine(CatalogEngine):
     """A data directory on disk."""
 
+    holds_files = True  # (see Engine.holds_files)
+
     def __init__(
         self, path: str | os.PathLike[str], *, synchronous: str,
         page_cache_budget: int = PAGE_CACHE_BUDGET,
@@ -289,8 +291,11 @@ class FilesEngine(CatalogEngine):
         return self.objects_dir / object_file_name(namespace, object_id)
 
     def open(self, now: float) -> None:
-        self.objects_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path / "runtime.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            self.objects_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path / "runtime.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise _unwritable(self.path, exc) from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -326,8 +331,8 @@ class FilesEngine(CatalogEngine):
             damage = self.catalog.check()
             if damage is not None:
                 self.catalog.close()
-        except StorageFaultError as exc:
-            if exc.cause != "corrupt":
+        except sqlite3.DatabaseError as exc:  # typed, or raised from a row of a read
+            if fault_cause(exc) != "corrupt":
                 raise
             with suppress(AttributeError):
                 self.catalog.close()
@@ -493,6 +498,22 @@ class FilesEngine(CatalogEngine):
                     await trio.to_thread.run_sync(Catalog.checkpoint, str(catalog))
                 except sqlite3.Error as exc:
                     logger.warning("checkpointing the catalog failed: %s", exc)
+
+
+def _unwritable(data: Path, exc: OSError) -> DataDirectoryAccessError:
+    """The typed error for a data directory the runtime may not write (issue 22 #9: a
+    raw ``OSError`` on ``runtime.lock`` was all a read-only mount said)."""
+    where = exc.filename or data
+    if exc.errno == errno.EROFS:
+        cause, why = "readonly", "it is on a read-only filesystem"
+    elif exc.errno in (errno.EACCES, errno.EPERM):
+        cause, why = "denied", "permission denied: this process may not write it"
+    else:
+        cause = errno.errorcode.get(exc.errno or 0, "OSError")
+        why = os.strerror(exc.errno) if exc.errno else str(exc)
+    return DataDirectoryAccessError(
+        f"cannot open the data directory {data}: {where}: {why}", path=str(where), cause=cause,
+    )
 
 
 def _why_not(path: Path) -> str:

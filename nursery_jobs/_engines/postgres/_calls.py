@@ -1,8 +1,9 @@
 """Calls across hosts: a stub call for an object another live host leases travels as a
 row of ``nj_calls`` plus a notification on the owner's channel; the owner runs it as a
 local stub call and answers the same way. Arguments and results go through the payload
-codec; an exception raised by the call travels pickled (an ``RpcError`` naming it when it
-cannot).
+codec, in the envelope every engine's stub call copies through (``_codec.encode_call``,
+``encode_result``); an exception raised by the call travels pickled (an ``RpcError``
+naming it when it cannot).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
-from nursery_jobs._codec import decode_payload, encode_payload
+from nursery_jobs._codec import decode_call, decode_payload, encode_call, encode_result
 from nursery_jobs._errors import (
     NurseryJobsError,
     ObjectLeasedElsewhere,
@@ -163,11 +164,13 @@ class CallRouter:
     async def forward(
         self, target: str, cls: type[DurableObject], object_id: str, name: str,
         args: tuple[Any, ...], kwargs: dict[str, Any], again: Callable[..., Awaitable[Any]],
-        class_path: str, chain: tuple[str, ...] = (),
+        class_path: str, chain: tuple[str, ...] = (), place: bool = False,
+        trace: str | None = None,
     ) -> Any:
         """Run ``name(*args, **kwargs)`` on the object at host ``target`` and return its
         result (or raise its exception). ``again`` is the stub call, for when the object
-        moved before the call ran. Checkpoints.
+        moved before the call ran. ``place``: the target takes the object if nobody
+        holds it (a ``client_only`` caller, which holds none). Checkpoints.
 
         Raises:
             RpcError: the host holding the object stopped answering after it took the
@@ -177,7 +180,9 @@ class CallRouter:
         label = f"{namespace}/{object_id}.{name}()"
         # The call chain travels with the call: a call back into a turn it holds there
         # re-enters it (A -> B -> A across hosts never deadlocks).
-        payload = encode_payload([list(args), kwargs, list(chain)])
+        # So does the caller's span context (``trace``, with tracing on): the call's span
+        # there is a child of the caller's.
+        payload = encode_call(args, kwargs, chain, label, place=place, trace=trace)
         try:
             call_id = await self._db(_send, self._me, target, namespace, object_id,
                                      class_path, name, payload)
@@ -270,19 +275,21 @@ class CallRouter:
         classes.setdefault(namespace, class_path)
         label = f"{namespace}/{object_id}.{name}()"
         state, result = "ok", None
-        if not self._holds(namespace, object_id):
+        try:
+            args, kwargs, chain, place, trace = decode_call(payload)
+        except Exception as exc:
+            state, result, place, trace = "error", _dump_error(exc, label), True, None
+        if not place and not self._holds(namespace, object_id):
             # Released since the caller looked (or the caller's hint of where it lives
             # is stale): the caller activates it, as it does any object nobody holds,
-            # rather than this host taking it back.
+            # rather than this host taking it back. (A client_only caller holds none:
+            # it places the call, and this host takes the object.)
             state = "moved"
-        else:
+        elif state == "ok":
             try:
-                envelope: Any = decode_payload(payload)
-                args, kwargs, *rest = envelope
-                chain = tuple(str(turn) for turn in rest[0]) if rest else ()
-                value = await site.run_call(namespace, object_id, name, tuple(args),
-                                            dict(kwargs), chain)
-                result = encode_payload(value)
+                value = await site.run_call(namespace, object_id, name, args, kwargs, chain,
+                                            trace)
+                result = encode_result(value, label)
             except (ObjectLeasedElsewhere, ObjectMoved):
                 # (ObjectMoved: this host's lease lapsed before the method ran; nothing
                 # of it ran here.) The caller routes the call again.

@@ -13,6 +13,11 @@ is a host of one cluster; PostgreSQL is the only coordinator.
   server (issue 22 #4), and every statement gives up by itself after ``lock_timeout`` /
   ``statement_timeout`` (tied to ``lease_ttl``). A statement that has not answered
   within a tenth of ``lease_ttl`` is a stall: one ``storage:slow`` event per stall.
+- A host claims the alarms of the namespaces its runtime resolves to a class only; one
+  it cannot resolve is logged once and left to the hosts that can.
+- ``client_only``: the runtime registers no host row, holds no object and claims no
+  alarm; it sends every call to the host holding the object, or to any live host,
+  which takes it (``_pg_ops.locate``).
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any, Final, TypeVar
+from typing import Any, Final, NoReturn, TypeVar
 
 import psycopg
 import trio
@@ -101,6 +106,9 @@ def lease_clock() -> float:
 # ~4 ms forwarded call in `nursery-jobs bench --engine postgres`). A stale answer costs
 # little: the old holder answers "moved", or stops answering, and the call asks again.
 OWNER_HINT_TTL: Final = 1.0
+# A namespace this host cannot resolve to a class is looked at again after this many
+# seconds (a module imported since, a class defined later); logged the first time only.
+UNSERVED_RECHECK: Final = 60.0
 # MockClocks (tests) whose autojump is held off while database waits are out:
 # id(clock) -> [waits out, the threshold to restore].
 _CLOCK_HOLDS: dict[int, list[Any]] = {}
@@ -175,11 +183,14 @@ class PostgresEngine:
         pool_size: connections (and worker threads) for PostgreSQL I/O.
         synchronous: "NORMAL" (``synchronous_commit = off``: a commit survives the
             host's death, not the server's) or "FULL" (``on``).
+        client_only: hold no object, claim no alarm: every call goes to a host.
     """
+
+    holds_files = False  # (see Engine.holds_files)
 
     def __init__(
         self, dsn: str, *, lease_ttl: float = 10.0, pool_size: int = 8,
-        synchronous: str = "NORMAL",
+        synchronous: str = "NORMAL", client_only: bool = False,
     ) -> None:
         if isinstance(lease_ttl, bool) or not isinstance(lease_ttl, (int, float)) or not (
             0 < lease_ttl < math.inf
@@ -190,6 +201,9 @@ class PostgresEngine:
         commit = _COMMIT.get(synchronous.upper())
         if commit is None:
             raise ValueError(f"synchronous must be 'NORMAL' or 'FULL', got {synchronous!r}")
+        if not isinstance(client_only, bool):
+            raise TypeError(f"client_only must be a bool, got {client_only!r}")
+        self.client_only = client_only
         self.dsn = dsn
         self.lease_ttl = float(lease_ttl)
         self.pool_size = pool_size
@@ -211,6 +225,11 @@ class PostgresEngine:
         # heap is rebuilt when stale entries outnumber live ones.
         self._alarm_heap: list[tuple[float, Key]] = []
         self._classes: dict[str, str] = {}
+        # Namespaces whose alarms this host claims (its runtime resolves them), and
+        # those it does not: namespace -> when (Trio time) to look at it again.
+        self._served: set[str] = set()
+        self._unserved: dict[str, float] = {}
+        self._unserved_logged: set[str] = set()
         self._flights: dict[int, list[Any]] = {}
         self._flight_dirty = False
         self._flight_event = trio.Event()
@@ -258,7 +277,9 @@ class PostgresEngine:
             with psycopg.connect(self.dsn, autocommit=True) as conn:
                 conn.execute(f"SET lock_timeout = {lock_ms}")
                 ensure_schema(conn, self._label)
-                conn.execute("INSERT INTO nj_hosts (host_id) VALUES (%s)", (self.host_id,))
+                if not self.client_only:  # (a client is no host: no call is sent to it)
+                    conn.execute("INSERT INTO nj_hosts (host_id) VALUES (%s)",
+                                 (self.host_id,))
                 self._classes.update(
                     conn.execute("SELECT namespace, class_path FROM nj_namespaces").fetchall()
                 )
@@ -376,10 +397,15 @@ class PostgresEngine:
         key = (namespace, object_id)
         label = f"{namespace}/{object_id}"
         self._classes[namespace] = class_path
+        if not self.client_only:
+            self._served.add(namespace)  # (its class is in hand: the call's)
         hint = self._elsewhere.get(key)
         if hint is not None and key not in self._held and trio.current_time() < hint[1]:
             await trio.lowlevel.checkpoint()
-            raise ObjectLeasedElsewhere(label, hint[0], self._forwarder(key, hint[0], class_path))
+            raise ObjectLeasedElsewhere(label, hint[0], self._forwarder(
+                key, hint[0], class_path, place=self.client_only))
+        if self.client_only:
+            await self._send_to_host(key, label, class_path)
         sent = lease_clock()
         try:
             taken = await self._db(ops.take, self.host_id, self.lease_ttl, namespace,
@@ -412,7 +438,31 @@ class PostgresEngine:
                 self._site.wake_timer()  # the timer now serves this alarm
         return state
 
-    def _forwarder(self, key: Key, target: str, class_path: str) -> Callable[..., Any]:
+    async def _send_to_host(self, key: Key, label: str, class_path: str) -> NoReturn:
+        """(client_only) Raise ``ObjectLeasedElsewhere`` for the host that holds the
+        object, or any live host, which takes it.
+
+        Raises:
+            RpcError: no host is running on this database.
+            StorageError: PostgreSQL cannot be read.
+        """
+        try:
+            target = await self._db(ops.locate, key[0], key[1], self.lease_ttl)
+        except psycopg.Error as exc:
+            raise StorageError(f"cannot reach {label} on PostgreSQL {self._label}: {exc}"
+                               "; nothing ran") from exc
+        if target is None:
+            raise RpcError(
+                f"{label}: no host is running on PostgreSQL {self._label}; this runtime is"
+                " client_only (it runs no object): start a runtime without client_only"
+                " there; nothing ran")
+        self._elsewhere[key] = (target, trio.current_time() + OWNER_HINT_TTL)
+        raise ObjectLeasedElsewhere(label, target,
+                                    self._forwarder(key, target, class_path, place=True))
+
+    def _forwarder(
+        self, key: Key, target: str, class_path: str, *, place: bool = False
+    ) -> Callable[..., Any]:
         """``ObjectLeasedElsewhere.forward`` for a call to ``key`` at host ``target``:
         where the call finds the object gone from there, forget the hint first."""
 
@@ -422,11 +472,12 @@ class PostgresEngine:
 
         async def forward(cls: Any, object_id: str, name: str, args: tuple[Any, ...],
                           kwargs: dict[str, Any], again: Callable[..., Any],
-                          chain: tuple[str, ...]) -> Any:
+                          chain: tuple[str, ...], trace: str | None = None) -> Any:
             try:
                 return await self._calls.forward(
                     target, cls, object_id, name, args, kwargs,
                     functools.partial(fresh, again), class_path=class_path, chain=chain,
+                    place=place, trace=trace,
                 )
             except RpcError:
                 self._elsewhere.pop(key, None)
@@ -609,6 +660,10 @@ class PostgresEngine:
             target=self._listen, args=(token,), name="nursery_jobs-listen", daemon=True
         )
         self._listener.start()
+        if self.client_only:
+            # No lease, alarm, flight or write of its own: only answers to its calls
+            # (the listener) arrive.
+            await trio.sleep_forever()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._renew_loop, site)
             nursery.start_soon(self._claim_loop, site)
@@ -700,9 +755,11 @@ class PostgresEngine:
         while True:
             room = max(0, min(CLAIM_BATCH, MAX_UNACTIVATED - (len(self._held) - len(self._active))))
             sent = lease_clock()
+            unknown: list[tuple[str, str]] = []
             try:
-                claimed, next_time = await self._db(
-                    ops.claim, self.host_id, self.lease_ttl, _clock.now(), room
+                claimed, next_time, unknown = await self._db(
+                    ops.claim, self.host_id, self.lease_ttl, _clock.now(), room,
+                    sorted(self._served), self._skipped_namespaces(),
                 )
             except psycopg.Error as exc:
                 logger.warning("cannot claim due objects on %s: %s", self._label, exc)
@@ -718,12 +775,43 @@ class PostgresEngine:
                 if len(claimed) == room:
                     await trio.lowlevel.checkpoint()
                     continue
+            if self._learn_namespaces(site, unknown):
+                await trio.lowlevel.checkpoint()
+                continue  # a namespace it serves has due alarms: claim them now
             delay = POLL_INTERVAL
             if next_time is not None:
                 delay = min(delay, max(0.0, next_time - _clock.now()))
             with trio.move_on_after(delay):
                 await self._claim_wake.wait()
             self._claim_wake = trio.Event()
+
+    def _skipped_namespaces(self) -> list[str]:
+        """The namespaces this host does not serve, until it looks at them again."""
+        now = trio.current_time()
+        for namespace in [ns for ns, until in self._unserved.items() if until <= now]:
+            del self._unserved[namespace]
+        return sorted(self._unserved)
+
+    def _learn_namespaces(self, site: EngineSite, found: list[tuple[str, str]]) -> bool:
+        """Sort namespaces with due alarms that this host has not looked at into those
+        it serves and those it does not (one log line per namespace, the first time);
+        whether any is served."""
+        served = False
+        for namespace, class_path in found:
+            self._classes.setdefault(namespace, class_path)
+            if site.serves(namespace, self._classes.get(namespace)):
+                self._served.add(namespace)
+                self._unserved_logged.discard(namespace)
+                served = True
+                continue
+            self._unserved[namespace] = trio.current_time() + UNSERVED_RECHECK
+            if namespace not in self._unserved_logged:
+                self._unserved_logged.add(namespace)
+                logger.warning(
+                    "alarms of namespace %r are due, but no class is registered for it on"
+                    " host %s (class path %r does not import here): this host leaves them to"
+                    " hosts that have it", namespace, self.host_id, class_path)
+        return served
 
     async def _ship_loop(self, site: EngineSite) -> None:
         while True:

@@ -182,23 +182,27 @@ def ship(conn: Conn, me: str, ttl: float, change: Change) -> str:
 
 
 def claim(
-    conn: Conn, me: str, ttl: float, now: float, limit: int
-) -> tuple[list[Claimed], float | None]:
-    """Take the leases of up to ``limit`` objects whose alarm is due at ``now`` and that
-    no live host leases (SKIP LOCKED: hosts claiming at once take different objects);
-    also return the earliest alarm of the unleased objects left."""
+    conn: Conn, me: str, ttl: float, now: float, limit: int, served: list[str],
+    skipped: list[str],
+) -> tuple[list[Claimed], float | None, list[tuple[str, str]]]:
+    """Take the leases of up to ``limit`` objects of the namespaces ``served`` whose
+    alarm is due at ``now`` and that no live host leases (SKIP LOCKED: hosts claiming
+    at once take different objects); also return the earliest alarm of the unleased
+    objects of those namespaces left, and (namespace, class path) of the namespaces
+    with due alarms that are neither ``served`` nor ``skipped`` (for this host to
+    resolve before it claims any of them)."""
     with conn.transaction():
         rows = conn.execute(
             "WITH due AS (SELECT namespace, object_id, owner AS old_owner FROM nj_objects"
             "  WHERE alarm_time <= %(now)s AND (owner IS NULL OR lease_until < now())"
-            "  AND owner IS DISTINCT FROM %(me)s"
+            "  AND owner IS DISTINCT FROM %(me)s AND namespace = ANY(%(served)s)"
             "  ORDER BY alarm_time LIMIT %(limit)s FOR UPDATE SKIP LOCKED)"
             " UPDATE nj_objects o SET owner = %(me)s, epoch = o.epoch + 1,"
             "  lease_until = now() + make_interval(secs => %(ttl)s)"
             " FROM due WHERE o.namespace = due.namespace AND o.object_id = due.object_id"
             " RETURNING o.namespace, o.object_id, o.epoch, o.alarm_time, o.alarm_retry,"
             "  o.class_path, due.old_owner",
-            {"now": now, "me": me, "limit": limit, "ttl": ttl},
+            {"now": now, "me": me, "limit": limit, "ttl": ttl, "served": served},
         ).fetchall()
         taken = [(ns, oid, old) for ns, oid, _, _, _, _, old in rows if old is not None]
         if taken:
@@ -208,15 +212,39 @@ def claim(
         # claim loop spin without sleeping until the next renewal.
         (next_time,) = conn.execute(
             "SELECT min(alarm_time) FROM nj_objects WHERE alarm_time IS NOT NULL"
-            " AND (owner IS NULL OR lease_until < now()) AND owner IS DISTINCT FROM %s",
-            (me,),
+            " AND (owner IS NULL OR lease_until < now()) AND owner IS DISTINCT FROM %s"
+            " AND namespace = ANY(%s)",
+            (me, served),
         ).fetchone()
+        unknown = conn.execute(
+            "SELECT namespace, min(class_path) FROM nj_objects WHERE alarm_time <= %s"
+            " AND (owner IS NULL OR lease_until < now()) AND owner IS DISTINCT FROM %s"
+            " AND NOT (namespace = ANY(%s)) GROUP BY namespace LIMIT 100",
+            (now, me, served + skipped),
+        ).fetchall()
     claimed = [
         Claimed(namespace=ns, object_id=oid, epoch=int(epoch),
                 alarm=(float(time), int(retry)), class_path=cp)
         for ns, oid, epoch, time, retry, cp, _ in rows
     ]
-    return claimed, None if next_time is None else float(next_time)
+    return (claimed, None if next_time is None else float(next_time),
+            [(str(ns), str(cp)) for ns, cp in unknown])
+
+
+def locate(conn: Conn, namespace: str, object_id: str, ttl: float) -> str | None:
+    """Where a ``client_only`` runtime sends a call: the live host that leases the
+    object, else any live host (which takes it), else None."""
+    row = conn.execute(
+        "SELECT owner FROM nj_objects WHERE namespace = %s AND object_id = %s"
+        " AND owner IS NOT NULL AND lease_until >= now()", (namespace, object_id),
+    ).fetchone()
+    if row is not None:
+        return str(row[0])
+    row = conn.execute(
+        "SELECT host_id FROM nj_hosts WHERE heartbeat >= now() - make_interval(secs => %s)"
+        " ORDER BY random() LIMIT 1", (ttl,),
+    ).fetchone()
+    return None if row is None else str(row[0])
 
 
 def renew(
