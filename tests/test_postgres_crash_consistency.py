@@ -24,6 +24,7 @@ psycopg = pytest.importorskip("psycopg")  # the postgres extra; CI installs it (
 import nursery_jobs as nj
 from nursery_jobs._engines.postgres._schema import PG_SCHEMA_VERSION
 from nursery_jobs._errors import ObjectFencedError
+from nursery_jobs._events import EventBus
 
 NS = "tests.Thing"
 CP = "tests.test_postgres_crash_consistency:Thing"
@@ -77,6 +78,7 @@ class Site:
     """An EngineSite that records the objects the engine fences."""
 
     def __init__(self) -> None:
+        self.events = EventBus()
         self.fenced: list[tuple[str, str, str | None]] = []
 
     def earliest_alarm(self) -> float:

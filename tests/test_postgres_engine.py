@@ -19,6 +19,7 @@ import nursery_jobs as nj
 from nursery_jobs._core._location import engine_for
 from nursery_jobs._engines.postgres._engine import PostgresEngine
 from nursery_jobs._errors import EngineError, ObjectFencedError, ObjectLeasedElsewhere, StorageError
+from nursery_jobs._events import EventBus
 
 NOW = 1_800_000_000.0
 NS = "tests.Thing"
@@ -33,6 +34,7 @@ class Site:
     """An EngineSite that records what the engine asks."""
 
     def __init__(self) -> None:
+        self.events = EventBus()
         self.fenced_keys: list[tuple[str, str]] = []
         self.woken = 0
 

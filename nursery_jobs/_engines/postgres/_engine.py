@@ -90,6 +90,9 @@ LOCK_TIMEOUT_SHARE: Final = 1.5
 STATEMENT_TIMEOUT_SHARE: Final = 3.0
 # A statement unanswered for this share of lease_ttl is a stall (``storage:slow``).
 STALL_SHARE: Final = 0.1
+# ... and at least this long (seconds): a tiny lease_ttl (tests) would call every busy
+# moment of a loaded machine a stall.
+STALL_MIN: Final = 0.25
 STALL_TICK_MIN: Final = 0.02  # the stall watch looks at most this often (seconds)
 # Seconds the server is given to take a cancel request of a cancelled caller's statement.
 CANCEL_TIMEOUT: Final = 5.0
@@ -244,7 +247,7 @@ class PostgresEngine:
         # Statements out (id -> when sent, lease_clock), for the stall watch.
         self._inflight: dict[int, float] = {}
         self._inflight_wake = trio.Event()
-        self._stall_after = self.lease_ttl * STALL_SHARE
+        self._stall_after = max(self.lease_ttl * STALL_SHARE, STALL_MIN)
         self._slow_seen = -math.inf  # when a statement was last seen slow
         self._stalled_since: float | None = None
 
