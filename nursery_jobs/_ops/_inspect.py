@@ -43,6 +43,7 @@ State = Literal["active", "evicted", "in use", "missing", "damaged", "quarantine
 T = TypeVar("T")
 
 STRIKES_KEY: Final = "memory_limit_strikes"  # the breaker's row in nj_meta
+PAUSED_KEY: Final = "paused"  # a paused object's row in nj_meta (pause: another branch)
 
 
 # -- records --------------------------------------------------------------------------
@@ -131,6 +132,49 @@ class ObjectDetail:
 
 
 @attrs.frozen(kw_only=True)
+class JobTotals:
+    """Counts across every object (not only active ones), by namespace: what the
+    metrics' gauges and an alert read."""
+
+    dead_letters: dict[str, int] = attrs.Factory(dict)
+    due_jobs: dict[str, int] = attrs.Factory(dict)
+    running_jobs: dict[str, int] = attrs.Factory(dict)
+    paused_objects: dict[str, int] = attrs.Factory(dict)
+
+
+@attrs.frozen(kw_only=True)
+class ObjectCounts:
+    """One object's share of ``JobTotals`` (due: waiting to run, not running);
+    ``next_due``: the earliest job not due at the time counted (the counts hold until
+    then while the database is unchanged)."""
+
+    dead_letters: int = 0
+    due_jobs: int = 0
+    running_jobs: int = 0
+    paused: bool = False
+    next_due: float | None = None
+
+
+@attrs.frozen(kw_only=True)
+class FoundLetter:
+    """A dead letter and the object that holds it."""
+
+    namespace: str
+    object_id: str
+    letter: DeadLetterInfo
+
+
+@attrs.frozen(kw_only=True)
+class LetterPage:
+    """One page of the dead letters of every object, newest first."""
+
+    letters: list[FoundLetter]
+    total: int
+    offset: int
+    limit: int
+
+
+@attrs.frozen(kw_only=True)
 class AlarmSummary:
     objects: int
     alarms: int
@@ -158,6 +202,10 @@ class DataSource(Protocol):
         self, namespace: str, object_id: str, now: float, *, job_limit: int | None = None,
         letter_limit: int | None = None,
     ) -> ObjectDetail | None: ...
+    def job_totals(self, now: float) -> JobTotals: ...
+    def all_dead_letters(
+        self, *, search: str | None = None, offset: int = 0, limit: int = 50,
+    ) -> LetterPage: ...
 
 
 @runtime_checkable
@@ -467,9 +515,121 @@ def _read_dead_letters(conn: sqlite3.Connection, limit: int | None) -> list[Dead
     return letters
 
 
+# -- across every object ------------------------------------------------------------------
+def is_paused(conn: sqlite3.Connection) -> bool:
+    """Whether the object whose database is on ``conn`` is paused: a ``paused`` row in
+    its ``nj_meta`` (what pause writes)."""
+    return conn.execute("SELECT 1 FROM nj_meta WHERE key = ?", (PAUSED_KEY,)).fetchone() is not None
+
+
+def _object_counts(conn: sqlite3.Connection, now: float, running_id: str | None) -> ObjectCounts:
+    tables = _tables(conn)
+    if "nj_jobs" not in tables:
+        return ObjectCounts()
+    due, running, later = conn.execute(
+        "SELECT COALESCE(SUM(time <= ? AND running_since IS NULL AND id IS NOT ?), 0),"
+        " COALESCE(SUM(running_since IS NOT NULL OR id IS ?), 0),"
+        " MIN(CASE WHEN time > ? THEN time END) FROM nj_jobs",
+        (now, running_id, running_id, now),
+    ).fetchone()
+    letters = conn.execute("SELECT COUNT(*) FROM nj_dead_letters").fetchone()[0]
+    return ObjectCounts(dead_letters=int(letters), due_jobs=int(due), running_jobs=int(running),
+                        paused="nj_meta" in tables and is_paused(conn),
+                        next_due=None if later is None else float(later))
+
+
+def _matches(item: FoundLetter, needle: str) -> bool:
+    """Whether ``needle`` (casefolded) is in the letter's object id, job id, function or
+    error text."""
+    letter = item.letter
+    return any(needle in text.casefold()
+               for text in (item.object_id, letter.id, letter.fn, letter.error))
+
+
+def letter_page(found: list[FoundLetter], search: str | None, offset: int,
+                limit: int) -> LetterPage:
+    """``found`` filtered by ``search``, newest first, one page of it."""
+    if search:
+        needle = search.casefold()
+        found = [item for item in found if _matches(item, needle)]
+    found.sort(key=lambda item: (-item.letter.time, item.namespace, item.object_id,
+                                 item.letter.owner, item.letter.id))
+    end = None if limit < 0 else offset + limit
+    return LetterPage(letters=found[offset:end], total=len(found), offset=offset, limit=limit)
+
+
 class _ObjectReader:
     """Reads object databases: ``_object_db`` yields a connection (or a state) for an
     object the catalog (``row``) knows."""
+
+    # Counts of objects whose database cannot have changed: (namespace, id) ->
+    # (signature, counts). Only where ``_signature`` gives one (closed files).
+    _counts_cache: dict[tuple[str, str], tuple[Any, ObjectCounts]]
+
+    def objects(
+        self, *, namespace: str | None = None, search: str | None = None,
+        only: Literal["all", "active", "due"] = "all", now: float = 0.0,
+        offset: int = 0, limit: int = 50,
+    ) -> ObjectPage:
+        raise NotImplementedError
+
+    def _signature(self, row: ObjectRow) -> Any:
+        """What changes whenever ``row``'s database may have (None: read it each time)."""
+        return None
+
+    def _counts(self, row: ObjectRow, now: float) -> ObjectCounts:
+        signature = self._signature(row)
+        cache: dict[tuple[str, str], tuple[Any, ObjectCounts]] = self.__dict__.setdefault(
+            "_counts_cache", {})
+        key = (row.namespace, row.id)
+        if signature is not None:
+            known = cache.get(key)
+            if known is not None and known[0] == signature and (
+                    known[1].next_due is None or now < known[1].next_due):
+                return known[1]
+        with self._object_db(row) as (conn, _state, _problem):
+            if conn is None:
+                return ObjectCounts()
+            try:
+                counts = _object_counts(conn, now, self._running_id(row))
+            except sqlite3.DatabaseError:
+                return ObjectCounts()
+        if signature is not None:
+            cache[key] = (signature, counts)
+        return counts
+
+    def job_totals(self, now: float) -> JobTotals:
+        """Dead letters, due and running jobs and paused objects of every object, by
+        namespace. Reads every object's database (a closed file once while unchanged)."""
+        totals = JobTotals()
+        for row in self.objects(limit=-1).objects:
+            counts = self._counts(row, now)
+            for into, n in ((totals.dead_letters, counts.dead_letters),
+                            (totals.due_jobs, counts.due_jobs),
+                            (totals.running_jobs, counts.running_jobs),
+                            (totals.paused_objects, int(counts.paused))):
+                into[row.namespace] = into.get(row.namespace, 0) + n
+        return totals
+
+    def all_dead_letters(
+        self, *, search: str | None = None, offset: int = 0, limit: int = 50,
+    ) -> LetterPage:
+        """The dead letters of every object, newest first, those matching ``search``
+        (in the object id, job id, function or error text)."""
+        found: list[FoundLetter] = []
+        for row in self.objects(limit=-1).objects:
+            if not self._counts(row, 0.0).dead_letters:
+                continue
+            with self._object_db(row) as (conn, _state, _problem):
+                if conn is None:
+                    continue
+                try:
+                    letters = _read_dead_letters(conn, None)
+                except sqlite3.DatabaseError:
+                    continue
+            found += [FoundLetter(namespace=row.namespace, object_id=row.id, letter=letter)
+                      for letter in letters]
+        return letter_page(found, search, offset, limit)
 
     def row(self, namespace: str, object_id: str) -> ObjectRow | None:
         raise NotImplementedError
@@ -541,6 +701,19 @@ def _file_db(
         yield found
 
 
+def _file_signature(path: Path) -> Any:
+    """A database file's and its ``-wal``'s (inode, size, mtime): any write moves one."""
+    out: list[tuple[int, int, int] | None] = []
+    for name in (path, Path(f"{path}-wal")):
+        try:
+            st = name.stat()
+        except OSError:
+            out.append(None)
+        else:
+            out.append((st.st_ino, st.st_size, st.st_mtime_ns))
+    return tuple(out)
+
+
 class OfflineSource(_CatalogReader, _ObjectReader):
     """A stopped data directory, read-only. Creates no file; runs nothing."""
 
@@ -574,6 +747,9 @@ class OfflineSource(_CatalogReader, _ObjectReader):
         self, row: ObjectRow
     ) -> contextlib.AbstractContextManager[tuple[sqlite3.Connection | None, State, str | None]]:
         return _file_db(self.data / "objects" / row.file, probe=True)
+
+    def _signature(self, row: ObjectRow) -> Any:
+        return _file_signature(self.data / "objects" / row.file)
 
 
 class RuntimeSource(_CatalogReader, _ObjectReader):
@@ -626,6 +802,13 @@ class RuntimeSource(_CatalogReader, _ObjectReader):
         )
         return ObjectPage(objects=self._rows(keys[offset:offset + limit]), total=len(keys),
                           offset=offset, limit=limit)
+
+    def _signature(self, row: ObjectRow) -> Any:
+        # An evicted object's file changes only when it is activated again (this
+        # runtime holds the directory): its counts are read once while it sleeps.
+        if self.rt.path is None or self.rt.is_active(row.namespace, row.id):
+            return None
+        return _file_signature(self.rt.path / "objects" / row.file)
 
     def _host_conn(self, namespace: str, object_id: str) -> sqlite3.Connection | None:
         return self.rt.active_database(namespace, object_id)

@@ -20,6 +20,7 @@ active object's commits reach it within the engine's ship interval (50 ms).
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import sqlite3
 import sys
@@ -34,15 +35,22 @@ import trio
 from nursery_jobs._engines._schema import prepare
 from nursery_jobs._engines.postgres import _ops as pg_ops
 from nursery_jobs._engines.postgres._copy import load_rows
-from nursery_jobs._engines.postgres._schema import ROW_TABLES, check_version
+from nursery_jobs._engines.postgres._schema import ROW_TABLES, TABLES_BY_NAME, check_version
 from nursery_jobs._errors import DataDirectoryError, StorageError
 from nursery_jobs._ops._inspect import (
+    PAUSED_KEY,
     AlarmSummary,
     DataSource,
+    DeadLetterInfo,
+    FoundLetter,
+    JobTotals,
+    LetterPage,
     ObjectPage,
     ObjectRow,
     State,
     _ObjectReader,
+    _payload,
+    letter_page,
 )
 
 if TYPE_CHECKING:
@@ -260,6 +268,81 @@ class PgReader(_ObjectReader):
                 " AND o.lease_until >= now() GROUP BY h.host_id ORDER BY h.host_id"
             )
         ]
+
+    # -- across every object (in SQL: no working copy per object) ----------------------------
+    def job_totals(self, now: float) -> JobTotals:
+        """Dead letters, due and running jobs and paused objects of every object, by
+        namespace, counted over ``nj_rows`` (running: as shipped, ``running_since``)."""
+        columns = TABLES_BY_NAME["nj_jobs"].columns
+        time_at, running_at = columns.index("time"), columns.index("running_since")
+        totals = JobTotals()
+        for ns, due in self._pg.execute(
+            "SELECT namespace, count(*) FROM nj_rows WHERE tbl = 'nj_jobs'"
+            " AND (data::jsonb->>%s)::float8 <= %s AND data::jsonb->>%s IS NULL"
+            " GROUP BY namespace", (time_at, now, running_at),
+        ):
+            totals.due_jobs[str(ns)] = int(due)
+        # Running: marked in its row (singleflight), or in its live holder's flight list.
+        running = {(str(ns), str(oid), str(job)) for ns, oid, job in self._pg.execute(
+            "SELECT namespace, object_id, key FROM nj_rows WHERE tbl = 'nj_jobs'"
+            " AND data::jsonb->>%s IS NOT NULL", (running_at,))}
+        for flight, in self._pg.execute(
+            "SELECT h.flight FROM nj_hosts h WHERE EXISTS (SELECT 1 FROM nj_objects o"
+            " WHERE o.owner = h.host_id AND o.lease_until >= now())"
+        ):
+            running.update((str(ns), str(oid), str(token))
+                           for ns, oid, token, _started in (flight or []) if token)
+        for ns, _oid, _job in running:
+            totals.running_jobs[ns] = totals.running_jobs.get(ns, 0) + 1
+        if running:  # (a job running by its flight list is not due: it runs)
+            keys = sorted(running)
+            for ns, n in self._pg.execute(
+                "SELECT r.namespace, count(*) FROM nj_rows r JOIN unnest(%s::text[],"
+                " %s::text[], %s::text[]) AS f(ns, oid, k) ON r.namespace = f.ns"
+                " AND r.object_id = f.oid AND r.key = f.k WHERE r.tbl = 'nj_jobs'"
+                " AND (r.data::jsonb->>%s)::float8 <= %s AND r.data::jsonb->>%s IS NULL"
+                " GROUP BY r.namespace",
+                ([k[0] for k in keys], [k[1] for k in keys], [k[2] for k in keys],
+                 time_at, now, running_at),
+            ):
+                totals.due_jobs[str(ns)] -= int(n)
+        for ns, n in self._pg.execute(
+            "SELECT namespace, count(*) FROM nj_rows WHERE tbl = 'nj_dead_letters'"
+            " GROUP BY namespace"
+        ):
+            totals.dead_letters[str(ns)] = int(n)
+        for ns, n in self._pg.execute(
+            "SELECT namespace, count(*) FROM nj_rows WHERE tbl = 'nj_meta' AND key = %s"
+            " GROUP BY namespace", (PAUSED_KEY,),
+        ):
+            totals.paused_objects[str(ns)] = int(n)
+        return totals
+
+    def all_dead_letters(
+        self, *, search: str | None = None, offset: int = 0, limit: int = 50,
+    ) -> LetterPage:
+        """The dead letters of every object, newest first, those matching ``search``."""
+        columns = TABLES_BY_NAME["nj_dead_letters"].columns
+        found = []
+        for ns, oid, data in self._pg.execute(
+            "SELECT namespace, object_id, data FROM nj_rows WHERE tbl = 'nj_dead_letters'"
+        ):
+            try:
+                values = dict(zip(columns, json.loads(data), strict=False))
+                record = _payload(values["job"])
+                fn, payload = "?", None
+                if isinstance(record, dict):
+                    fn = str(record.get("fn", "?"))
+                    payload = _payload(record.get("payload"))
+                letter = DeadLetterInfo(
+                    owner=str(values["owner"]), id=str(values["id"]), fn=fn,
+                    error=str(values["error"]), attempts=int(values["attempts"]),
+                    reason=str(values["reason"]), time=float(values["time"]),
+                    payload=payload)
+            except (ValueError, TypeError, KeyError):
+                continue  # (a row this code cannot read: the object's page says so)
+            found.append(FoundLetter(namespace=str(ns), object_id=str(oid), letter=letter))
+        return letter_page(found, search, offset, limit)
 
     # -- an object's rows --------------------------------------------------------------------
     @contextlib.contextmanager

@@ -32,13 +32,7 @@ import trio
 from trio_util import periodic
 
 from nursery_jobs import _clock
-from nursery_jobs._core._metrics import (
-    LATENESS_BUCKETS,
-    Exposition,
-    Metrics,
-    expose_metrics,
-    quantile,
-)
+from nursery_jobs._core._metrics import LATENESS_BUCKETS, Metrics, MetricsSnapshot, quantile
 from nursery_jobs._errors import (
     DataDirectoryError,
     HttpError,
@@ -58,6 +52,7 @@ from nursery_jobs._ops._inspect import (
     SourceAccess,
 )
 from nursery_jobs._ops._inspect_json import detail_json, preview, report_json
+from nursery_jobs._ops._prometheus import CONTENT_TYPE, LiveCounters, exposition, read_scrape
 from nursery_jobs._ops._web_html import (
     SAMPLE_INTERVAL,
     SAMPLES,
@@ -168,7 +163,8 @@ class Live:
 
     counters: dict[str, Any] | None = None
     totals: dict[str, int] | None = None
-    exposition: str = ""  # the runtime's own families (gauges, counters, histograms)
+    live_counters: LiveCounters | None = None  # for /metrics
+    metrics: MetricsSnapshot | None = None  # for /metrics
     events: list[Event] | None = None  # newest first; None: no recorder
     series: tuple[list[tuple[float, float]], list[tuple[float, float | None]]] | None = None
     span: float = SAMPLE_INTERVAL * SAMPLES
@@ -277,7 +273,8 @@ class Dashboard:
         if path == "/object":
             return _html(view.object_page(query, now))
         if path == "/metrics":
-            return Response(200, view.exposition(now), "text/plain; version=0.0.4; charset=utf-8")
+            scrape = read_scrape(source, now, live.live_counters, live.metrics)
+            return Response(200, exposition(scrape), CONTENT_TYPE)
         if path in ("/api", "/api/objects"):
             namespace, search, only, offset, limit = _page_args(query)
             return _json(report_json(source, now, namespace=namespace, search=search,
@@ -295,31 +292,23 @@ class Dashboard:
         counters = None
         if self.counters is not None and path in ("/", "/metrics", "/api/summary"):
             counters = self.counters(now)
-        exposition = ""
-        if path == "/metrics" and (counters is not None or self.metrics is not None):
-            out = Exposition()
+        live_counters = snapshot = None
+        if path == "/metrics":
             if counters is not None:
-                out.gauge("active_objects", "Objects resident in memory, by namespace.",
-                          {(ns,): n for ns, n in counters["active_by_namespace"].items()},
-                          ("namespace",))
-                out.gauge("alarms_in_flight", "Alarm runs in progress.",
-                          {(): counters["alarms_in_flight"]})
-                out.gauge("due_jobs", "Due jobs in the databases of active objects, by"
-                          " namespace.",
-                          {(ns,): n for ns, n in counters["due_jobs_by_namespace"].items()},
-                          ("namespace",))
-                out.counter("events_dropped", "Events a full subscriber buffer dropped.",
-                            {(): counters["events_dropped"]}, ())
+                live_counters = LiveCounters(
+                    active_by_namespace=counters["active_by_namespace"],
+                    alarms_in_flight=counters["alarms_in_flight"],
+                    events_dropped=counters["events_dropped"])
             if self.metrics is not None:
-                expose_metrics(self.metrics, out)
-            exposition = out.text()
+                snapshot = self.metrics.snapshot()
         events = series = None
         if self.recorder is not None and path == "/":
             events = list(reversed(self.recorder.events))[:30]
             series = self.recorder.series()
         return Live(counters=counters,
                     totals=None if self.metrics is None else self.metrics.totals(),
-                    exposition=exposition, events=events, series=series,
+                    live_counters=live_counters, metrics=snapshot, events=events,
+                    series=series,
                     span=(self.recorder.interval if self.recorder else SAMPLE_INTERVAL)
                     * SAMPLES)
 
@@ -415,15 +404,6 @@ class _View:
         if self.live.totals is not None:
             out["totals"] = self.live.totals
         return out
-
-    def exposition(self, now: float) -> str:
-        out = Exposition()
-        alarms = self.source.alarm_summary(now)
-        out.gauge("objects", "Objects in the catalog, by namespace.",
-                  {(ns,): n for ns, n in self.source.namespaces()}, ("namespace",))
-        out.gauge("alarms", "Objects with an alarm set.", {(): alarms.alarms})
-        out.gauge("alarms_due", "Objects whose alarm is due now.", {(): alarms.due})
-        return out.text() + self.live.exposition
 
     # -- pages ----------------------------------------------------------------------------
     def dashboard(self, query: dict[str, str], now: float) -> str:
