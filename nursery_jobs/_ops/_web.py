@@ -63,6 +63,7 @@ from nursery_jobs._ops._web_html import (
     svg_chart,
     when,
 )
+from nursery_jobs._ops._web_letters import LETTERS_PER_PAGE, letters_json, letters_page
 
 if TYPE_CHECKING:
     from nursery_jobs._core._runtime import Runtime
@@ -172,7 +173,9 @@ class Live:
 
 # The pages that read the data source.
 _SOURCE_PAGES: Final = frozenset({"/", "/object", "/metrics", "/api", "/api/objects",
-                                  "/api/object", "/api/summary"})
+                                  "/api/object", "/api/summary", "/dead-letters",
+                                  "/api/dead-letters"})
+HOME_LETTERS: Final = 10  # the newest dead letters the home page shows
 
 
 def _page_args(query: dict[str, str]) -> tuple[str | None, str | None, Only, int, int]:
@@ -281,6 +284,16 @@ class Dashboard:
                                      only=only, offset=offset, limit=limit,
                                      job_limit=_count(query, "jobs", 100),
                                      letter_limit=_count(query, "letters", 100)))
+        if path in ("/dead-letters", "/api/dead-letters"):
+            search = query.get("q") or None
+            limit = min(max(_int(query, "limit", LETTERS_PER_PAGE), 1), MAX_PAGE_SIZE)
+            offset = min(max(_int(query, "page", 1) - 1, 0), MAX_PAGE) * limit
+            found = source.all_dead_letters(search=search, offset=offset, limit=limit)
+            if path == "/api/dead-letters":
+                return _json(letters_json(found, search))
+            return _html(letters_page(found, source, now, search=search or "",
+                                      writes=view.writes, token=self.token,
+                                      done=query.get("done", "")))
         if path == "/api/object":
             detail = view.detail(query, now, _count(query, "jobs", 1000))
             return _json(detail_json(detail))
@@ -346,6 +359,8 @@ class Dashboard:
             raise HttpError(403, f"cross-site POST refused (Sec-Fetch-Site {site!r})")
         if not hmac.compare_digest(form.get("token", "").encode(), self.token.encode()):
             raise HttpError(403, "missing or wrong form token: reload the page")
+        if path in ("/actions/requeue-matching", "/actions/discard-matching"):
+            return await self._post_matching(path, form.get("q", ""))
         try:
             namespace, object_id, owner, job = (form["ns"], form["id"], form["owner"],
                                                 form["job"])
@@ -368,8 +383,40 @@ class Dashboard:
             raise HttpError(409, f"{exc}: requeue or discard it on that host's dashboard"
                                  " (or here once that host has let it go)") from None
         message = f"{owner}/{job} {verb}" if done else f"no dead letter {owner}/{job}"
-        location = f"/object?{_q(ns=namespace, id=object_id, done=message)}"
-        return Response(303, f"see {location}\n", "text/plain", [("location", location)])
+        if form.get("back") == "dead-letters":
+            message = f"{namespace}/{object_id}: {message}"
+            return _see(f"/dead-letters?{_q(q=form.get('q', ''), done=message)}")
+        return _see(f"/object?{_q(ns=namespace, id=object_id, done=message)}")
+
+    async def _post_matching(self, path: str, search: str) -> Response:
+        """Requeue or discard every dead letter that ``search`` matches (all of them
+        without one), object by object; a letter another host holds is left, and
+        counted."""
+        assert self.writer is not None
+        found = await self.access.read(
+            lambda source: source.all_dead_letters(search=search or None, limit=-1))
+        done = left = 0
+        for item in found.letters:
+            try:
+                if path == "/actions/requeue-matching":
+                    ok = await self.writer.requeue(item.namespace, item.object_id,
+                                                   item.letter.owner, item.letter.id)
+                else:
+                    ok = await self.writer.discard(item.namespace, item.object_id,
+                                                   item.letter.owner, item.letter.id)
+            except (UnknownObjectError, ObjectLeasedElsewhere):
+                ok = False
+            done += ok
+            left += not ok
+        verb = "requeued (due now)" if path == "/actions/requeue-matching" else "discarded"
+        message = f"{done:,} dead letter(s) {verb}"
+        if left:
+            message += f"; {left:,} left (gone meanwhile, or held by another host)"
+        return _see(f"/dead-letters?{_q(q=search, done=message)}")
+
+
+def _see(location: str) -> Response:
+    return Response(303, f"see {location}\n", "text/plain", [("location", location)])
 
 
 class _View:
@@ -417,7 +464,7 @@ class _View:
         parts.append(self._namespaces(namespace, only))
         parts.append(self._objects_table(listing.objects, summaries, now, query, listing.total,
                                          offset, limit))
-        parts.append(self._dead_letters_section(summaries, now, query.get("dl", "")))
+        parts.append(self._newest_dead_letters(now))
         if self.live.events is not None:
             parts.append(self._events_section(now))
         return page("dashboard", source, now, "".join(parts))
@@ -482,8 +529,6 @@ class _View:
             f'<input name="ns" placeholder="namespace" value="{esc(query.get("ns", ""))}">'
             f'<input name="q" placeholder="id contains" value="{esc(query.get("q", ""))}">'
             f'<select name="only">{options}</select>'
-            f'<input name="dl" placeholder="dead letter error contains"'
-            f' value="{esc(query.get("dl", ""))}">'
             "<button>Filter</button></form>"
         )
         body = []
@@ -525,37 +570,29 @@ class _View:
             "</section>"
         )
 
-    def _dead_letters_section(self, summaries: list[ObjectSummary], now: float,
-                              needle: str) -> str:
+    def _newest_dead_letters(self, now: float) -> str:
+        found = self.source.all_dead_letters(limit=HOME_LETTERS)
         rows = []
-        for s in summaries:
-            if not s.dead_letters:
-                continue
-            detail = self.source.detail(s.row.namespace, s.row.id, now, job_limit=0,
-                                        letter_limit=20)
-            if detail is None:
-                continue
-            for letter in detail.dead_letters:
-                if needle and not _matches(letter, needle):
-                    continue
-                link = f"/object?{_q(ns=s.row.namespace, id=s.row.id)}"
-                rows.append(
-                    f'<tr><td><a class=mono href="{esc(link)}">{esc(s.row.namespace)}/'
-                    f"{esc(s.row.id)}</a></td><td class=mono>{esc(letter.owner)}/"
-                    f"{esc(letter.id)}</td><td class=mono>{esc(letter.fn)}</td>"
-                    f"<td class=num>{letter.attempts}</td><td>{esc(letter.reason)}</td>"
-                    f"<td>{when(letter.time, now)}</td>"
-                    f'<td class="err">{esc(letter.error)}</td></tr>'
-                )
+        for item in found.letters:
+            letter = item.letter
+            link = f"/object?{_q(ns=item.namespace, id=item.object_id)}"
+            rows.append(
+                f"<tr><td>{when(letter.time, now)}</td>"
+                f'<td><a class=mono href="{esc(link)}">{esc(item.namespace)}/'
+                f"{esc(item.object_id)}</a></td><td class=mono>{esc(letter.owner)}/"
+                f"{esc(letter.id)}</td><td class=mono>{esc(letter.fn)}</td>"
+                f"<td class=num>{letter.attempts}</td>"
+                f'<td class="err">{esc(letter.error)}</td></tr>'
+            )
         if not rows:
-            rows.append('<tr><td colspan=7 class="muted">none among these objects</td></tr>')
-        title = "Dead letters of the objects on this page"
-        if needle:
-            title += f" matching “{esc(needle)}”"
+            rows.append('<tr><td colspan=6 class="muted">no dead letters</td></tr>')
+        more = (f'<p><a href="/dead-letters">all {found.total:,} dead letters, searchable →</a>'
+                "</p>")
         return (
-            f"<section><h2>{title}</h2><table><thead><tr><th>object</th><th>job</th>"
-            "<th>fn</th><th class=num>attempts</th><th>reason</th><th>when</th><th>error</th>"
-            f'</tr></thead><tbody>{"".join(rows)}</tbody></table></section>'
+            f"<section><h2>Newest dead letters (of {found.total:,})</h2><table><thead><tr>"
+            "<th>when</th><th>object</th><th>job</th><th>fn</th><th class=num>attempts</th>"
+            f'<th>error</th></tr></thead><tbody>{"".join(rows)}</tbody></table>{more}'
+            "</section>"
         )
 
     def _events_section(self, now: float) -> str:
@@ -654,12 +691,6 @@ class _View:
                 "<button>Requeue</button></form> "
                 f'<form class="inline" method="post" action="/actions/discard">{hidden}'
                 '<button class="danger">Discard</button></form>')
-
-
-def _matches(letter: DeadLetterInfo, needle: str) -> bool:
-    needle = needle.casefold()
-    return any(needle in text.casefold()
-               for text in (letter.error, letter.id, letter.owner, letter.fn, letter.reason))
 
 
 def _int(query: dict[str, str], name: str, default: int) -> int:
