@@ -327,12 +327,15 @@ class AlarmRunner:
     ) -> None:
         """What the job raised is its own failure: an attempt, a retry, a dead letter."""
         self._watch_job = None
-        self._metrics.job_ran(self._namespace, ctx.job.owner, run.time() - clock, False)
+        seconds = run.time() - clock
+        self._metrics.job_ran(self._namespace, ctx.job.owner, seconds, False)
         self._store.fail()
-        await self._failed(owner, ctx, error, keep_marker=self._lc.keeps_marker(run, ctx.job))
+        await self._failed(owner, ctx, error, keep_marker=self._lc.keeps_marker(run, ctx.job),
+                           started=run.epoch + clock, seconds=seconds)
 
     async def _failed(
-        self, owner: Any, ctx: JobContext, error: BaseException, *, keep_marker: bool
+        self, owner: Any, ctx: JobContext, error: BaseException, *, keep_marker: bool,
+        started: float = math.nan, seconds: float = math.nan,
     ) -> None:
         store, job, label = self._store, ctx.job, self._lc.label
         if store.superseded:
@@ -341,7 +344,9 @@ class AlarmRunner:
             bound = job.retry.backoff_bound(ctx.attempt)
             delay = self._rng.uniform(0.0, bound) if job.retry.jitter else bound
             store.complete(job, Completion(kind="retry", kept=False,
-                                           time=_clock.now() + delay, attempts=ctx.attempt))
+                                           time=_clock.now() + delay, attempts=ctx.attempt,
+                                           error=error_text(error), started=started,
+                                           seconds=seconds))
             self._lc.emit("job:retry", id=job.id, owner=job.owner, fn=job.fn,
                           attempt=ctx.attempt, max_attempts=job.retry.max_attempts, delay=delay,
                           error=safe_repr(error),
@@ -363,7 +368,8 @@ class AlarmRunner:
             store.complete(job, completion_of(job, outcome, kept=False, keep_marker=keep_marker))
             return
         buried = store.complete(job, Completion(kind="bury", kept=False, error=error_text(error),
-                                                attempts=ctx.attempt))
+                                                attempts=ctx.attempt, started=started,
+                                                seconds=seconds))
         if buried is not None:
             self._lc.emit("job:dead_letter", id=job.id, owner=job.owner, fn=job.fn,
                           attempts=ctx.attempt, error=error_text(error),

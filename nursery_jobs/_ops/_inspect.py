@@ -107,6 +107,16 @@ class DeadLetterInfo:
 
 
 @attrs.frozen(kw_only=True)
+class AttemptInfo:
+    """A failed attempt of a job (the last few are kept, for a job and a dead letter)."""
+
+    attempt: int
+    started: float
+    seconds: float
+    error: str
+
+
+@attrs.frozen(kw_only=True)
 class ObjectSummary:
     """Counts from one object's database (opened once, briefly)."""
 
@@ -129,6 +139,8 @@ class ObjectDetail:
     summary: ObjectSummary
     jobs: list[JobInfo]
     dead_letters: list[DeadLetterInfo]
+    # (owner, job id) -> its recent failed attempts, oldest first
+    attempts: dict[tuple[str, str], list[AttemptInfo]] = attrs.Factory(dict)
 
 
 @attrs.frozen(kw_only=True)
@@ -558,6 +570,20 @@ def letter_page(found: list[FoundLetter], search: str | None, offset: int,
     return LetterPage(letters=found[offset:end], total=len(found), offset=offset, limit=limit)
 
 
+def _read_attempts(conn: sqlite3.Connection) -> dict[tuple[str, str], list[AttemptInfo]]:
+    if "nj_attempts" not in _tables(conn):
+        return {}
+    found: dict[tuple[str, str], list[AttemptInfo]] = {}
+    for owner, id, attempt, started, seconds, error in conn.execute(
+        "SELECT owner, id, attempt, started, seconds, error FROM nj_attempts"
+        " ORDER BY owner, id, attempt"
+    ):
+        found.setdefault((str(owner), str(id)), []).append(AttemptInfo(
+            attempt=int(attempt), started=float(started), seconds=float(seconds),
+            error=str(error)))
+    return found
+
+
 class _ObjectReader:
     """Reads object databases: ``_object_db`` yields a connection (or a state) for an
     object the catalog (``row``) knows."""
@@ -668,6 +694,7 @@ class _ObjectReader:
                     summary=_count(conn, row, state, now, running_id),
                     jobs=_read_jobs(conn, job_limit, running_id),
                     dead_letters=_read_dead_letters(conn, letter_limit),
+                    attempts=_read_attempts(conn),
                 )
             except sqlite3.DatabaseError as exc:
                 return ObjectDetail(

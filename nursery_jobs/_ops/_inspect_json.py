@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any, Final, Literal
 
+import attrs
+
 from nursery_jobs._ops._inspect import (
     DataSource,
     DeadLetterInfo,
@@ -59,6 +61,10 @@ def detail_json(detail: ObjectDetail) -> dict[str, Any]:
     entry = summary_json(detail.summary)
     entry["jobs"] = [job_json(job) for job in detail.jobs]
     entry["dead_letters"] = [dead_letter_json(letter) for letter in detail.dead_letters]
+    # Each job's and dead letter's recent failed attempts (oldest first).
+    for item in (*entry["jobs"], *entry["dead_letters"]):
+        item["failures"] = [attrs.asdict(a) for a in
+                            detail.attempts.get((item["owner"], item["id"]), [])]
     return entry
 
 
