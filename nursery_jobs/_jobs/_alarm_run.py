@@ -392,6 +392,14 @@ class AlarmRunner:
         elif deadline < scope.deadline:
             scope.deadline = deadline
 
+    def running_for(self) -> tuple[str, float] | None:
+        """The job running now and how many seconds it has run (read from what the
+        slow-dispatch watch keeps: nothing is recorded for this)."""
+        job = self._watch_job
+        if job is None:
+            return None
+        return job.id, trio.current_time() - (self._watch_deadline - job.hung_timeout)
+
     def _unwatch(self) -> None:
         """The alarm run is over: the watchdog ends (an idle object keeps no task in its
         nursery, so it can doze); the next run's first job starts another."""

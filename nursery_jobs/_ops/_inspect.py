@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, TypeVar, runtim
 import attrs
 import trio
 
+from nursery_jobs import _clock
 from nursery_jobs._codec import decode_payload
 from nursery_jobs._engines.files._rebuild import QUARANTINE
 from nursery_jobs._errors import (
@@ -130,6 +131,7 @@ class ObjectSummary:
     max_attempts: int = 0
     dead_letters: int = 0
     breaker_strikes: int = 0
+    paused: bool = False
 
 
 @attrs.frozen(kw_only=True)
@@ -466,13 +468,15 @@ def _count(conn: sqlite3.Connection, row: ObjectRow, state: State, now: float,
     if "nj_dead_letters" in tables:
         letters = conn.execute("SELECT COUNT(*) FROM nj_dead_letters").fetchone()[0]
     strikes = 0
+    paused = False
     if "nj_meta" in tables:
         found = conn.execute("SELECT value FROM nj_meta WHERE key = ?", (STRIKES_KEY,)).fetchone()
         strikes = 0 if found is None else int(found[0])
+        paused = is_paused(conn)
     return ObjectSummary(
         row=row, state=state, lifecycle=True, jobs=int(jobs), due=int(due),
         running=int(running), max_attempts=int(attempts), dead_letters=int(letters),
-        breaker_strikes=strikes,
+        breaker_strikes=strikes, paused=paused,
     )
 
 
@@ -483,8 +487,10 @@ def _payload(text: str | None) -> Any:
         return "<undecodable payload>"
 
 
-def _read_jobs(conn: sqlite3.Connection, limit: int | None,
-               running_id: str | None) -> list[JobInfo]:
+def _read_jobs(conn: sqlite3.Connection, limit: int | None, running_id: str | None,
+               running_started: float | None = None) -> list[JobInfo]:
+    """The jobs (up to ``limit``); ``running_id`` runs now, since ``running_started``
+    (where its row has no marker of its own)."""
     if "nj_jobs" not in _tables(conn):
         return []
     has_priority = "priority" in _columns(conn, "nj_jobs")
@@ -500,7 +506,8 @@ def _read_jobs(conn: sqlite3.Connection, limit: int | None,
                 priority=None if prio is None else int(prio), attempts=int(attempts),
                 max_attempts=int(max_attempts),
                 running=running_since is not None or id == running_id,
-                running_since=running_since, crash_strikes=int(strikes),
+                running_since=(running_started if running_since is None and id == running_id
+                               else running_since), crash_strikes=int(strikes),
                 created_at=float(created), exclusive=bool(exclusive),
                 singleflight=bool(singleflight), payload=_payload(payload))
         for (id, owner, fn, time, prio, attempts, max_attempts, running_since, strikes,
@@ -668,6 +675,10 @@ class _ObjectReader:
     def _running_id(self, row: ObjectRow) -> str | None:
         return None
 
+    def _running_started(self, row: ObjectRow) -> float | None:
+        """When the job ``_running_id`` names started (None: not known)."""
+        return None
+
     def summary(self, row: ObjectRow, now: float) -> ObjectSummary:
         with self._object_db(row) as (conn, state, problem):
             if conn is None:
@@ -692,7 +703,7 @@ class _ObjectReader:
                 running_id = self._running_id(row)
                 return ObjectDetail(
                     summary=_count(conn, row, state, now, running_id),
-                    jobs=_read_jobs(conn, job_limit, running_id),
+                    jobs=_read_jobs(conn, job_limit, running_id, self._running_started(row)),
                     dead_letters=_read_dead_letters(conn, letter_limit),
                     attempts=_read_attempts(conn),
                 )
@@ -885,6 +896,11 @@ class RuntimeSource(_CatalogReader, _ObjectReader):
     def _running_id(self, row: ObjectRow) -> str | None:
         lifecycle = self._lifecycle(row.namespace, row.id)
         return None if lifecycle is None else lifecycle.store.running_id
+
+    def _running_started(self, row: ObjectRow) -> float | None:
+        lifecycle = self._lifecycle(row.namespace, row.id)
+        found = None if lifecycle is None else lifecycle.running_for()
+        return None if found is None else _clock.now() - found[1]
 
     # -- what the metrics and the test helpers need --------------------------------------
     def due_jobs_in_active_objects(self, now: float) -> dict[str, int]:

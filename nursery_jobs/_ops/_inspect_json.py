@@ -14,6 +14,7 @@ from nursery_jobs._ops._inspect import (
     ObjectDetail,
     ObjectSummary,
 )
+from nursery_jobs._ops._words import is_schedule, schedule_words
 
 PREVIEW_CHARS: Final = 200  # characters of a payload shown in a report
 
@@ -33,7 +34,8 @@ def job_json(job: JobInfo) -> dict[str, Any]:
         "running": job.running, "running_since": job.running_since,
         "crash_strikes": job.crash_strikes, "created_at": job.created_at,
         "exclusive": job.exclusive, "singleflight": job.singleflight,
-        "payload": preview(job.payload),
+        "payload": preview(job.payload["p"] if is_schedule(job.payload) else job.payload),
+        "schedule": schedule_words(job.payload, job.time),  # (a Scheduler's, in words)
     }
 
 
@@ -54,6 +56,7 @@ def summary_json(summary: ObjectSummary) -> dict[str, Any]:
         "counts": {"jobs": summary.jobs, "due": summary.due, "running": summary.running,
                    "dead_letters": summary.dead_letters},
         "max_attempts": summary.max_attempts, "breaker_strikes": summary.breaker_strikes,
+        "paused": summary.paused,
     }
 
 
@@ -88,14 +91,15 @@ def report_json(
             "offset": page.offset, "limit": page.limit, "objects": objects}
 
 
-def printable(text: str) -> str:
-    """``text`` with control and other unprintable characters (and backslashes)
-    escaped, so an id or an error message cannot forge lines on a terminal."""
-    if text.isprintable() and "\\" not in text:
+def printable(text: str, *, backslashes: bool = True) -> str:
+    """``text`` with control and other unprintable characters (and backslashes, unless
+    ``backslashes`` is false: text that is a ``repr`` already) escaped, so an id or an
+    error message cannot forge lines on a terminal."""
+    if text.isprintable() and ("\\" not in text or not backslashes):
         return text
     out = []
     for ch in text:
-        if ch == "\\":
+        if ch == "\\" and backslashes:
             out.append("\\\\")
         elif ch.isprintable():
             out.append(ch)

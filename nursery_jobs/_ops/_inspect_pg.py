@@ -384,6 +384,15 @@ class PgReader(_ObjectReader):
                 return str(token)
         return None
 
+    def _running_started(self, row: ObjectRow) -> float | None:
+        if self._running_id(row) is None or self._flights is None:
+            return None
+        lease = self.leases[(row.namespace, row.id)]
+        for ns, oid, token, started in self._flights.get(str(lease.owner), []):
+            if token and (ns, oid) == (row.namespace, row.id):
+                return float(started)
+        return None
+
 
 def _driver() -> Any:
     try:

@@ -51,7 +51,7 @@ from nursery_jobs._ops._inspect import (
     RuntimeSource,
     SourceAccess,
 )
-from nursery_jobs._ops._inspect_json import detail_json, preview, report_json
+from nursery_jobs._ops._inspect_json import detail_json, printable, report_json
 from nursery_jobs._ops._prometheus import CONTENT_TYPE, LiveCounters, exposition, read_scrape
 from nursery_jobs._ops._web_html import (
     SAMPLE_INTERVAL,
@@ -64,6 +64,8 @@ from nursery_jobs._ops._web_html import (
     when,
 )
 from nursery_jobs._ops._web_letters import LETTERS_PER_PAGE, letters_json, letters_page
+from nursery_jobs._ops._web_object import jobs_section, letters_section
+from nursery_jobs._ops._words import event_value
 
 if TYPE_CHECKING:
     from nursery_jobs._core._runtime import Runtime
@@ -598,12 +600,14 @@ class _View:
     def _events_section(self, now: float) -> str:
         rows = []
         for event in self.live.events or []:
-            data = ", ".join(f"{k}={preview(v)}" for k, v in event.data.items())
+            data = ", ".join(f"{k}={event_value(v)}" for k, v in event.data.items())
             link = f"/object?{_q(ns=event.namespace, id=event.object_id)}"
             rows.append(
                 f"<tr><td>{when(event.time, now)}</td><td><code>{esc(event.type)}</code></td>"
                 f'<td><a class=mono href="{esc(link)}">{esc(event.namespace)}/'
-                f"{esc(event.object_id)}</a></td><td class=mono>{esc(data)}</td></tr>"
+                f"{esc(event.object_id)}</a></td><td class=mono>"
+                # (event data holds reprs: their backslashes are shown as they are)
+                f"{html.escape(printable(data, backslashes=False))}</td></tr>"
             )
         if not rows:
             rows.append('<tr><td colspan=4 class="muted">no events yet</td></tr>')
@@ -620,7 +624,10 @@ class _View:
         flash = ""
         if query.get("done"):
             flash = f'<div class="flash">{esc(query["done"])}</div>'
-        facts = [("state", _state_badge(s.state)), ("alarm", when(row.alarm, now)),
+        state = _state_badge(s.state)
+        if s.paused:
+            state += ' <span class="badge b-due">paused</span>'
+        facts = [("state", state), ("alarm", when(row.alarm, now)),
                  ("alarm retries", str(row.alarm_retry)), ("jobs", str(s.jobs)),
                  ("due", str(s.due)), ("running", str(s.running)),
                  ("dead letters", str(s.dead_letters)),
@@ -632,49 +639,10 @@ class _View:
             f'<div class="l">{esc(k)}</div></div>' for k, v in facts) + "</div>"
         if s.problem:
             cards += f'<p class="err">{esc(s.problem)}</p>'
-        jobs = []
-        for job in detail.jobs:
-            flags = " ".join(f'<span class="badge">{name}</span>'
-                             for name in ("exclusive", "singleflight") if getattr(job, name))
-            if job.running:
-                flags += ' <span class="badge b-active">running</span>'
-            if job.crash_strikes:
-                flags += f' <span class="badge b-dead">{job.crash_strikes} crash strike(s)</span>'
-            due_badge = ' <span class="badge b-due">due</span>' if job.time <= now else ""
-            priority = "" if job.priority is None else str(job.priority)
-            jobs.append(
-                f"<tr><td class=mono>{esc(job.owner)}</td><td class=mono>{esc(job.id)}</td>"
-                f"<td class=mono>{esc(job.fn)}</td><td>{when(job.time, now)}{due_badge}</td>"
-                f"<td class=num>{priority}</td><td class=num>{job.attempts} /"
-                f" {job.max_attempts}</td><td>{flags}</td>"
-                f"<td class=mono>{esc(preview(job.payload) or '')}</td></tr>"
-            )
-        if not jobs:
-            jobs.append('<tr><td colspan=8 class="muted">no queued jobs</td></tr>')
-        more = ""
-        if s.jobs > len(detail.jobs):
-            more = f'<p class="muted">showing the first {len(detail.jobs)} of {s.jobs:,} jobs</p>'
-        letters = []
-        for letter in detail.dead_letters:
-            letters.append(
-                f"<tr><td class=mono>{esc(letter.owner)}</td><td class=mono>{esc(letter.id)}"
-                f"</td><td class=mono>{esc(letter.fn)}</td><td class=num>{letter.attempts}</td>"
-                f"<td>{esc(letter.reason)}</td><td>{when(letter.time, now)}</td>"
-                f'<td class="err">{esc(letter.error)}</td><td>{self._actions(row, letter)}</td>'
-                "</tr>"
-            )
-        if not letters:
-            letters.append('<tr><td colspan=8 class="muted">no dead letters</td></tr>')
         body = (
             f'<p><a href="/">← all objects</a></p><h2 class=mono>{esc(row.namespace)}/'
-            f"{esc(row.id)}</h2>{flash}{cards}"
-            "<section><h2>Queued jobs</h2><table><thead><tr><th>owner</th><th>id</th>"
-            "<th>fn</th><th>due</th><th class=num>priority</th><th class=num>attempts</th>"
-            f'<th>flags</th><th>payload</th></tr></thead><tbody>{"".join(jobs)}</tbody>'
-            f"</table>{more}</section>"
-            "<section><h2>Dead letters</h2><table><thead><tr><th>owner</th><th>id</th>"
-            "<th>fn</th><th class=num>attempts</th><th>reason</th><th>when</th><th>error</th>"
-            f'<th></th></tr></thead><tbody>{"".join(letters)}</tbody></table></section>'
+            f"{esc(row.id)}</h2>{flash}{cards}{jobs_section(detail, now)}"
+            f"{letters_section(detail, now, partial(self._actions, row))}"
         )
         return page(f"{row.namespace}/{row.id}", self.source, now, body,
                     refresh=not self.writes)

@@ -11,6 +11,7 @@ from urllib.parse import urlencode
 
 from nursery_jobs._ops._inspect import is_postgres_address
 from nursery_jobs._ops._inspect_json import printable
+from nursery_jobs._ops._words import span
 
 if TYPE_CHECKING:
     from nursery_jobs._ops._inspect import DataSource
@@ -39,15 +40,7 @@ def when(t: float | None, now: float) -> str:
 
 
 def _duration(seconds: float) -> str:
-    if seconds < 1:
-        return f"{seconds * 1000:.0f} ms"
-    if seconds < 120:
-        return f"{seconds:.1f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    if seconds < 172800:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 86400:.0f} d"
+    return span(seconds)
 
 
 def _q(**params: object) -> str:
@@ -100,6 +93,9 @@ button { cursor:pointer; } button.danger { color:var(--bad); }
 form.inline { display:inline; }
 .chips a { margin-right:10px; } .chips a.on { font-weight:700; }
 .pager { margin-top:8px; display:flex; gap:12px; align-items:center; }
+tr.sub td { background:#fff8f8 !important; padding-top:0; }
+table.attempts { width:auto; margin:2px 0 6px; }
+table.attempts td, table.attempts th { border:0; padding:1px 8px; font-size:12px; }
 .flash { background:#e3f5ea; border:1px solid #b6e3c6; padding:8px 12px; border-radius:6px;
   margin-bottom:12px; }
 """
