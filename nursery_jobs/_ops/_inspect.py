@@ -167,6 +167,11 @@ class ObjectCounts:
     running_jobs: int = 0
     paused: bool = False
     next_due: float | None = None
+    jobs: int = 0
+    failing_jobs: int = 0  # jobs with a failed attempt, waiting to retry
+    crash_strikes: int = 0  # jobs with a crash strike
+    max_attempts: int = 0  # the most failed attempts of a job
+    breaker_strikes: int = 0
 
 
 @attrs.frozen(kw_only=True)
@@ -217,6 +222,7 @@ class DataSource(Protocol):
         letter_limit: int | None = None,
     ) -> ObjectDetail | None: ...
     def job_totals(self, now: float) -> JobTotals: ...
+    def object_counts(self, now: float) -> dict[tuple[str, str], ObjectCounts]: ...
     def all_dead_letters(
         self, *, search: str | None = None, offset: int = 0, limit: int = 50,
     ) -> LetterPage: ...
@@ -545,16 +551,35 @@ def _object_counts(conn: sqlite3.Connection, now: float, running_id: str | None)
     tables = _tables(conn)
     if "nj_jobs" not in tables:
         return ObjectCounts()
-    due, running, later = conn.execute(
+    due, running, later, jobs, failing, struck, attempts = conn.execute(
         "SELECT COALESCE(SUM(time <= ? AND running_since IS NULL AND id IS NOT ?), 0),"
         " COALESCE(SUM(running_since IS NOT NULL OR id IS ?), 0),"
-        " MIN(CASE WHEN time > ? THEN time END) FROM nj_jobs",
+        " MIN(CASE WHEN time > ? THEN time END), COUNT(*), COALESCE(SUM(attempts > 0), 0),"
+        " COALESCE(SUM(crash_strikes > 0), 0), COALESCE(MAX(attempts), 0) FROM nj_jobs",
         (now, running_id, running_id, now),
     ).fetchone()
     letters = conn.execute("SELECT COUNT(*) FROM nj_dead_letters").fetchone()[0]
+    strikes = 0
+    if "nj_meta" in tables:
+        found = conn.execute("SELECT value FROM nj_meta WHERE key = ?", (STRIKES_KEY,)).fetchone()
+        strikes = 0 if found is None else int(found[0])
     return ObjectCounts(dead_letters=int(letters), due_jobs=int(due), running_jobs=int(running),
                         paused="nj_meta" in tables and is_paused(conn),
-                        next_due=None if later is None else float(later))
+                        next_due=None if later is None else float(later), jobs=int(jobs),
+                        failing_jobs=int(failing), crash_strikes=int(struck),
+                        max_attempts=int(attempts), breaker_strikes=strikes)
+
+
+def totals_of(counts: dict[tuple[str, str], ObjectCounts]) -> JobTotals:
+    """Objects' counts, summed by namespace."""
+    totals = JobTotals()
+    for (namespace, _), c in counts.items():
+        for into, n in ((totals.dead_letters, c.dead_letters),
+                        (totals.due_jobs, c.due_jobs),
+                        (totals.running_jobs, c.running_jobs),
+                        (totals.paused_objects, int(c.paused))):
+            into[namespace] = into.get(namespace, 0) + n
+    return totals
 
 
 def _matches(item: FoundLetter, needle: str) -> bool:
@@ -631,18 +656,16 @@ class _ObjectReader:
             cache[key] = (signature, counts)
         return counts
 
+    def object_counts(self, now: float) -> dict[tuple[str, str], ObjectCounts]:
+        """Every object's counts. Reads every object's database (a closed file once
+        while unchanged)."""
+        return {(row.namespace, row.id): self._counts(row, now)
+                for row in self.objects(limit=-1).objects}
+
     def job_totals(self, now: float) -> JobTotals:
         """Dead letters, due and running jobs and paused objects of every object, by
-        namespace. Reads every object's database (a closed file once while unchanged)."""
-        totals = JobTotals()
-        for row in self.objects(limit=-1).objects:
-            counts = self._counts(row, now)
-            for into, n in ((totals.dead_letters, counts.dead_letters),
-                            (totals.due_jobs, counts.due_jobs),
-                            (totals.running_jobs, counts.running_jobs),
-                            (totals.paused_objects, int(counts.paused))):
-                into[row.namespace] = into.get(row.namespace, 0) + n
-        return totals
+        namespace."""
+        return totals_of(self.object_counts(now))
 
     def all_dead_letters(
         self, *, search: str | None = None, offset: int = 0, limit: int = 50,
@@ -838,7 +861,8 @@ class RuntimeSource(_CatalogReader, _ObjectReader):
             key for key in self.rt.active_objects()
             if (not namespace or key[0] == namespace) and (not search or search in key[1])
         )
-        return ObjectPage(objects=self._rows(keys[offset:offset + limit]), total=len(keys),
+        end = None if limit < 0 else offset + limit
+        return ObjectPage(objects=self._rows(keys[offset:end]), total=len(keys),
                           offset=offset, limit=limit)
 
     def _signature(self, row: ObjectRow) -> Any:

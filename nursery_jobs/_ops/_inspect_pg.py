@@ -39,18 +39,21 @@ from nursery_jobs._engines.postgres._schema import ROW_TABLES, TABLES_BY_NAME, c
 from nursery_jobs._errors import DataDirectoryError, StorageError
 from nursery_jobs._ops._inspect import (
     PAUSED_KEY,
+    STRIKES_KEY,
     AlarmSummary,
     DataSource,
     DeadLetterInfo,
     FoundLetter,
     JobTotals,
     LetterPage,
+    ObjectCounts,
     ObjectPage,
     ObjectRow,
     State,
     _ObjectReader,
     _payload,
     letter_page,
+    totals_of,
 )
 
 if TYPE_CHECKING:
@@ -270,53 +273,73 @@ class PgReader(_ObjectReader):
         ]
 
     # -- across every object (in SQL: no working copy per object) ----------------------------
-    def job_totals(self, now: float) -> JobTotals:
-        """Dead letters, due and running jobs and paused objects of every object, by
-        namespace, counted over ``nj_rows`` (running: as shipped, ``running_since``)."""
+    def object_counts(self, now: float) -> dict[tuple[str, str], ObjectCounts]:
+        """Every object's counts, in SQL over ``nj_rows`` (running: marked in its row, or
+        in its live holder's shipped flight list)."""
         columns = TABLES_BY_NAME["nj_jobs"].columns
-        time_at, running_at = columns.index("time"), columns.index("running_since")
-        totals = JobTotals()
-        for ns, due in self._pg.execute(
-            "SELECT namespace, count(*) FROM nj_rows WHERE tbl = 'nj_jobs'"
-            " AND (data::jsonb->>%s)::float8 <= %s AND data::jsonb->>%s IS NULL"
-            " GROUP BY namespace", (time_at, now, running_at),
-        ):
-            totals.due_jobs[str(ns)] = int(due)
-        # Running: marked in its row (singleflight), or in its live holder's flight list.
+        at = {name: columns.index(name) for name in
+              ("time", "running_since", "attempts", "crash_strikes")}
+        found: dict[tuple[str, str], dict[str, Any]] = {
+            (str(ns), str(oid)): {} for ns, oid in self._pg.execute(
+                "SELECT namespace, object_id FROM nj_objects")}
         running = {(str(ns), str(oid), str(job)) for ns, oid, job in self._pg.execute(
             "SELECT namespace, object_id, key FROM nj_rows WHERE tbl = 'nj_jobs'"
-            " AND data::jsonb->>%s IS NOT NULL", (running_at,))}
-        for flight, in self._pg.execute(
+            " AND data::jsonb->>%s IS NOT NULL", (at["running_since"],))}
+        for (flight,) in self._pg.execute(
             "SELECT h.flight FROM nj_hosts h WHERE EXISTS (SELECT 1 FROM nj_objects o"
             " WHERE o.owner = h.host_id AND o.lease_until >= now())"
         ):
             running.update((str(ns), str(oid), str(token))
                            for ns, oid, token, _started in (flight or []) if token)
-        for ns, _oid, _job in running:
-            totals.running_jobs[ns] = totals.running_jobs.get(ns, 0) + 1
+        for ns, oid, jobs, due, later, failing, struck, attempts in self._pg.execute(
+            "SELECT namespace, object_id, count(*),"
+            " count(*) FILTER (WHERE t <= %s AND r IS NULL), min(t) FILTER (WHERE t > %s),"
+            " count(*) FILTER (WHERE a > 0), count(*) FILTER (WHERE c > 0),"
+            " coalesce(max(a), 0) FROM (SELECT namespace, object_id,"
+            " (data::jsonb->>%s)::float8 AS t, data::jsonb->>%s AS r,"
+            " (data::jsonb->>%s)::int AS a, (data::jsonb->>%s)::int AS c"
+            " FROM nj_rows WHERE tbl = 'nj_jobs') j GROUP BY namespace, object_id",
+            (now, now, at["time"], at["running_since"], at["attempts"], at["crash_strikes"]),
+        ):
+            found.setdefault((str(ns), str(oid)), {}).update(
+                jobs=int(jobs), due_jobs=int(due), failing_jobs=int(failing),
+                crash_strikes=int(struck), max_attempts=int(attempts),
+                next_due=None if later is None else float(later))
+        for ns, oid, n in self._pg.execute(
+            "SELECT namespace, object_id, count(*) FROM nj_rows WHERE tbl = 'nj_dead_letters'"
+            " GROUP BY namespace, object_id"
+        ):
+            found.setdefault((str(ns), str(oid)), {})["dead_letters"] = int(n)
+        for ns, oid, key, value in self._pg.execute(
+            "SELECT namespace, object_id, key, data::jsonb->>1 FROM nj_rows"
+            " WHERE tbl = 'nj_meta' AND key IN (%s, %s)", (PAUSED_KEY, STRIKES_KEY),
+        ):
+            entry = found.setdefault((str(ns), str(oid)), {})
+            if key == PAUSED_KEY:
+                entry["paused"] = True
+            else:
+                entry["breaker_strikes"] = int(value or 0)
+        for ns, oid, _job in running:
+            entry = found.setdefault((ns, oid), {})
+            entry["running_jobs"] = entry.get("running_jobs", 0) + 1
         if running:  # (a job running by its flight list is not due: it runs)
             keys = sorted(running)
-            for ns, n in self._pg.execute(
-                "SELECT r.namespace, count(*) FROM nj_rows r JOIN unnest(%s::text[],"
-                " %s::text[], %s::text[]) AS f(ns, oid, k) ON r.namespace = f.ns"
-                " AND r.object_id = f.oid AND r.key = f.k WHERE r.tbl = 'nj_jobs'"
-                " AND (r.data::jsonb->>%s)::float8 <= %s AND r.data::jsonb->>%s IS NULL"
-                " GROUP BY r.namespace",
+            for ns, oid, n in self._pg.execute(
+                "SELECT r.namespace, r.object_id, count(*) FROM nj_rows r JOIN"
+                " unnest(%s::text[], %s::text[], %s::text[]) AS f(ns, oid, k)"
+                " ON r.namespace = f.ns AND r.object_id = f.oid AND r.key = f.k"
+                " WHERE r.tbl = 'nj_jobs' AND (r.data::jsonb->>%s)::float8 <= %s"
+                " AND r.data::jsonb->>%s IS NULL GROUP BY r.namespace, r.object_id",
                 ([k[0] for k in keys], [k[1] for k in keys], [k[2] for k in keys],
-                 time_at, now, running_at),
+                 at["time"], now, at["running_since"]),
             ):
-                totals.due_jobs[str(ns)] -= int(n)
-        for ns, n in self._pg.execute(
-            "SELECT namespace, count(*) FROM nj_rows WHERE tbl = 'nj_dead_letters'"
-            " GROUP BY namespace"
-        ):
-            totals.dead_letters[str(ns)] = int(n)
-        for ns, n in self._pg.execute(
-            "SELECT namespace, count(*) FROM nj_rows WHERE tbl = 'nj_meta' AND key = %s"
-            " GROUP BY namespace", (PAUSED_KEY,),
-        ):
-            totals.paused_objects[str(ns)] = int(n)
-        return totals
+                found[(str(ns), str(oid))]["due_jobs"] -= int(n)
+        return {key: ObjectCounts(**entry) for key, entry in found.items()}
+
+    def job_totals(self, now: float) -> JobTotals:
+        """Dead letters, due and running jobs and paused objects of every object, by
+        namespace."""
+        return totals_of(self.object_counts(now))
 
     def all_dead_letters(
         self, *, search: str | None = None, offset: int = 0, limit: int = 50,

@@ -45,6 +45,7 @@ from nursery_jobs._ops._inspect import (
     DataSource,
     DeadLetterInfo,
     Inline,
+    ObjectCounts,
     ObjectDetail,
     ObjectRow,
     ObjectSummary,
@@ -52,6 +53,7 @@ from nursery_jobs._ops._inspect import (
     SourceAccess,
 )
 from nursery_jobs._ops._inspect_json import detail_json, printable, report_json
+from nursery_jobs._ops._listing import FILTERS, SORTS, list_objects
 from nursery_jobs._ops._prometheus import CONTENT_TYPE, LiveCounters, exposition, read_scrape
 from nursery_jobs._ops._web_html import (
     SAMPLE_INTERVAL,
@@ -456,11 +458,19 @@ class _View:
 
     # -- pages ----------------------------------------------------------------------------
     def dashboard(self, query: dict[str, str], now: float) -> str:
-        namespace, search, only, offset, limit = _page_args(query)
+        only = query.get("only", "all")
+        if only not in FILTERS:
+            raise HttpError(400, f"only must be one of {', '.join(FILTERS)}, not {only!r}")
+        sort = query.get("sort", "id")
+        if sort not in SORTS:
+            raise HttpError(400, f"sort must be one of {', '.join(SORTS)}, not {sort!r}")
+        namespace, search, _, offset, limit = _page_args({**query, "only": "all"})
         source = self.source
         summary = self.summary(now)
-        listing = source.objects(namespace=namespace, search=search, only=only, now=now,
-                                 offset=offset, limit=limit)
+        summary["counts"] = source.object_counts(now)  # (the cards')
+        listing = list_objects(source, namespace=namespace, search=search, only=only,
+                               sort=sort, descending=query.get("desc") == "1", now=now,
+                               offset=offset, limit=limit)
         summaries = [source.summary(row, now) for row in listing.objects]
         parts = [self._cards(summary, now), self._charts(now)]
         parts.append(self._namespaces(namespace, only))
@@ -472,23 +482,36 @@ class _View:
         return page("dashboard", source, now, "".join(parts))
 
     def _cards(self, summary: dict[str, Any], now: float) -> str:
-        cards = [("objects", f"{summary['objects']:,}")]
+        """The header cards; each links to the objects (or letters) it counts."""
+        counts: dict[tuple[str, str], ObjectCounts] = summary.get("counts", {})
+        values = list(counts.values())
+        cards: list[tuple[str, str, str | None]] = [
+            ("objects", f"{summary['objects']:,}", "/")]
         if "active" in summary:
-            cards.append(("active", f"{summary['active']:,}"))
-            cards.append(("alarm runs in flight", f"{summary['alarms_in_flight']:,}"))
-        cards.append(("alarms due now", f"{summary['alarms_due']:,}"))
-        cards.append(("next alarm", when(summary["next_alarm"], now)))
+            cards.append(("active", f"{summary['active']:,}", "/?only=active"))
+        cards += [
+            ("alarms due now", f"{summary['alarms_due']:,}", "/?only=due"),
+            ("running jobs", f"{sum(c.running_jobs for c in values):,}", "/?only=running"),
+            ("failing jobs", f"{sum(c.failing_jobs for c in values):,}", "/?only=failing"),
+            ("dead letters", f"{sum(c.dead_letters for c in values):,}", "/dead-letters"),
+            ("paused objects", f"{sum(c.paused for c in values):,}", "/?only=paused"),
+            ("objects with crash strikes",
+             f"{sum(bool(c.crash_strikes or c.breaker_strikes) for c in values):,}",
+             "/?only=strikes"),
+            ("next alarm", when(summary["next_alarm"], now), None),
+        ]
         totals = summary.get("totals")
         if totals:
-            cards += [("jobs run", f"{totals['dispatched']:,}"),
-                      ("failed attempts", f"{totals['failed']:,}"),
-                      ("retries", f"{totals['retried']:,}"),
-                      ("dead-lettered", f"{totals['dead_lettered']:,}"),
-                      ("crash strikes", f"{totals['crash_strikes']:,}"),
-                      ("breaker trips", f"{totals['breaker_trips']:,}")]
-        return '<div class="cards">' + "".join(
-            f'<div class="card"><div class="n">{v}</div><div class="l">{esc(k)}</div></div>'
-            for k, v in cards) + "</div>"
+            cards += [("jobs run", f"{totals['dispatched']:,}", None),
+                      ("failed attempts", f"{totals['failed']:,}", None),
+                      ("retries", f"{totals['retried']:,}", None),
+                      ("breaker trips", f"{totals['breaker_trips']:,}", None)]
+        out = []
+        for label, value, link in cards:
+            card = f'<div class="n">{value}</div><div class="l">{esc(label)}</div>'
+            out.append(f'<a class="card" href="{link}">{card}</a>' if link
+                       else f'<div class="card">{card}</div>')
+        return '<div class="cards">' + "".join(out) + "</div>"
 
     def _charts(self, now: float) -> str:
         if self.live.series is None:
@@ -523,14 +546,15 @@ class _View:
         only = query.get("only", "all")
         options = "".join(
             f'<option value="{v}"{" selected" if v == only else ""}>{label}</option>'
-            for v, label in (("all", "all objects"), ("active", "active only"),
-                             ("due", "alarm due"))
+            for v, label in FILTERS.items()
         )
+        keep = "".join(f'<input type="hidden" name="{k}" value="{esc(query[k])}">'
+                       for k in ("sort", "desc") if query.get(k))
         filters = (
             '<form class="filters" method="get" action="/">'
             f'<input name="ns" placeholder="namespace" value="{esc(query.get("ns", ""))}">'
             f'<input name="q" placeholder="id contains" value="{esc(query.get("q", ""))}">'
-            f'<select name="only">{options}</select>'
+            f'<select name="only">{options}</select>{keep}'
             "<button>Filter</button></form>"
         )
         body = []
@@ -541,11 +565,12 @@ class _View:
             dead = (f'<span class="badge b-dead">{s.dead_letters}</span>'
                     if s.dead_letters else "0")
             problem = f'<div class="err">{esc(s.problem)}</div>' if s.problem else ""
+            paused = ' <span class="badge b-due">paused</span>' if s.paused else ""
             retry = (f' <span class="muted">(retry {row.alarm_retry})</span>'
                      if row.alarm_retry else "")
             body.append(
                 f"<tr><td>{esc(row.namespace)}</td><td><a class=mono href=\"{esc(link)}\">"
-                f"{esc(row.id)}</a>{problem}</td><td>{_state_badge(s.state)}</td>"
+                f"{esc(row.id)}</a>{problem}</td><td>{_state_badge(s.state)}{paused}</td>"
                 f"<td>{when(row.alarm, now)}{retry}</td><td class=num>{s.jobs}</td>"
                 f"<td class=num>{due}</td><td class=num>{s.running}</td>"
                 f"<td class=num>{s.max_attempts}</td><td class=num>{dead}</td>"
@@ -563,13 +588,21 @@ class _View:
                    "</span>")
         if page_no < pages:
             nav.append(f'<a href="/?{urlencode({**base, "page": page_no + 1})}">next →</a>')
+        sort, descending = query.get("sort", "id"), query.get("desc") == "1"
+        heads = []
+        for key, (label, _) in SORTS.items():
+            flip = "1" if key == sort and not descending else ""
+            arrow = (" ▼" if descending else " ▲") if key == sort else ""
+            href = "/?" + urlencode({**{k: v for k, v in base.items()
+                                        if k not in ("sort", "desc")},
+                                     "sort": key, **({"desc": flip} if flip else {})})
+            cls = "" if key in ("ns", "id", "state", "alarm") else " class=num"
+            heads.append(f'<th{cls}><a href="{esc(href)}">{esc(label)}{arrow}</a></th>')
+        title = "Objects" if only == "all" else f"Objects {esc(FILTERS[only])}"
         return (
-            f"<section><h2>Objects</h2>{filters}<table><thead><tr><th>namespace</th><th>id</th>"
-            "<th>state</th><th>alarm</th><th class=num>jobs</th><th class=num>due</th>"
-            "<th class=num>running</th><th class=num>max attempts</th>"
-            "<th class=num>dead letters</th><th class=num>breaker strikes</th></tr></thead>"
-            f'<tbody>{"".join(body)}</tbody></table><div class="pager">{"".join(nav)}</div>'
-            "</section>"
+            f"<section><h2>{title}</h2>{filters}<table><thead><tr>{''.join(heads)}</tr>"
+            f'</thead><tbody>{"".join(body)}</tbody></table>'
+            f'<div class="pager">{"".join(nav)}</div></section>'
         )
 
     def _newest_dead_letters(self, now: float) -> str:

@@ -64,6 +64,8 @@ a { color:var(--accent); text-decoration:none; } a:hover { text-decoration:under
 .card { background:var(--card); border:1px solid var(--line); border-radius:8px;
   padding:8px 12px; min-width:96px; }
 .card .n { font-size:19px; font-weight:600; } .card .l { color:var(--muted); font-size:12px; }
+a.card { color:var(--fg); } a.card:hover { border-color:var(--accent); text-decoration:none; }
+th a { color:var(--muted); }
 .charts { display:flex; gap:12px; flex-wrap:wrap; margin-bottom:14px; }
 .chart { background:var(--card); border:1px solid var(--line); border-radius:8px;
   padding:8px 12px; }
