@@ -23,16 +23,14 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from functools import partial
-from itertools import pairwise
 from typing import TYPE_CHECKING, Any, Final, Literal, cast
 from urllib.parse import parse_qs, urlencode
 
 import attrs
 import trio
-from trio_util import periodic
 
 from nursery_jobs import _clock
-from nursery_jobs._core._metrics import LATENESS_BUCKETS, Metrics, MetricsSnapshot, quantile
+from nursery_jobs._core._metrics import Metrics, MetricsSnapshot
 from nursery_jobs._errors import (
     DataDirectoryError,
     HttpError,
@@ -55,14 +53,13 @@ from nursery_jobs._ops._inspect import (
 from nursery_jobs._ops._inspect_json import detail_json, printable, report_json
 from nursery_jobs._ops._listing import FILTERS, SORTS, list_objects
 from nursery_jobs._ops._prometheus import CONTENT_TYPE, LiveCounters, exposition, read_scrape
+from nursery_jobs._ops._web_charts import SAMPLE_INTERVAL, ChartData, charts, window_of
+from nursery_jobs._ops._web_charts import Recorder as SampleRecorder
 from nursery_jobs._ops._web_html import (
-    SAMPLE_INTERVAL,
-    SAMPLES,
     _q,
     _state_badge,
     esc,
     page,
-    svg_chart,
     when,
 )
 from nursery_jobs._ops._web_letters import LETTERS_PER_PAGE, letters_json, letters_page
@@ -92,38 +89,16 @@ OBJECT_JOB_LIMIT: Final = 500
 
 
 # -- what a live runtime adds: recent events and chart samples ------------------------------
-class Recorder:
+class Recorder(SampleRecorder):
     """Keeps the recent events and, every ``SAMPLE_INTERVAL``, a sample of the metrics
-    (for the dashboard's charts over the last minutes)."""
+    (for the dashboard's charts, ``_web_charts``)."""
 
     def __init__(self, metrics: Metrics, interval: float = SAMPLE_INTERVAL) -> None:
-        self.metrics = metrics
-        self.interval = interval
+        super().__init__(metrics, interval)
         self.events: deque[Event] = deque(maxlen=RECENT_EVENTS)
-        self.samples: deque[tuple[float, int, list[int]]] = deque(maxlen=SAMPLES + 1)
 
     def on_event(self, event: Event) -> None:
         self.events.append(event)
-
-    def sample(self, now: float) -> None:
-        dispatched = sum(self.metrics.dispatched.values())
-        self.samples.append((now, dispatched, list(self.metrics.alarm_lateness.counts)))
-
-    async def run(self) -> None:
-        async for _ in periodic(self.interval):
-            self.sample(_clock.now())
-
-    def series(self) -> tuple[list[tuple[float, float]], list[tuple[float, float | None]]]:
-        """(time, jobs/s) and (time, p95 alarm lateness in s) per sample interval."""
-        rates: list[tuple[float, float]] = []
-        lateness: list[tuple[float, float | None]] = []
-        samples = list(self.samples)
-        for (t0, d0, l0), (t1, d1, l1) in pairwise(samples):
-            span = max(t1 - t0, 1e-9)
-            rates.append((t1, (d1 - d0) / span))
-            delta = [b - a for a, b in zip(l0, l1, strict=True)]
-            lateness.append((t1, quantile(LATENESS_BUCKETS, delta, 0.95)))
-        return rates, lateness
 
 
 # -- the ASGI app --------------------------------------------------------------------------
@@ -171,8 +146,7 @@ class Live:
     live_counters: LiveCounters | None = None  # for /metrics
     metrics: MetricsSnapshot | None = None  # for /metrics
     events: list[Event] | None = None  # newest first; None: no recorder
-    series: tuple[list[tuple[float, float]], list[tuple[float, float | None]]] | None = None
-    span: float = SAMPLE_INTERVAL * SAMPLES
+    charts: ChartData | None = None
 
 
 # The pages that read the data source.
@@ -269,7 +243,7 @@ class Dashboard:
             return Response(204, b"", "image/x-icon")
         if path not in _SOURCE_PAGES:
             raise HttpError(404, f"no page {path!r}")
-        live = self._live(path, now)
+        live = self._live(path, now, query)
         return await self.access.read(partial(self._render, path, query, now, live))
 
     def _render(self, path: str, query: dict[str, str], now: float, live: Live,
@@ -304,7 +278,7 @@ class Dashboard:
         assert path == "/api/summary"
         return _json(view.summary(now))
 
-    def _live(self, path: str, now: float) -> Live:
+    def _live(self, path: str, now: float, query: dict[str, str]) -> Live:
         """What the live runtime adds to page ``path``, read now (on the Trio thread)."""
         counters = None
         if self.counters is not None and path in ("/", "/metrics", "/api/summary"):
@@ -318,16 +292,14 @@ class Dashboard:
                     events_dropped=counters["events_dropped"])
             if self.metrics is not None:
                 snapshot = self.metrics.snapshot()
-        events = series = None
+        events = data = None
         if self.recorder is not None and path == "/":
             events = list(reversed(self.recorder.events))[:30]
-            series = self.recorder.series()
+            data = self.recorder.chart_data(window_of(query), query.get("ns") or None)
         return Live(counters=counters,
                     totals=None if self.metrics is None else self.metrics.totals(),
                     live_counters=live_counters, metrics=snapshot, events=events,
-                    series=series,
-                    span=(self.recorder.interval if self.recorder else SAMPLE_INTERVAL)
-                    * SAMPLES)
+                    charts=data)
 
     def events_json(self) -> list[dict[str, Any]]:
         if self.recorder is None:
@@ -472,7 +444,7 @@ class _View:
                                sort=sort, descending=query.get("desc") == "1", now=now,
                                offset=offset, limit=limit)
         summaries = [source.summary(row, now) for row in listing.objects]
-        parts = [self._cards(summary, now), self._charts(now)]
+        parts = [self._cards(summary, now), self._charts(now, query)]
         parts.append(self._namespaces(namespace, only))
         parts.append(self._objects_table(listing.objects, summaries, now, query, listing.total,
                                          offset, limit))
@@ -513,19 +485,13 @@ class _View:
                        else f'<div class="card">{card}</div>')
         return '<div class="cards">' + "".join(out) + "</div>"
 
-    def _charts(self, now: float) -> str:
-        if self.live.series is None:
-            return ('<p class="muted">Charts of dispatch rate and alarm lateness need a live'
-                    " runtime: <code>open_runtime(..., http=(\"127.0.0.1\", 8321))</code>.</p>")
-        rates, lateness = self.live.series
-        span = self.live.span
-        return (
-            '<div class="charts">'
-            f'<div class="chart"><h3>Dispatch rate</h3>'
-            f'{svg_chart(list(rates), now=now, span=span, unit="jobs/s", bars=True)}</div>'
-            f'<div class="chart"><h3>Alarm lateness (p95)</h3>'
-            f'{svg_chart(lateness, now=now, span=span, unit="ms", scale=1000.0)}</div></div>'
-        )
+    def _charts(self, now: float, query: dict[str, str]) -> str:
+        if self.live.charts is None:
+            return ('<p class="muted">Charts of dispatch rate, failures and alarm lateness'
+                    " need a live runtime: <code>open_runtime(..., http=(\"127.0.0.1\","
+                    " 8321))</code>.</p>")
+        return charts(self.live.charts, now,
+                      {k: v for k, v in query.items() if k in ("ns", "only", "q")})
 
     def _namespaces(self, current: str | None, only: str) -> str:
         namespaces = self.source.namespaces()

@@ -17,8 +17,6 @@ if TYPE_CHECKING:
     from nursery_jobs._ops._inspect import DataSource
 
 REFRESH_SECONDS: Final = 5
-SAMPLE_INTERVAL: Final = 5.0  # seconds between chart samples
-SAMPLES: Final = 120  # ten minutes of them
 
 
 # -- HTML -------------------------------------------------------------------------------
@@ -69,6 +67,10 @@ th a { color:var(--muted); }
 .charts { display:flex; gap:12px; flex-wrap:wrap; margin-bottom:14px; }
 .chart { background:var(--card); border:1px solid var(--line); border-radius:8px;
   padding:8px 12px; }
+.legend { flex-basis:100%; font-size:12px; display:flex; gap:14px; flex-wrap:wrap;
+  align-items:center; }
+.legend .swatch { display:inline-block; width:10px; height:10px; border-radius:2px;
+  margin-right:4px; } .legend .window { margin-left:auto; }
 .chart h3 { margin:0 0 4px; font-size:13px; font-weight:600; }
 section { background:var(--card); border:1px solid var(--line); border-radius:8px;
   padding:12px 14px; margin-bottom:14px; }
@@ -128,54 +130,6 @@ def page(title: str, source: DataSource, now: float, body: str, *,
 
 def _state_badge(state: str) -> str:
     return f'<span class="badge b-{state.replace(" ", "-")}">{esc(state)}</span>'
-
-
-def svg_chart(points: list[tuple[float, float | None]], *, now: float, unit: str,
-              span: float, scale: float = 1.0, width: int = 520, height: int = 110,
-              bars: bool = False) -> str:
-    """A small chart of ``points`` (time, value) over the last ``span`` seconds."""
-    left, bottom = 44, 18
-    plot_w, plot_h = width - left - 6, height - bottom - 8
-    values = [v * scale for _, v in points if v is not None]
-    top = max(values, default=0.0)
-    top = _nice(top) if top > 0 else 1.0
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}"'
-             f' role="img" aria-label="chart">',
-             f'<rect x="{left}" y="8" width="{plot_w}" height="{plot_h}" fill="#fafbfd"'
-             ' stroke="#e3e6ee"/>']
-    for frac in (0.5, 1.0):
-        y = 8 + plot_h * (1 - frac)
-        parts.append(f'<line x1="{left}" x2="{left + plot_w}" y1="{y:.1f}" y2="{y:.1f}"'
-                     ' stroke="#e3e6ee"/>')
-        parts.append(f'<text x="{left - 4}" y="{y + 4:.1f}" font-size="10" fill="#6b7385"'
-                     f' text-anchor="end">{_tick(top * frac)}</text>')
-    parts.append(f'<text x="{left}" y="{height - 4}" font-size="10" fill="#6b7385">'
-                 f'-{_duration(span)}</text>')
-    parts.append(f'<text x="{left + plot_w}" y="{height - 4}" font-size="10" fill="#6b7385"'
-                 f' text-anchor="end">now · {esc(unit)}</text>')
-
-    def xy(t: float, v: float) -> tuple[float, float]:
-        x = left + plot_w * (1 - min(max(now - t, 0.0), span) / span)
-        return x, 8 + plot_h * (1 - min(v * scale / top, 1.0))
-
-    if bars:
-        bar_w = max(plot_w / SAMPLES - 0.6, 1)
-        for t, v in points:
-            if v is None or v <= 0:
-                continue
-            x, y = xy(t, v)
-            parts.append(f'<rect x="{x - bar_w:.1f}" y="{y:.1f}" width="{bar_w:.1f}"'
-                         f' height="{8 + plot_h - y:.1f}" fill="#3257d6"/>')
-    else:
-        line = " ".join("{:.1f},{:.1f}".format(*xy(t, v)) for t, v in points if v is not None)
-        if line:
-            parts.append(f'<polyline points="{line}" fill="none" stroke="#b7791f"'
-                         ' stroke-width="1.8"/>')
-    if not values:
-        parts.append(f'<text x="{left + plot_w / 2}" y="{8 + plot_h / 2}" font-size="11"'
-                     ' fill="#6b7385" text-anchor="middle">no samples yet</text>')
-    parts.append("</svg>")
-    return "".join(parts)
 
 
 def _nice(value: float) -> float:
