@@ -8,7 +8,8 @@ hour and every 50th with a dead letter, then times over HTTP on loopback:
 for ``/`` (first page), ``/?page=100``, ``/api/objects``, ``/metrics``.
 
 Run: PYTHONPATH=. python benchmarks/dashboard.py [--objects 10000] [--data DIR]
-     PYTHONPATH=. python benchmarks/dashboard.py --screenshot docs/dashboard.png
+     PYTHONPATH=. python benchmarks/dashboard.py --screenshot docs/
+(the home page, an object page and the dead letters: docs/dashboard*.png)
 """
 
 from __future__ import annotations
@@ -53,6 +54,11 @@ class Account(nj.DurableObject):
     async def push_charge(self, k: int) -> None:
         await self.lifecycle.jobs.push("charge", id=f"charge-{k}", payload=k,
                                        retry=nj.RetryOptions(max_attempts=3, base_delay=0.4))
+
+    async def push_retrying(self, k: int) -> None:
+        await self.lifecycle.jobs.push("charge", id=f"charge-{k}", payload=k,
+                                       retry=nj.RetryOptions(max_attempts=5, base_delay=600,
+                                                             max_delay=600))
 
     async def on_job(self, ctx: nj.JobContext) -> nj.JobOutcome:
         await trio.sleep(random.random() * 0.004)
@@ -133,12 +139,15 @@ async def bench(data: Path, n: int, rounds: int) -> None:
 
 
 async def screenshot(out: Path) -> None:
-    """A dashboard with some history, rendered by headless Chromium."""
-    _web.SAMPLE_INTERVAL = 0.25  # a 30 s chart window fills in seconds
+    """A dashboard with some history, rendered by headless Chromium into ``out``
+    (a directory): the home page, an object page with a failed job's attempts, and the
+    dead letters of every object."""
+    _web.SAMPLE_INTERVAL = 0.25  # a one-minute chart window fills in seconds
+    await trio.Path(out).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "shop-data"
         await build(data, 120)
-        async with nj.open_runtime(data, http=("127.0.0.1", 0)) as rt:
+        async with nj.open_runtime(data, http=("127.0.0.1", 0), http_writes=True) as rt:
             assert rt.http_url is not None
             ids = [f"{('mailer' if i % 4 == 0 else 'account')}-{i:05d}" for i in range(120)]
 
@@ -156,15 +165,26 @@ async def screenshot(out: Path) -> None:
                     rate = 60 + 140 * (0.5 + 0.5 * ((trio.current_time() % 12) / 12))
                     await trio.sleep(random.expovariate(rate))
 
-            await load(28)
+            await load(40)
             await trio.sleep(2.5)  # the last retries end
-            await trio.run_process(
-                ["chromium", "--headless", "--no-sandbox", "--disable-gpu",
-                 "--disable-background-networking", "--no-first-run", "--hide-scrollbars",
-                 f"--user-data-dir={tmp}/profile", "--window-size=1360,1560",
-                 f"--screenshot={out}", rt.http_url + "?limit=10"],
-                capture_stdout=True, capture_stderr=True)
-    print(f"wrote {out}")
+            # One charge still retrying (its first attempt failed), on account-00001.
+            await rt.get(Account, ids[1]).push_retrying(9001)
+            await trio.sleep(0.5)
+            pages = {
+                "dashboard.png": ("?limit=10&window=60", 1600),
+                "dashboard-object.png": (
+                    f"object?ns={Account.namespace}&id={ids[1]}", 1400),
+                "dashboard-dead-letters.png": ("dead-letters?q=declined", 1100),
+            }
+            for name, (path, height) in pages.items():
+                await trio.run_process(
+                    ["chromium", "--headless", "--no-sandbox", "--disable-gpu",
+                     "--disable-background-networking", "--no-first-run",
+                     "--hide-scrollbars", f"--user-data-dir={tmp}/profile",
+                     f"--window-size=1400,{height}", f"--screenshot={out / name}",
+                     rt.http_url + path],
+                    capture_stdout=True, capture_stderr=True)
+                print(f"wrote {out / name}")
 
 
 def main(argv: list[str] | None = None) -> None:

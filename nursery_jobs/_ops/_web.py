@@ -461,6 +461,7 @@ class _View:
             ("objects", f"{summary['objects']:,}", "/")]
         if "active" in summary:
             cards.append(("active", f"{summary['active']:,}", "/?only=active"))
+            cards.append(("alarm runs in flight", f"{summary['alarms_in_flight']:,}", None))
         cards += [
             ("alarms due now", f"{summary['alarms_due']:,}", "/?only=due"),
             ("running jobs", f"{sum(c.running_jobs for c in values):,}", "/?only=running"),

@@ -105,7 +105,7 @@ def _busiest(series: Series, rates: Series) -> list[str]:
 
 
 def svg_lines(series: Series, order: list[str], *, now: float, window: float, unit: str,
-              scale: float = 1.0, width: int = 420, height: int = 120) -> str:
+              scale: float = 1.0, width: int = 400, height: int = 120) -> str:
     """A chart of one line per namespace (``order``: the colours' order)."""
     left, bottom = 44, 18
     plot_w, plot_h = width - left - 6, height - bottom - 8

@@ -75,6 +75,7 @@ th a { color:var(--muted); }
 section { background:var(--card); border:1px solid var(--line); border-radius:8px;
   padding:12px 14px; margin-bottom:14px; }
 section h2 { font-size:15px; margin:0 0 8px; }
+h2.mono { font-size:17px; margin:4px 0 12px; }
 table { border-collapse:collapse; width:100%; }
 th, td { text-align:left; padding:5px 8px; border-bottom:1px solid var(--line);
   vertical-align:top; }
@@ -82,7 +83,7 @@ th { font-size:12px; color:var(--muted); font-weight:600; }
 tr:nth-child(even) td { background:#fafbfd; }
 td.num, th.num { text-align:right; font-variant-numeric:tabular-nums; }
 code, .mono { font-family:ui-monospace, SFMono-Regular, Menlo, monospace; font-size:12.5px; }
-.muted { color:var(--muted); }
+.muted { color:var(--muted); } .nw { white-space:nowrap; }
 .badge { display:inline-block; padding:1px 7px; border-radius:10px; font-size:11.5px;
   font-weight:600; background:#eef0f6; color:var(--muted); }
 .b-active { background:#e3f5ea; color:var(--ok); } .b-evicted { background:#eef0f6; }
@@ -121,7 +122,8 @@ def page(title: str, source: DataSource, now: float, body: str, *,
         f"<title>{esc(title)} · nursery_jobs</title><style>{_CSS}</style></head><body>"
         f'<header><h1><a href="/" style="color:#fff">nursery_jobs</a></h1>'
         f'<span class="src">{esc(source.label)}</span><span class="badge">{mode}</span>'
-        f'<span class="right">{stamp}Z · refreshes every {REFRESH_SECONDS} s ·'
+        f'<span class="right">{stamp}Z ·{f" refreshes every {REFRESH_SECONDS} s ·" if refresh else ""}'
+        f' <a href="/dead-letters" style="color:#aab3c9">dead letters</a> ·'
         f' <a href="/metrics" style="color:#aab3c9">/metrics</a> ·'
         f' <a href="/api/objects" style="color:#aab3c9">/api</a></span></header>'
         f"<main>{body}</main></body></html>"

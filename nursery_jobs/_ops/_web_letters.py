@@ -73,12 +73,12 @@ def letters_page(found: LetterPage, source: DataSource, now: float, *, search: s
         link = f"/object?{_q(ns=item.namespace, id=item.object_id)}"
         actions = _row_actions(item, token, search) if writes else ""
         rows.append(
-            f"<tr><td>{when(letter.time, now)}</td>"
-            f'<td><a class=mono href="{esc(link)}">{esc(item.namespace)}/'
-            f"{esc(item.object_id)}</a></td><td class=mono>{esc(letter.owner)}/"
+            f"<tr><td class=nw>{when(letter.time, now)}</td>"
+            f'<td class=nw><a class=mono href="{esc(link)}">{esc(item.namespace)}/'
+            f"{esc(item.object_id)}</a></td><td class='mono nw'>{esc(letter.owner)}/"
             f"{esc(letter.id)}</td><td class=mono>{esc(letter.fn)}</td>"
             f"<td class=num>{letter.attempts}</td><td>{esc(letter.reason)}</td>"
-            f'<td class="err">{esc(letter.error)}</td><td>{actions}</td></tr>'
+            f'<td class="err">{esc(letter.error)}</td><td class=nw>{actions}</td></tr>'
         )
     if not rows:
         none = "no dead letter matches" if search else "no dead letters"
