@@ -116,13 +116,14 @@ def page(title: str, source: DataSource, now: float, body: str, *,
         mode = "stopped data directory · read-only"
     meta = f'<meta http-equiv="refresh" content="{REFRESH_SECONDS}">' if refresh else ""
     stamp = time.strftime("%H:%M:%S", time.gmtime(now))
+    every = f" refreshes every {REFRESH_SECONDS} s ·" if refresh else ""
     return (
         "<!doctype html><html lang=en><head><meta charset=utf-8>"
         f'<meta name="viewport" content="width=device-width, initial-scale=1">{meta}'
         f"<title>{esc(title)} · nursery_jobs</title><style>{_CSS}</style></head><body>"
         f'<header><h1><a href="/" style="color:#fff">nursery_jobs</a></h1>'
         f'<span class="src">{esc(source.label)}</span><span class="badge">{mode}</span>'
-        f'<span class="right">{stamp}Z ·{f" refreshes every {REFRESH_SECONDS} s ·" if refresh else ""}'
+        f'<span class="right">{stamp}Z ·{every}'
         f' <a href="/dead-letters" style="color:#aab3c9">dead letters</a> ·'
         f' <a href="/metrics" style="color:#aab3c9">/metrics</a> ·'
         f' <a href="/api/objects" style="color:#aab3c9">/api</a></span></header>'
