@@ -7,7 +7,11 @@ hour and every 50th with a dead letter, then times over HTTP on loopback:
   - a live runtime with the first page's objects active,
 for ``/`` (first page), ``/?page=100``, ``/api/objects``, ``/metrics``.
 
+And (``--scrape``) dispatch throughput of a live runtime with its dashboard fetched every
+second (``/metrics`` and ``/``, by another process) against the same without.
+
 Run: PYTHONPATH=. python benchmarks/dashboard.py [--objects 10000] [--data DIR]
+     PYTHONPATH=. python benchmarks/dashboard.py --scrape [--jobs 300000] [--runs 3]
      PYTHONPATH=. python benchmarks/dashboard.py --screenshot docs/
 (the home page, an object page and the dead letters: docs/dashboard*.png)
 """
@@ -20,6 +24,7 @@ import statistics
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -187,6 +192,60 @@ async def screenshot(out: Path) -> None:
                 print(f"wrote {out / name}")
 
 
+SCRAPER = """
+import sys, time, urllib.request
+url = sys.argv[1]
+while True:
+    t0 = time.monotonic()
+    for path in ("metrics", ""):
+        urllib.request.urlopen(url + path).read()
+    time.sleep(max(0.0, 1.0 - (time.monotonic() - t0)))
+"""
+
+
+async def dispatch_rate(data: Path, jobs: int, objects: int, scraped: bool) -> float:
+    """Jobs/s draining ``jobs`` no-op jobs over ``objects`` objects; ``scraped``: while
+    another process fetches /metrics and / every second."""
+    from nursery_jobs.bench._harness import BenchObject, _Bench
+
+    bench = _Bench()
+    per_object = jobs // objects
+    bench.target = per_object * objects
+    async with nj.open_runtime(data, env=bench, http=("127.0.0.1", 0)) as rt:
+        assert rt.http_url is not None
+        for i in range(objects):
+            await rt.get(BenchObject, f"o{i}").fill(per_object)
+        await trio.sleep(0.05)  # every object's alarm run is parked on its gate job
+        async with trio.open_nursery() as nursery:
+            if scraped:
+                nursery.start_soon(partial(
+                    trio.run_process, [sys.executable, "-c", SCRAPER, rt.http_url],
+                    check=False))
+                await trio.sleep(1.5)  # (the scraper's first round has run)
+            t0 = time.perf_counter()
+            bench.go.set()
+            await bench.done.wait()
+            rate = bench.target / (time.perf_counter() - t0)
+            nursery.cancel_scope.cancel()
+    return rate
+
+
+async def scrape_bench(jobs: int, objects: int, runs: int) -> None:
+    rates: dict[bool, list[float]] = {False: [], True: []}
+    for run in range(runs):
+        for scraped in (False, True) if run % 2 == 0 else (True, False):  # (interleaved)
+            with tempfile.TemporaryDirectory(dir="/dev/shm") as tmp:
+                rate = await dispatch_rate(Path(tmp) / "data", jobs, objects, scraped)
+            rates[scraped].append(rate)
+            print(f"  run {run + 1}: {'scraped' if scraped else 'quiet  '} {rate:,.0f} jobs/s",
+                  file=sys.stderr)
+    quiet, scraped = statistics.median(rates[False]), statistics.median(rates[True])
+    print(f"\ndispatch of {jobs:,} jobs over {objects} objects, median of {runs} runs:")
+    print(f"  without the dashboard:            {quiet:>10,.0f} jobs/s")
+    print(f"  /metrics and / fetched every 1 s: {scraped:>10,.0f} jobs/s"
+          f"  ({(scraped / quiet - 1) * 100:+.1f} %)")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -195,7 +254,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--data", type=Path, default=None,
                         help="reuse (or build) the data directory here")
     parser.add_argument("--screenshot", type=Path, default=None)
+    parser.add_argument("--scrape", action="store_true",
+                        help="dispatch with the dashboard scraped every second vs without")
+    parser.add_argument("--jobs", type=int, default=300_000)
+    parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args(argv)
+    if args.scrape:
+        trio.run(scrape_bench, args.jobs, min(args.objects, 100), args.runs)
+        return
     if args.screenshot is not None:
         trio.run(screenshot, args.screenshot.resolve())
         return

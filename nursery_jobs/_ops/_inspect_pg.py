@@ -273,9 +273,11 @@ class PgReader(_ObjectReader):
         ]
 
     # -- across every object (in SQL: no working copy per object) ----------------------------
-    def object_counts(self, now: float) -> dict[tuple[str, str], ObjectCounts]:
+    def object_counts(self, now: float, *, strikes: bool = True,
+                      ) -> dict[tuple[str, str], ObjectCounts]:
         """Every object's counts, in SQL over ``nj_rows`` (running: marked in its row, or
-        in its live holder's shipped flight list)."""
+        in its live holder's shipped flight list); crash strikes always (the server
+        reads every row anyway, in its own process)."""
         columns = TABLES_BY_NAME["nj_jobs"].columns
         at = {name: columns.index(name) for name in
               ("time", "running_since", "attempts", "crash_strikes")}

@@ -27,7 +27,7 @@ _BY_COUNTS: Final[dict[str, Callable[[ObjectCounts], bool]]] = {
     "failing": lambda c: c.failing_jobs > 0,
     "paused": lambda c: c.paused,
     "dead": lambda c: c.dead_letters > 0,
-    "strikes": lambda c: c.crash_strikes > 0 or c.breaker_strikes > 0,
+    "strikes": lambda c: bool(c.crash_strikes) or c.breaker_strikes > 0,
 }
 # Sort key -> (column heading, key of a row and its counts).
 SORTS: Final[dict[str, tuple[str, Callable[[ObjectRow, ObjectCounts], Any]]]] = {
@@ -55,15 +55,18 @@ def natural_key(text: str) -> tuple[Any, ...]:
 def list_objects(
     source: DataSource, *, namespace: str | None, search: str | None, only: str,
     sort: str, descending: bool, now: float, offset: int, limit: int,
+    counts: dict[tuple[str, str], ObjectCounts] | None = None,
 ) -> ObjectPage:
-    """One page of the objects that ``only`` keeps, in ``sort`` order."""
+    """One page of the objects that ``only`` keeps, in ``sort`` order (``counts``: every
+    object's, read already; with crash strikes for the ``strikes`` filter)."""
     base = cast(Literal["all", "active", "due"], only if only in ("all", "active", "due")
                 else "all")
     rows = source.objects(namespace=namespace, search=search, only=base, now=now,
                           limit=-1).objects
-    counts: dict[tuple[str, str], ObjectCounts] = {}
-    if only in _BY_COUNTS or sort not in _CATALOG_SORTS:
-        counts = source.object_counts(now)
+    if counts is None:
+        counts = {}
+        if only in _BY_COUNTS or sort not in _CATALOG_SORTS:
+            counts = source.object_counts(now, strikes=only == "strikes")
     none = ObjectCounts()
     if only in _BY_COUNTS:
         keep = _BY_COUNTS[only]
