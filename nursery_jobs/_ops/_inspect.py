@@ -172,6 +172,8 @@ class ObjectCounts:
     crash_strikes: int | None = None  # jobs with a crash strike (None: not counted)
     max_attempts: int = 0  # the most failed attempts of a job (as kept in nj_attempts)
     breaker_strikes: int = 0
+    state: State | None = None  # as read (None: not opened)
+    problem: str | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -591,6 +593,16 @@ def _object_counts(conn: sqlite3.Connection, now: float, running_id: str | None,
                         max_attempts=int(attempts), breaker_strikes=breaker)
 
 
+def summary_of(row: ObjectRow, counts: ObjectCounts) -> ObjectSummary:
+    """An object's summary from its counts (read already for every object)."""
+    state: State = counts.state or ("active" if row.active else "evicted")
+    return ObjectSummary(
+        row=row, state=state, problem=counts.problem, lifecycle=counts.state is not None,
+        jobs=counts.jobs, due=counts.due_jobs, running=counts.running_jobs,
+        max_attempts=counts.max_attempts, dead_letters=counts.dead_letters,
+        breaker_strikes=counts.breaker_strikes, paused=counts.paused)
+
+
 def totals_of(counts: dict[tuple[str, str], ObjectCounts]) -> JobTotals:
     """Objects' counts, summed by namespace."""
     totals = JobTotals()
@@ -667,13 +679,15 @@ class _ObjectReader:
                     known[1].next_due is None or now < known[1].next_due) and (
                     not strikes or known[1].crash_strikes is not None):
                 return known[1]
-        with self._object_db(row) as (conn, _state, _problem):
+        with self._object_db(row) as (conn, state, problem):
             if conn is None:
-                return ObjectCounts()
+                return ObjectCounts(state=state, problem=problem)
             try:
-                counts = _object_counts(conn, now, self._running_id(row), strikes=strikes)
-            except sqlite3.DatabaseError:
-                return ObjectCounts()
+                counts = attrs.evolve(
+                    _object_counts(conn, now, self._running_id(row), strikes=strikes),
+                    state=state)
+            except sqlite3.DatabaseError as exc:
+                return ObjectCounts(state="damaged", problem=str(exc))
         if signature is not None:
             cache[key] = (signature, counts)
         return counts
@@ -960,24 +974,7 @@ class RuntimeSource(_CatalogReader, _ObjectReader):
         found = None if lifecycle is None else lifecycle.running_for()
         return None if found is None else _clock.now() - found[1]
 
-    # -- what the metrics and the test helpers need --------------------------------------
-    def due_jobs_in_active_objects(self, now: float) -> dict[str, int]:
-        """Due jobs per namespace, counted in the open databases of active objects (a
-        dormant one has none due: its alarm would have woken it)."""
-        counts: dict[str, int] = {}
-        for namespace, object_id in self.rt.active_objects():
-            conn = self.rt.active_database(namespace, object_id)
-            if conn is None:
-                continue
-            try:
-                due = conn.execute(
-                    "SELECT COUNT(*) FROM nj_jobs WHERE time <= ?", (now,)
-                ).fetchone()[0]
-            except sqlite3.OperationalError:
-                continue  # no Lifecycle: no job table
-            counts[namespace] = counts.get(namespace, 0) + int(due)
-        return counts
-
+    # -- what the test helpers need -----------------------------------------------------
     def busy(self, now: float) -> bool:
         """Whether an alarm is in flight or due at ``now``."""
         return bool(self.rt.timer.inflight) or bool(self.rt.engine.due(now, 1))

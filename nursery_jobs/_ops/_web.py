@@ -49,6 +49,7 @@ from nursery_jobs._ops._inspect import (
     ObjectSummary,
     RuntimeSource,
     SourceAccess,
+    summary_of,
 )
 from nursery_jobs._ops._inspect_json import detail_json, printable, report_json
 from nursery_jobs._ops._listing import FILTERS, SORTS, list_objects
@@ -276,7 +277,9 @@ class Dashboard:
             detail = view.detail(query, now, _count(query, "jobs", 1000))
             return _json(detail_json(detail))
         assert path == "/api/summary"
-        return _json(view.summary(now))
+        out = view.summary(now)
+        out["due_jobs_by_namespace"] = source.job_totals(now).due_jobs  # (every object's)
+        return _json(out)
 
     def _live(self, path: str, now: float, query: dict[str, str]) -> Live:
         """What the live runtime adds to page ``path``, read now (on the Trio thread)."""
@@ -443,7 +446,9 @@ class _View:
         listing = list_objects(source, namespace=namespace, search=search, only=only,
                                sort=sort, descending=query.get("desc") == "1", now=now,
                                offset=offset, limit=limit, counts=counts)
-        summaries = [source.summary(row, now) for row in listing.objects]
+        # (from the counts read for the cards: no second read of the page's objects)
+        summaries = [summary_of(row, counts.get((row.namespace, row.id), ObjectCounts()))
+                     for row in listing.objects]
         parts = [self._cards(summary, now), self._charts(now, query)]
         parts.append(self._namespaces(namespace, only))
         parts.append(self._objects_table(listing.objects, summaries, now, query, listing.total,
@@ -739,8 +744,7 @@ async def start_http(rt: Runtime, nursery: trio.Nursery, address: object, *,
         for namespace, _ in source.active_keys():
             active[namespace] = active.get(namespace, 0) + 1
         return {"active": stats.active_objects, "alarms_in_flight": stats.alarms_in_flight,
-                "events_dropped": stats.events_dropped, "active_by_namespace": active,
-                "due_jobs_by_namespace": source.due_jobs_in_active_objects(now)}
+                "events_dropped": stats.events_dropped, "active_by_namespace": active}
 
     app = Dashboard(access, clock=_clock.now, metrics=rt.metrics, recorder=recorder,
                     writer=source if writes else None, loopback_only=_is_loopback_bind(host),
