@@ -228,6 +228,7 @@ class DataSource(Protocol):
                       ) -> dict[tuple[str, str], ObjectCounts]: ...
     def all_dead_letters(
         self, *, search: str | None = None, offset: int = 0, limit: int = 50,
+        counts: dict[tuple[str, str], ObjectCounts] | None = None,
     ) -> LetterPage: ...
 
 
@@ -706,17 +707,26 @@ class _ObjectReader:
 
     def all_dead_letters(
         self, *, search: str | None = None, offset: int = 0, limit: int = 50,
+        counts: dict[tuple[str, str], ObjectCounts] | None = None,
     ) -> LetterPage:
         """The dead letters of every object, newest first, those matching ``search``
-        (in the object id, job id, function or error text)."""
+        (in the object id, job id, function or error text). ``counts``: every object's,
+        read already in this request (only objects with letters are opened then)."""
         found: list[FoundLetter] = []
-        cache: dict[tuple[str, str], tuple[Any, ObjectCounts]] = self.__dict__.get(
-            "_counts_cache", {})
-        for row in self.objects(limit=-1).objects:
-            known = cache.get((row.namespace, row.id))
-            if known is not None and not known[1].dead_letters and (
-                    known[0] is not None and known[0] == self._signature(row)):
-                continue  # (unchanged since counted: none)
+        if counts is not None:
+            rows = [row for ns, oid in sorted(k for k, c in counts.items() if c.dead_letters)
+                    if (row := self.row(ns, oid)) is not None]
+        else:
+            cache: dict[tuple[str, str], tuple[Any, ObjectCounts]] = self.__dict__.get(
+                "_counts_cache", {})
+            rows = []
+            for row in self.objects(limit=-1).objects:
+                known = cache.get((row.namespace, row.id))
+                if known is not None and not known[1].dead_letters and (
+                        known[0] is not None and known[0] == self._signature(row)):
+                    continue  # (unchanged since counted: none)
+                rows.append(row)
+        for row in rows:
             with self._object_db(row) as (conn, _state, _problem):
                 if conn is None:
                     continue
@@ -803,12 +813,15 @@ def _file_db(
         yield found
 
 
-def _file_signature(path: Path) -> Any:
-    """A database file's and its ``-wal``'s (inode, size, mtime): any write moves one."""
+def _file_signature(path: str, *, wal: bool = True) -> Any:
+    """A database file's and its ``-wal``'s (inode, size, mtime): any write moves one.
+    Without ``wal``: the file only (one closed by this process, its log checkpointed
+    into it on close). (``os.stat`` of a string: pathlib's parsing cost more than the
+    stat, measured.)"""
     out: list[tuple[int, int, int] | None] = []
-    for name in (path, Path(f"{path}-wal")):
+    for name in (path, f"{path}-wal") if wal else (path,):
         try:
-            st = name.stat()
+            st = os.stat(name)
         except OSError:
             out.append(None)
         else:
@@ -851,7 +864,7 @@ class OfflineSource(_CatalogReader, _ObjectReader):
         return _file_db(self.data / "objects" / row.file, probe=True)
 
     def _signature(self, row: ObjectRow) -> Any:
-        return _file_signature(self.data / "objects" / row.file)
+        return _file_signature(f"{self.data}/objects/{row.file}")
 
 
 class RuntimeSource(_CatalogReader, _ObjectReader):
@@ -918,7 +931,7 @@ class RuntimeSource(_CatalogReader, _ObjectReader):
         if self.rt.is_active(row.namespace, row.id):
             return None  # (dormant or closing: read it each time)
         assert self.rt.path is not None
-        return _file_signature(self.rt.path / "objects" / row.file)
+        return _file_signature(f"{self.rt.path}/objects/{row.file}", wal=False)
 
     def _host_conn(self, namespace: str, object_id: str) -> sqlite3.Connection | None:
         return self.rt.active_database(namespace, object_id)

@@ -345,6 +345,7 @@ class PgReader(_ObjectReader):
 
     def all_dead_letters(
         self, *, search: str | None = None, offset: int = 0, limit: int = 50,
+        counts: dict[tuple[str, str], ObjectCounts] | None = None,
     ) -> LetterPage:
         """The dead letters of every object, newest first, those matching ``search``."""
         columns = TABLES_BY_NAME["nj_dead_letters"].columns

@@ -4,6 +4,7 @@ paused, with dead letters or crash strikes), sorted by any column, ids in natura
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from typing import TYPE_CHECKING, Any, Final, Literal, cast
@@ -14,6 +15,17 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from nursery_jobs._ops._inspect import DataSource
+
+_NUMBER = re.compile(r"(\d+)")
+
+
+@functools.lru_cache(maxsize=65536)
+def natural_key(text: str) -> tuple[Any, ...]:
+    """``text`` split into text and numbers, so that user-2 sorts before user-10
+    (cached: a page sorts every object's id)."""
+    parts = _NUMBER.split(text)
+    return tuple(int(p) if i % 2 else p for i, p in enumerate(parts))
+
 
 # Filter -> its label. The first three the catalog answers; the others need every
 # object's counts (``DataSource.object_counts``).
@@ -43,13 +55,6 @@ SORTS: Final[dict[str, tuple[str, Callable[[ObjectRow, ObjectCounts], Any]]]] = 
     "strikes": ("breaker strikes", lambda r, c: c.breaker_strikes),
 }
 _CATALOG_SORTS: Final = frozenset({"ns", "id", "alarm", "state"})
-_NUMBER = re.compile(r"(\d+)")
-
-
-def natural_key(text: str) -> tuple[Any, ...]:
-    """``text`` split into text and numbers, so that user-2 sorts before user-10."""
-    parts = _NUMBER.split(text)
-    return tuple(int(p) if i % 2 else p for i, p in enumerate(parts))
 
 
 def list_objects(
@@ -72,8 +77,8 @@ def list_objects(
         keep = _BY_COUNTS[only]
         rows = [r for r in rows if keep(counts.get((r.namespace, r.id), none))]
     key = SORTS[sort][1]
-    rows.sort(key=lambda r: (natural_key(r.namespace), natural_key(r.id)))
-    # (stable, also reversed: equal rows stay in natural order)
+    if sort not in ("ns", "id"):  # (then ties stay in natural order: sort is stable)
+        rows.sort(key=lambda r: (natural_key(r.namespace), natural_key(r.id)))
     rows.sort(key=lambda r: key(r, counts.get((r.namespace, r.id), none)), reverse=descending)
     return ObjectPage(objects=rows[offset:offset + limit], total=len(rows), offset=offset,
                       limit=limit)

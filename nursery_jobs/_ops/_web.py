@@ -453,7 +453,7 @@ class _View:
         parts.append(self._namespaces(namespace, only))
         parts.append(self._objects_table(listing.objects, summaries, now, query, listing.total,
                                          offset, limit))
-        parts.append(self._newest_dead_letters(now))
+        parts.append(self._newest_dead_letters(now, counts))
         if self.live.events is not None:
             parts.append(self._events_section(now))
         return page("dashboard", source, now, "".join(parts))
@@ -577,8 +577,9 @@ class _View:
             f'<div class="pager">{"".join(nav)}</div></section>'
         )
 
-    def _newest_dead_letters(self, now: float) -> str:
-        found = self.source.all_dead_letters(limit=HOME_LETTERS)
+    def _newest_dead_letters(self, now: float,
+                             counts: dict[tuple[str, str], ObjectCounts]) -> str:
+        found = self.source.all_dead_letters(limit=HOME_LETTERS, counts=counts)
         rows = []
         for item in found.letters:
             letter = item.letter
