@@ -148,3 +148,20 @@ async def test_requeue_and_discard_of_every_match(tmp_path: Any) -> None:
         assert status == 303
         assert await rt.get(Account, "user-110").dead() == []
         await settled(url, 0)
+
+
+async def test_hostile_text_is_shown_escaped_and_bad_arguments_refused() -> None:
+    async with nj.open_runtime(engine.location, http=LOOPBACK) as rt:
+        url = rt.http_url or ""
+        await rt.get(Account, "evil<b>").push("charge", id="x\x1b[31m", retry=ONCE,
+                                             payload="<script>alert(1)</script>\n\\'")
+        await run_until_idle(rt)
+        await settled(url, 1)
+        status, _, page = await fetch(url, "/dead-letters?" + urlencode({"q": "<script>"}))
+        assert status == 200
+        assert "<script>" not in page and "evil<b>" not in page and "\x1b" not in page
+        assert "&lt;script&gt;alert(1)&lt;/script&gt;\\n\\\\&#x27;" in page
+        assert "evil&lt;b&gt;" in page and "x\\x1b[31m" in page
+        for query in ("page=x", "limit=abc"):
+            status, _, text = await fetch(url, f"/api/dead-letters?{query}")
+            assert status == 400 and "must be an integer" in text
