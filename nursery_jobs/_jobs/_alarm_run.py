@@ -100,10 +100,11 @@ class AlarmRunner:
         self._watch_scope: trio.CancelScope | None = None
         self._watch_job: Job | None = None
         self._watch_deadline = math.inf
+        self._run: AlarmRun | None = None  # the alarm run in progress (set once per run)
 
     async def __call__(self, info: Any) -> None:
         lc, store = self._lc, self._store
-        run = AlarmRun(lc)
+        run = self._run = AlarmRun(lc)
         token = current_run.set(run)
         try:
             now = _clock.now()
@@ -139,6 +140,7 @@ class AlarmRunner:
             raise  # the runtime retries the run with backoff while jobs remain
         finally:
             run.active = False
+            self._run = None
             current_run.reset(token)
             self._unwatch()
         if not lc.tracked:
@@ -393,12 +395,12 @@ class AlarmRunner:
             scope.deadline = deadline
 
     def running_for(self) -> tuple[str, float] | None:
-        """The job running now and how many seconds it has run (read from what the
-        slow-dispatch watch keeps: nothing is recorded for this)."""
-        job = self._watch_job
-        if job is None:
+        """The job running now and how many seconds it has run (read from the alarm
+        run's own record of it: nothing more is recorded per job for this)."""
+        run = self._run
+        if run is None or run.job is None:
             return None
-        return job.id, trio.current_time() - (self._watch_deadline - job.hung_timeout)
+        return run.job.id, run.epoch + run.time() - run.started
 
     def _unwatch(self) -> None:
         """The alarm run is over: the watchdog ends (an idle object keeps no task in its
