@@ -634,7 +634,7 @@ class ObjectHost:
             alarm = self.alarm
             retry = alarm.retry
             if alarm.time is not None:
-                self.site.metrics.alarm_delivered(_clock.now() - alarm.time)
+                self.site.metrics.alarm_delivered(self.namespace, _clock.now() - alarm.time)
             handler = alarm.handler or self.instance.alarm
             version = alarm.version
             failure: Exception | None = None

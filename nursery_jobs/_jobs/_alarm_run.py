@@ -116,10 +116,11 @@ class AlarmRunner:
         # run (a drain of 100k jobs printed 4,793 warnings, issue 22 #10); again once an
         # alarm run has found it cleared.
         self._backlogged: set[str] = set()
+        self._run: AlarmRun | None = None  # the alarm run in progress (set once per run)
 
     async def __call__(self, info: Any) -> None:
         lc, store = self._lc, self._store
-        run = AlarmRun(lc)
+        run = self._run = AlarmRun(lc)
         token = current_run.set(run)
         try:
             now = _clock.now()
@@ -165,6 +166,7 @@ class AlarmRunner:
             raise  # the runtime retries the run with backoff while jobs remain
         finally:
             run.active = False
+            self._run = None
             current_run.reset(token)
             self._unwatch()
         if not lc.tracked:
@@ -446,12 +448,15 @@ class AlarmRunner:
             self._store.fail()
             await trio.lowlevel.checkpoint()
         self._watch_job = None
-        self._metrics.job_ran(self._namespace, ctx.job.owner, run.time() - clock, False)
+        seconds = run.time() - clock
+        self._metrics.job_ran(self._namespace, ctx.job.owner, seconds, False)
         self._store.fail()
-        await self._failed(owner, ctx, error, keep_marker=self._lc.keeps_marker(run, ctx.job))
+        await self._failed(owner, ctx, error, keep_marker=self._lc.keeps_marker(run, ctx.job),
+                           started=run.epoch + clock, seconds=seconds)
 
     async def _failed(
-        self, owner: Any, ctx: JobContext, error: BaseException, *, keep_marker: bool
+        self, owner: Any, ctx: JobContext, error: BaseException, *, keep_marker: bool,
+        started: float = math.nan, seconds: float = math.nan,
     ) -> None:
         store, job, label = self._store, ctx.job, self._lc.label
         if store.superseded:
@@ -462,7 +467,9 @@ class AlarmRunner:
             bound = job.retry.backoff_bound(ctx.attempt)
             delay = self._rng.uniform(0.0, bound) if job.retry.jitter else bound
             store.complete(job, Completion(kind="retry", kept=False,
-                                           time=_clock.now() + delay, attempts=ctx.attempt))
+                                           time=_clock.now() + delay, attempts=ctx.attempt,
+                                           error=error_text(error), started=started,
+                                           seconds=seconds))
             self._lc.emit("job:retry", id=job.id, owner=job.owner, fn=job.fn,
                           attempt=ctx.attempt, max_attempts=job.retry.max_attempts, delay=delay,
                           error=safe_repr(error),
@@ -484,7 +491,8 @@ class AlarmRunner:
             store.complete(job, completion_of(job, outcome, kept=False, keep_marker=keep_marker))
             return
         buried = store.complete(job, Completion(kind="bury", kept=False, error=error_text(error),
-                                                attempts=ctx.attempt))
+                                                attempts=ctx.attempt, started=started,
+                                                seconds=seconds))
         if buried is not None:
             self._lc.emit("job:dead_letter", id=job.id, owner=job.owner, fn=job.fn,
                           attempts=ctx.attempt, error=error_text(error),
@@ -506,6 +514,14 @@ class AlarmRunner:
             self._lc.ctx.nursery.start_soon(self._slow_dispatch_watchdog)
         elif deadline < scope.deadline:
             scope.deadline = deadline
+
+    def running_for(self) -> tuple[str, float] | None:
+        """The job running now and how many seconds it has run (read from the alarm
+        run's own record of it: nothing more is recorded per job for this)."""
+        run = self._run
+        if run is None or run.job is None:
+            return None
+        return run.job.id, run.epoch + run.time() - run.started
 
     def _unwatch(self) -> None:
         """The alarm run is over: the watchdog ends (an idle object keeps no task in its
