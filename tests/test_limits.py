@@ -188,3 +188,29 @@ def test_a_limit_is_a_frozen_record() -> None:
     assert limit == nj.Limit(concurrency=2, rate=(5, 1.0))
     with pytest.raises(AttributeError):
         limit.concurrency = 3  # type: ignore[misc]
+
+
+async def test_a_rate_window_opens_exactly_when_its_oldest_start_leaves_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """0.1 + 0.7 - 0.7 < 0.1 in floats: the window task woke at 0.1 + 0.7, still found
+    the start of 0.1 inside the window and asked to wake again at the same instant — a
+    spin that stopped virtual time (the held object never ran, the test hung)."""
+    from nursery_jobs._core._limits import NamespaceLimit
+
+    woken: list[tuple[str, float]] = []
+    waits: list[tuple[Any, tuple[Any, ...]]] = []
+    limit = NamespaceLimit("ns", nj.Limit(rate=(1, 0.7)),
+                           lambda object_id: woken.append((object_id, trio.current_time())),
+                           lambda fn, *args: waits.append((fn, args)))
+    await trio.sleep(0.1)
+    assert limit.try_acquire("a")
+    limit.release()  # (a short job: the rate, not the concurrency, holds the next)
+    assert not limit.try_acquire("b")
+    limit.park("b")
+    [(fn, (at,))] = waits
+    assert at == 0.1 + 0.7
+    await fn(at)
+    assert woken == [("b", 0.1 + 0.7)]
+    assert len(waits) == 1  # no second wait at the same instant
+    assert limit.try_acquire("b")
