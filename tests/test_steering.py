@@ -581,3 +581,25 @@ def test_bad_give_up_on_raises_a_typed_error(bad: Any) -> None:
     with pytest.raises(nj.JobError, match="give_up_on") as info:
         nj.RetryOptions(give_up_on=bad)
     assert isinstance(info.value, ValueError)
+
+
+async def test_cancel_of_a_job_waiting_for_probation_cancels_it_at_once(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """y's job waits for x's (another object's) job on probation. Its alarm run held y's
+    turn while it waited: the cancel waited the 96 s of x's run, y's job then ran all
+    the same and the cancel returned False."""
+    from probation_support import Suspect, strike_two
+
+    env: dict[str, Any] = {}
+    await strike_two(tmp_path, env)
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(engine.durable(tmp_path), env=env) as rt:
+            await trio.sleep(33)  # t = 35: x runs on probation since 31, y waits since 32
+            assert env["log"][2:] == [("x", "start", 31.0)]
+            y = rt.get(Suspect, "y")
+            assert await y.ping() == 35.0  # calls do not wait behind x's run
+            assert await y.cancel_now() == (True, 35.0)
+            assert await y.jobs() == []
+            await trio.sleep(200)
+            assert env["log"][2:] == [("x", "start", 31.0), ("x", "end", 131.0)]
