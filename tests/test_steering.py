@@ -153,6 +153,13 @@ async def run_fn(obj: Steered, ctx: nj.JobContext) -> nj.JobOutcome:
     elif fn == "starts work":
         env.log.append((ctx.job.id, "start", rel(), ctx.attempt))
         assert obj.lifecycle.track_alarm_work(tracked_sleep, env, ctx.job.id)
+    elif fn == "heartbeat":
+        # Starts its work on the first run, then looks in every 30 s.
+        env.log.append((ctx.job.id, "start", rel(), ctx.attempt))
+        if not obj.ctx.storage.get("working"):
+            obj.ctx.storage.put("working", True)
+            assert obj.lifecycle.track_alarm_work(tracked_sleep, env, ctx.job.id)
+        return nj.Reschedule(nj.now() + 30)
     elif fn == "stubborn":
         # Swallows its cancellation and returns as if it had finished.
         env.log.append((ctx.job.id, "start", rel(), ctx.attempt))
@@ -603,3 +610,26 @@ async def test_cancel_of_a_job_waiting_for_probation_cancels_it_at_once(
             assert await y.jobs() == []
             await trio.sleep(200)
             assert env["log"][2:] == [("x", "start", 31.0), ("x", "end", 131.0)]
+
+
+@pytest.mark.parametrize("how", ["interleave", "turn"])
+async def test_cancel_between_runs_ends_the_tracked_work_the_job_started(
+    autojump_clock: trio.testing.MockClock, how: str
+) -> None:
+    """A heartbeat job (its work goes on, it looks in every 30 s) cancelled between two
+    runs: the job was deleted and its work ran on, orphaned, with nothing left to stop
+    it."""
+    env = Env()
+    with trio.fail_after(HANG):
+        async with open_rt(env) as rt:
+            obj = rt.get(Steered, "o")
+            await obj.push("heartbeat", id="h")
+            await trio.sleep(40)  # runs at 0 and 30; the work started at 0
+            if how == "interleave":
+                assert await obj.cancel_now("h") == (True, 40)
+            else:
+                assert await obj.cancel("h") is True
+            await trio.sleep(200)
+            assert env.log == [("h", "start", 0, 1), ("h", "start", 30, 1),
+                               ("h", "work cancelled", 40, 0)]
+            assert await obj.jobs() == []

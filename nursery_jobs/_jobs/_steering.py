@@ -79,8 +79,18 @@ class Steering:
             if request.cancelled:
                 return True
         async with self._turns.turn("write", f"jobs.cancel({job_id!r})"):
-            cancelled = self._store.cancel(owner, job_id)
+            cancelled = self.cancel_queued(owner, job_id)
         await self._store.durable()
+        return cancelled
+
+    def cancel_queued(self, owner: str, job_id: str) -> bool:
+        """Delete a job that is not running now (the caller holds the turn), and end the
+        tracked work an earlier run of it started: a heartbeat job's work, cancelled
+        between two runs, ran on orphaned with nothing left to stop it. Returns whether
+        the job was there. Does not checkpoint."""
+        cancelled = self._store.cancel(owner, job_id)
+        if cancelled:
+            self.cancel_work(job_id)
         return cancelled
 
     # -- tracked work ---------------------------------------------------------------------
