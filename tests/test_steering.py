@@ -633,3 +633,22 @@ async def test_cancel_between_runs_ends_the_tracked_work_the_job_started(
             assert env.log == [("h", "start", 0, 1), ("h", "start", 30, 1),
                                ("h", "work cancelled", 40, 0)]
             assert await obj.jobs() == []
+
+
+async def test_a_job_that_swallows_its_timeout_still_timed_out(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A job that catches the Cancelled of its timeout and returns (a broad ``except``
+    in a library): its result stood, as a clean run, its writes kept. The run was still
+    going at its timeout: a failed attempt, as for ``jobs.cancel`` of such a job."""
+    env = Env()
+    with trio.fail_after(HANG):
+        async with open_rt(env) as rt:
+            obj = rt.get(Steered, "o")
+            await obj.push("stubborn", id="s", timeout=5, retry=nj.RetryOptions(max_attempts=1))
+            await trio.sleep(100)
+            assert env.log == [("s", "start", 0, 1), ("s", "cancelled", 5, 1)]
+            [letter] = await obj.dead_letters()
+            assert (letter.attempts, letter.time) == (1, EPOCH + 5)
+            assert letter.error.startswith("JobTimeoutError")
+            assert await obj.jobs() == []

@@ -127,8 +127,12 @@ async def run_with_timeout(
     job = ctx.job
     timeout = job.timeout
     assert timeout is not None
-    with trio.move_on_after(timeout):
-        return await on_job(ctx)
+    with trio.move_on_after(timeout) as scope:
+        outcome = await on_job(ctx)
+    if not scope.cancel_called:
+        return outcome
+    # Still going at its timeout, whether or not it let the Cancelled through (a job
+    # that swallowed it and returned had its result stand, as a clean run).
     raise JobTimeoutError(
         f"job {job.id!r} of {label} ran longer than its timeout of {timeout:g} s; its run"
         " was cancelled",
