@@ -583,11 +583,24 @@ async def test_give_up_on_a_timeout(autojump_clock: trio.testing.MockClock) -> N
             assert letter.attempts == 1 and letter.error.startswith("JobTimeoutError")
 
 
-@pytest.mark.parametrize("bad", [ValueError("an instance"), 42, "NoDot", int, [object]])
+@pytest.mark.parametrize("bad", [
+    ValueError("an instance"), 42, "NoDot", int, [object],
+    # Strings that can name no class (they were stored, and matched nothing):
+    "a.\x00b", "a.\ud800", "a. b", " a.B", "module.", ".Name", "a..B", "<locals>.B",
+])
 def test_bad_give_up_on_raises_a_typed_error(bad: Any) -> None:
     with pytest.raises(nj.JobError, match="give_up_on") as info:
         nj.RetryOptions(give_up_on=bad)
     assert isinstance(info.value, ValueError)
+
+
+def test_give_up_on_names_round_trip_as_strings() -> None:
+    class Local(Exception):
+        pass
+
+    names = nj.RetryOptions(give_up_on=(Local, "pkg.mod.Error")).give_up_on
+    assert nj.RetryOptions(give_up_on=names).give_up_on == names
+    assert nj.RetryOptions(give_up_on=names).gives_up_on(Local())
 
 
 async def test_cancel_of_a_job_waiting_for_probation_cancels_it_at_once(
