@@ -109,6 +109,10 @@ class Steered(nj.DurableObject):
         self.ctx.nursery.start_soon(task)
         await trio.lowlevel.checkpoint()
 
+    async def hold(self, seconds: float) -> None:
+        """A call that keeps the object's turn ``seconds`` long."""
+        await trio.sleep(seconds)
+
     async def note(self) -> Any:
         return self.ctx.storage.get("note")
 
@@ -665,3 +669,49 @@ async def test_a_job_that_swallows_its_timeout_still_timed_out(
             assert (letter.attempts, letter.time) == (1, EPOCH + 5)
             assert letter.error.startswith("JobTimeoutError")
             assert await obj.jobs() == []
+
+
+async def test_cancel_waiting_behind_a_hand_over_ends_the_job_before_it_starts(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The run hands the turn to a call after "first" (at 110) and waits to take it
+    back; a cancel of "second" made meanwhile (112) waited behind the run, which then
+    ran "second" for its whole 100 s; the cancel returned False at 215."""
+    env = Env()
+    with trio.fail_after(HANG):
+        async with open_rt(env) as rt:
+            listen(rt, env)
+            obj = rt.get(Steered, "o")
+            await obj.push("long", id="first", time=EPOCH + 10)
+            await obj.push("long", id="second", time=EPOCH + 10)
+            async with trio.open_nursery() as nursery:
+                await trio.sleep(50)
+                nursery.start_soon(obj.hold, 5)  # has the object from 110 to 115
+                await trio.sleep(62)
+                assert await obj.cancel_now("second") == (True, 115)
+            assert env.log == [("first", "start", 10, 1), ("first", "end", 110, 1)]
+            assert await obj.jobs() == []
+            [event] = env.of("job:cancelled")
+            assert (event.data["id"], event.time) == ("second", EPOCH + 115)
+            await trio.sleep(200)
+            assert env.runs() == [("first", 10, 1)]
+            assert await obj.dead_letters() == []
+
+
+async def test_cancel_waiting_behind_the_alarm_run_that_starts_the_job(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A call holds the object from 0 to 5; the alarm (due at 1) waits for it, and a
+    cancel made at 2 waits behind the alarm run: the job must not start."""
+    env = Env()
+    with trio.fail_after(HANG):
+        async with open_rt(env) as rt:
+            obj = rt.get(Steered, "o")
+            await obj.push("long", id="j", time=EPOCH + 1)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(obj.hold, 5)
+                await trio.sleep(2)
+                assert await obj.cancel_now("j") == (True, 5)
+            await trio.sleep(200)
+            assert env.log == []
+            assert await obj.jobs() == [] and await obj.storage_get("written by j") is None

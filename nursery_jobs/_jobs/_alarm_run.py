@@ -105,6 +105,7 @@ class AlarmRunner:
         self._namespace = lifecycle.ctx.namespace
         self._tracing = lifecycle.store.tracing  # (tracing) None: off
         self._turns = lifecycle.claim.turns
+        self._steering = lifecycle.steering
         self._rng = rng
         self._watch_scope: trio.CancelScope | None = None
         self._watch_job: Job | None = None
@@ -390,6 +391,10 @@ class AlarmRunner:
             on_job = traced_run(self._tracing, self._namespace, self._lc.ctx.id, job.id,
                                 job.fn, job.owner, store.trace(row), on_job)
         try:
+            if self._steering.waiting and self._steering.starting(job):
+                # A jobs.cancel of this job waited for the turn: the job never starts
+                # (the run's scope is cancelled; this raises its Cancelled).
+                await trio.lowlevel.checkpoint()
             if job.timeout is None:
                 outcome = coerce_outcome(await on_job(ctx))
             else:
