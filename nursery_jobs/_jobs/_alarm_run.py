@@ -105,6 +105,7 @@ class AlarmRunner:
         self._namespace = lifecycle.ctx.namespace
         self._tracing = lifecycle.store.tracing  # (tracing) None: off
         self._turns = lifecycle.claim.turns
+        self._steering = lifecycle.steering
         self._rng = rng
         self._watch_scope: trio.CancelScope | None = None
         self._watch_job: Job | None = None
@@ -345,15 +346,31 @@ class AlarmRunner:
         at the same moment. Were they to run beside it again, they would die with it
         again and be sealed with it. On probation no death can take two suspects: the
         others finish and are cleared."""
-        version = self._store.version
-        async with self._claim.probation:
-            if self._store.version != version:
-                # Pushed, re-timed or cancelled while it waited: run what is there.
-                fresh = self._store.row(row.job.id)
-                if fresh is None or fresh.job.time > _clock.now():
+        store, lock = self._store, self._claim.probation
+        version = store.version
+        try:
+            if lock.locked():
+                # Another suspect runs, perhaps another object's, for minutes: wait for
+                # it without this object's turn (what ran commits first, as at a
+                # hand-over). Holding the turn, every call — a pause, a jobs.cancel of
+                # this very job — waited for that other run, and the cancelled job
+                # then ran all the same.
+                store.flush()
+                await self._turns.step_out(lock.acquire)
+            else:
+                await lock.acquire()
+            if store.version != version:
+                # Pushed, re-timed, cancelled or paused while it waited: run what is
+                # there, if it is still due.
+                fresh = store.row(row.job.id)
+                if (fresh is None or fresh.job.owner != row.job.owner
+                        or fresh.job.time > _clock.now() or store.is_paused(fresh.job.owner)):
                     return False
                 row = fresh
             return await self._run_job(run, row, owner, on_job)
+        finally:
+            if lock.statistics().owner is trio.lowlevel.current_task():
+                lock.release()
 
     async def _run_job(
         self, run: AlarmRun, row: JobRow, owner: Any, on_job: Callable[..., Awaitable[Any]]
@@ -376,6 +393,10 @@ class AlarmRunner:
             on_job = traced_run(self._tracing, self._namespace, self._lc.ctx.id, job.id,
                                 job.fn, job.owner, store.trace(row), on_job)
         try:
+            if self._steering.waiting and self._steering.starting(job):
+                # A jobs.cancel of this job waited for the turn: the job never starts
+                # (the run's scope is cancelled; this raises its Cancelled).
+                await trio.lowlevel.checkpoint()
             if job.timeout is None:
                 outcome = coerce_outcome(await on_job(ctx))
             else:

@@ -256,6 +256,11 @@ class JobStore:
     def next_alarm_time(self) -> float | None:
         return self.table.next_alarm_time(_clock.now())
 
+    def is_paused(self, owner: str) -> bool:
+        """Whether ``owner``'s jobs are paused (its own pause or the object's)."""
+        paused = self.paused
+        return bool(paused) and (None in paused or owner in paused)
+
     # -- mutations through the API -------------------------------------------------
     def push(self, job: Job, payload_text: str | None, *, stable_id: bool) -> Job:
         """Insert ``job`` or replace the same owner's job of its id; durable (with the
