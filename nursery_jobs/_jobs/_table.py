@@ -53,6 +53,7 @@ PAUSED_ALL: Final = "paused"
 PAUSED_PREFIX: Final = "paused:"
 # Due rows an alarm run counts for its backlog warning, at most (``due_counts``).
 BACKLOG_WINDOW: Final = 10_000
+KEEP_ATTEMPTS: Final = 5  # failed attempts kept per job
 _MAX_STAGED = 512  # staged deletes run at once past this many (SQLite's variable limit)
 
 
@@ -413,6 +414,32 @@ class JobTable:
             (time, started, job_id, started),
         )
         return cursor.rowcount > 0
+
+    # -- failed attempts (the last KEEP_ATTEMPTS of a job or a dead letter) -----------
+    def record_attempt(self, owner: str, job_id: str, attempt: int, started: float,
+                       seconds: float, error: str) -> None:
+        """Keep failed attempt ``attempt`` of a job, and only the last few of it."""
+        self.conn.execute(
+            "INSERT OR REPLACE INTO nj_attempts (owner, id, attempt, started, seconds, error)"
+            " VALUES (?, ?, ?, ?, ?, ?)", (owner, job_id, attempt, started, seconds, error),
+        )
+        if attempt > KEEP_ATTEMPTS:
+            self.conn.execute(
+                "DELETE FROM nj_attempts WHERE owner = ? AND id = ? AND attempt <= ?",
+                (owner, job_id, attempt - KEEP_ATTEMPTS),
+            )
+
+    def forget_attempts(self, owner: str, job_id: str) -> None:
+        self.conn.execute("DELETE FROM nj_attempts WHERE owner = ? AND id = ?",
+                          (owner, job_id))
+
+    def forget_orphan_attempts(self) -> None:
+        """Forget the attempts of jobs that are neither queued nor dead letters."""
+        self.conn.execute(
+            "DELETE FROM nj_attempts AS a WHERE NOT EXISTS (SELECT 1 FROM nj_jobs j"
+            " WHERE j.owner = a.owner AND j.id = a.id) AND NOT EXISTS (SELECT 1 FROM"
+            " nj_dead_letters d WHERE d.owner = a.owner AND d.id = a.id)"
+        )
 
     # -- dead letters ---------------------------------------------------------------
     def bury(self, row: JobRow, error: str, reason: str, now: float, *, attempts: int) -> None:
