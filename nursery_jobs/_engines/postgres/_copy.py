@@ -46,11 +46,13 @@ class Change:
 
 
 def load_copy(
-    label: str, rows: list[tuple[str, str]]
+    label: str, rows: list[tuple[str, str]], *,
+    factory: type[sqlite3.Connection] = WorkingCopy,
 ) -> sqlite3.Connection:
-    """A working copy holding ``rows`` ((table, JSON row)), with change capture on."""
+    """A working copy holding ``rows`` ((table, JSON row)), with change capture on
+    (``factory``: its connection class, a ``WorkingCopy``)."""
     conn = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False,
-                           factory=WorkingCopy)
+                           factory=factory)
     conn.execute("PRAGMA cache_size=-8192")
     prepare(conn, label=label)
     load_rows(conn, label, rows)
