@@ -3,12 +3,17 @@ an in-memory SQLite database with the object schema and change-capture triggers)
 commits ship into the data directory's shared database; and the pool the copies come
 from.
 
-Why a pool: building a copy — a new in-memory database, the object schema's DDL and 15
-capture triggers parsed — costs ~650 µs (1,200–1,500 objects/s, whatever the disk;
-``benchmarks/layout_floor.py``), several times the storage itself (~10 µs an object in
-the shared database). A copy whose object left memory is wiped (its rows deleted; the
-parsed schema, triggers and prepared statements kept) and handed to the next object:
-~35 µs an object.
+Building a copy as the PostgreSQL engine does — a new in-memory database, the object
+schema's DDL and 15 TEMP capture triggers, each a schema change that parses the schema
+again — costs ~650 µs (1,200–1,500 objects/s, whatever the disk;
+``benchmarks/layout_floor.py``), many times the storage itself (~10 µs an object in the
+shared database). Two things bring it down:
+
+- an *image*: the empty database with its schema, the triggers and ``nj_changed`` in
+  ``main`` (an image cannot hold TEMP objects), serialized once per process; a copy is
+  ``deserialize`` of it, its schema parsed once, on first use (~8x cheaper, measured);
+- a *pool*: a copy whose object left memory is wiped (its rows deleted; the parsed
+  schema and prepared statements kept) and handed to the next object (~35 µs).
 """
 
 from __future__ import annotations
@@ -18,9 +23,9 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Final
 
-from nursery_jobs._engines.postgres._copy import Change, PgObject, WorkingCopy, load_copy
-from nursery_jobs._engines.postgres._copy import load_rows as load_rows
-from nursery_jobs._engines.postgres._schema import ROW_TABLES
+from nursery_jobs._engines._schema import prepare
+from nursery_jobs._engines.postgres._copy import Change, PgObject, WorkingCopy, load_rows
+from nursery_jobs._engines.postgres._schema import ROW_TABLES, capture_sql
 
 Key = tuple[str, str]
 
@@ -31,11 +36,40 @@ POOL_SIZE: Final = 256
 # copy keeps its pages (and so its memory) after a wipe.
 POOL_MAX_PAGES: Final = 64
 
+# Statements, not one script: ``executescript`` compiles each anew (~285 µs a wipe,
+# measured), where ``execute`` reuses the copy's prepared statements.
 _WIPE: Final = (
-    "BEGIN;"
-    + "".join(f"DELETE FROM main.{table.name};" for table in ROW_TABLES)
-    + "DELETE FROM temp.nj_changed; COMMIT"
+    "BEGIN", *(f"DELETE FROM main.{table.name}" for table in ROW_TABLES),
+    "DELETE FROM nj_changed", "COMMIT",
 )
+_IMAGE: list[bytes] = []
+
+
+def new_copy() -> sqlite3.Connection:
+    """An empty working copy, deserialized from the image (built on first use)."""
+    if not _IMAGE:
+        _IMAGE.append(_build_image())
+    conn = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False,
+                           factory=SharedCopy)
+    conn.deserialize(_IMAGE[0])
+    return conn
+
+
+def _build_image() -> bytes:
+    conn = sqlite3.connect(":memory:", isolation_level=None)
+    try:
+        prepare(conn, label="the working copy image")
+        conn.execute("CREATE TABLE nj_changed (tbl TEXT NOT NULL, key TEXT NOT NULL,"
+                     " PRIMARY KEY (tbl, key)) WITHOUT ROWID")
+        for table in ROW_TABLES:
+            for statement in capture_sql(table):
+                # In main, not TEMP: an image holds no TEMP objects. The triggers write
+                # ``nj_changed`` unqualified, which finds main's.
+                conn.execute(statement.replace("CREATE TEMP TRIGGER", "CREATE TRIGGER")
+                             .replace(" ON main.", " ON "))
+        return conn.serialize()
+    finally:
+        conn.close()
 
 
 class SharedCopy(WorkingCopy):
@@ -56,10 +90,12 @@ class CopyPool:
     survives.
     """
 
-    __slots__ = ("_returned",)
+    __slots__ = ("_returned", "built", "reused")
 
     def __init__(self) -> None:
         self._returned: list[sqlite3.Connection] = []
+        self.built = 0  # copies deserialized from the image
+        self.reused = 0  # copies taken from the pool
 
     def take(self, label: str, rows: list[tuple[str, str]]) -> sqlite3.Connection:
         """A copy holding ``rows`` ((table, JSON row)), nothing captured yet.
@@ -68,13 +104,17 @@ class CopyPool:
             StorageError: a stored row of a table the object schema lacks.
         """
         conn = self._reusable()
-        if conn is None:
-            return load_copy(label, rows, factory=SharedCopy)
         try:
-            conn.executescript(_WIPE)
+            if conn is None:
+                conn = new_copy()
+                self.built += 1
+            else:
+                for statement in _WIPE:
+                    conn.execute(statement)
+                self.reused += 1
             if rows:
                 load_rows(conn, label, rows)
-                conn.execute("DELETE FROM temp.nj_changed")  # loaded, not changed
+                conn.execute("DELETE FROM nj_changed")  # loaded, not changed
         except BaseException:
             conn.close()
             raise
