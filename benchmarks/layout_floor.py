@@ -32,6 +32,7 @@ Run: python benchmarks/layout_floor.py [--sizes 1000,10000,100000] [--dirs /work
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -47,12 +48,13 @@ from typing import Any
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from nursery_jobs._engines._schema import _INDEXES, _TABLES, SCHEMA_VERSION  # noqa: E402
-from nursery_jobs._engines.postgres._schema import ROW_TABLES, capture_sql  # noqa: E402
+from nursery_jobs._engines._schema import _INDEXES, _TABLES, SCHEMA_VERSION
+from nursery_jobs._engines.postgres._schema import ROW_TABLES, capture_sql
 
 NS = "bench.Task"
 JOB_COLUMNS = ROW_TABLES[1].columns
-SCHEMA_SCRIPT = f"BEGIN IMMEDIATE; {_TABLES}; {_INDEXES}; PRAGMA user_version={SCHEMA_VERSION}; COMMIT;"
+SCHEMA_SCRIPT = (f"BEGIN IMMEDIATE; {_TABLES}; {_INDEXES};"
+                 f" PRAGMA user_version={SCHEMA_VERSION}; COMMIT;")
 CATALOG = """
 CREATE TABLE IF NOT EXISTS nj_objects (namespace TEXT NOT NULL, object_id TEXT NOT NULL,
     file TEXT NOT NULL, class_path TEXT NOT NULL, created_at REAL NOT NULL,
@@ -76,7 +78,7 @@ CREATE TABLE IF NOT EXISTS nj_rows (namespace TEXT NOT NULL, object_id TEXT NOT 
 
 def job_row(i: int) -> tuple[Any, ...]:
     """One job as the Lifecycle pushes it (23 columns of ``nj_jobs``)."""
-    return (1, f"job-{i}", "tasks", "run", 1.0, '{"p":{"n":%d}}' % i, 10, 1.0, 300.0, 1,
+    return (1, f"job-{i}", "tasks", "run", 1.0, f'{{"p":{{"n":{i}}}}}', 10, 1.0, 300.0, 1,
             0, 300.0, 0, 0, 0.5, 0, None, 0, None, 0, None, None, None)
 
 
@@ -271,14 +273,14 @@ def measure(layout: str, base: str, n: int, sync: str, batch: int, repeats: int,
         root = tempfile.mkdtemp(prefix="nj-layout-", dir=base)
         try:
             if layout == "files":
-                create = lambda: files_create(root, n, sync, batch)  # noqa: E731
-                fire = lambda: files_fire(root, n, sync, batch)  # noqa: E731
+                create = functools.partial(files_create, root, n, sync, batch)
+                fire = functools.partial(files_fire, root, n, sync, batch)
             else:
                 copies = Copies(copy if layout == "shared+copy" else None)
-                create = lambda: shared_create(root, n, sync, batch, copies)  # noqa: E731
-                fire = lambda: shared_fire(root, n, sync, batch, copies)  # noqa: E731
+                create = functools.partial(shared_create, root, n, sync, batch, copies)
+                fire = functools.partial(shared_fire, root, n, sync, batch, copies)
             results["create"].append(timed(create))
-            os.system("sync")  # the fire starts cold as to dirty pages
+            os.sync()  # the fire starts cold as to dirty pages
             results["fire"].append(timed(fire))
         finally:
             shutil.rmtree(root, ignore_errors=True)
@@ -293,14 +295,16 @@ def measure(layout: str, base: str, n: int, sync: str, batch: int, repeats: int,
 
 def resident_memory(how: str, count: int) -> float:
     """RSS bytes per resident working copy holding one job, in a fresh process."""
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
     code = (
-        "import sys, psutil, gc; sys.path.insert(0, %r);"
+        f"import sys, psutil, gc; sys.path.insert(0, {root!r});"
         "from benchmarks.layout_floor import Copies, INSERT_JOB, job_row;"
-        "c = Copies(%r); p = psutil.Process(); gc.collect(); before = p.memory_info().rss;"
-        "held = [c.open() for _ in range(%d)];"
+        f"c = Copies({how!r}); p = psutil.Process(); gc.collect();"
+        " before = p.memory_info().rss;"
+        f"held = [c.open() for _ in range({count})];"
         "[h.execute(INSERT_JOB, job_row(i)) for i, h in enumerate(held)];"
         "gc.collect(); print((p.memory_info().rss - before) / len(held))"
-    ) % (os.path.join(os.path.dirname(__file__), ".."), how, count)
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     return float(out.stdout.strip())

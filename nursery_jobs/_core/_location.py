@@ -19,7 +19,8 @@ def engine_for(
     location: str | os.PathLike[str] | Engine | None, *, synchronous: str, **cluster: Any
 ) -> Engine:
     """The engine a runtime opens for ``location``: None → memory, a path → files,
-    ``shared:<path>`` → the shared layout of a data directory, an ``Engine`` as given. A ``scheme://`` address no engine serves raises ``EngineError``
+    ``shared:<path>`` → the shared layout of a data directory, an ``Engine`` as
+    given. A ``scheme://`` address no engine serves raises ``EngineError``
     (a path must never become a directory named ``postgresql:``). ``cluster`` options
     (``lease_ttl``, ``pool_size``) are for a ``postgresql://`` address only."""
     if cluster and not (

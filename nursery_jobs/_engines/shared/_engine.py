@@ -4,7 +4,7 @@ working copy on activation and shipped back on each commit — the PostgreSQL en
 design, local.
 
 A file per object costs a file creation, an open and a close (with the WAL's
-checkpoint and fsync) per object: ~250–400 objects/s on this disk, whatever the code
+checkpoint and fsync) per object: ~250-400 objects/s on this disk, whatever the code
 does. One database has one WAL and no per-object file: ~100,000 objects/s for the
 storage alone (``benchmarks/layout_floor.py``).
 
@@ -265,7 +265,7 @@ class SharedEngine(CatalogEngine):
 
     def next_alarm_after(self, now: float) -> float | None:
         time = super().next_alarm_after(now)
-        for key, (kept, _retry) in self._unshipped.items():
+        for kept, _retry in self._unshipped.values():
             if kept is not None and kept > now and (time is None or kept < time):
                 time = kept
         # (An alarm the shared database has but an active object moved later or

@@ -5,7 +5,7 @@ from.
 
 Building a copy as the PostgreSQL engine does — a new in-memory database, the object
 schema's DDL and 15 TEMP capture triggers, each a schema change that parses the schema
-again — costs ~650 µs (1,200–1,500 objects/s, whatever the disk;
+again — costs ~650 µs (1,200-1,500 objects/s, whatever the disk;
 ``benchmarks/layout_floor.py``), many times the storage itself (~10 µs an object in the
 shared database). Two things bring it down:
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import sqlite3
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Final
 
 from nursery_jobs._engines._schema import prepare
@@ -103,15 +103,15 @@ class CopyPool:
         Raises:
             StorageError: a stored row of a table the object schema lacks.
         """
-        conn = self._reusable()
+        kept = self._reusable()
+        conn = new_copy() if kept is None else kept
         try:
-            if conn is None:
-                conn = new_copy()
+            if kept is None:
                 self.built += 1
             else:
+                self.reused += 1
                 for statement in _WIPE:
                     conn.execute(statement)
-                self.reused += 1
             if rows:
                 load_rows(conn, label, rows)
                 conn.execute("DELETE FROM nj_changed")  # loaded, not changed
@@ -148,7 +148,7 @@ class CopyPool:
         self._returned.clear()
 
 
-def _references(held: list[sqlite3.Connection], i: int) -> int:
+def _references(held: Sequence[sqlite3.Connection], i: int) -> int:
     return sys.getrefcount(held[i])
 
 
