@@ -384,13 +384,15 @@ def test_soak_random_kills_lose_nothing_and_rerun_only_jobs_caught_by_a_kill(
 
 
 @pytest.mark.crash
-def test_random_kills_with_grouped_completions_rerun_at_most_a_group(tmp_path: Path) -> None:
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_random_kills_with_grouped_completions_rerun_at_most_a_group(tmp_path: Path,
+                                                                     layout: str) -> None:
     """With the default completion_group (64), a death may re-run up to 64 completed jobs
     per object (their outcomes were waiting for one commit) — and no more."""
     group = 64
     # Short jobs (1-3 ms of real time), so that a run completes well over 64 per object.
     c = Campaign.create(tmp_path, objects=[f"o{i}" for i in range(4)], jobs=800,
-                        sleep=[0.02, 0.06], group=None, clock_rate=20)
+                        sleep=[0.02, 0.06], group=None, clock_rate=20, layout=layout)
     landed = kill_at_random(c, 5, (0.1, 0.4))
     assert landed == 5
     c.finish(timeout=60)
