@@ -118,6 +118,18 @@ class EngineError(NurseryJobsError, ValueError):
     """``open_runtime`` was given a location no engine serves (an unknown ``scheme://``)."""
 
 
+class DataLayoutError(EngineError):
+    """A data directory was opened with a layout it was not created with: a file per
+    object (a path) or one shared database (``shared:<path>``). Nothing was written.
+    ``path`` is the directory, ``layout`` the layout it holds (``"files"`` or
+    ``"shared"``)."""
+
+    def __init__(self, message: str, *, path: str, layout: str) -> None:
+        super().__init__(message)
+        self.path = path
+        self.layout = layout
+
+
 class TracingError(NurseryJobsError, TypeError):
     """``open_runtime(tracing=...)`` was given something that is not an OpenTelemetry
     ``TracerProvider`` (an object with a ``get_tracer`` method)."""

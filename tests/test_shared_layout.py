@@ -15,6 +15,7 @@ import trio
 
 import nursery_jobs as nj
 from nursery_jobs._engines.shared._engine import SharedEngine
+from nursery_jobs._errors import DataLayoutError
 
 STALE: list[Any] = []  # a storage handle kept past its object's life (test 4)
 
@@ -85,6 +86,27 @@ async def test_a_shared_location_without_a_directory_is_refused(
         async with nj.open_runtime(location):
             pass  # pragma: no cover
     assert list(await trio.Path(tmp_path).iterdir()) == []  # nothing written
+
+
+@pytest.mark.parametrize(("first", "then", "holds"), [
+    ("shared:{}", "{}", "shared"), ("{}", "shared:{}", "files"),
+])
+async def test_a_directory_is_opened_with_the_layout_it_was_created_with(
+    tmp_path: Path, first: str, then: str, holds: str,
+) -> None:
+    data = tmp_path / "data"
+    with trio.fail_after(30):
+        async with nj.open_runtime(first.format(data)) as rt:
+            await rt.get(Note, "n").put("kept")
+        before = sorted(p.name for p in await trio.Path(data).iterdir())
+        with pytest.raises(DataLayoutError, match="nothing was written") as caught:
+            async with nj.open_runtime(then.format(data)):
+                pass  # pragma: no cover
+        assert (caught.value.path, caught.value.layout) == (str(data), holds)
+        assert isinstance(caught.value, nj.EngineError)
+        assert sorted(p.name for p in await trio.Path(data).iterdir()) == before
+        async with nj.open_runtime(first.format(data)) as rt:
+            assert await rt.get(Note, "n").get() == "kept"
 
 
 async def test_a_ship_writes_the_rows_and_the_alarm_in_one_transaction(

@@ -39,7 +39,7 @@ from nursery_jobs._engines.files._engine import (
 from nursery_jobs._engines.files._flight import FlightRecord
 from nursery_jobs._engines.postgres._copy import Change, PgObject
 from nursery_jobs._engines.shared._object import CopyPool, SharedObject
-from nursery_jobs._errors import RuntimeLockedError, StorageError
+from nursery_jobs._errors import DataLayoutError, RuntimeLockedError, StorageError
 
 logger = logging.getLogger("nursery_jobs")
 
@@ -89,6 +89,12 @@ class SharedEngine(CatalogEngine):
         return self.path / "shared.sqlite3"
 
     def open(self, now: float) -> None:
+        if (self.path / "catalog.sqlite3").exists() or (self.path / "objects").is_dir():
+            raise DataLayoutError(
+                f"{self.path} holds a file per object (catalog.sqlite3, objects/): open it"
+                " by its path, without 'shared:'; nothing was written",
+                path=str(self.path), layout="files",
+            )
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.path / "runtime.lock", os.O_RDWR | os.O_CREAT, 0o644)
