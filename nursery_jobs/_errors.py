@@ -13,6 +13,8 @@ lookup errors derive from :class:`LookupError`::
      ├─ RuntimeLockedError                another runtime holds the data directory
      ├─ RuntimeClosedError                the runtime is not running
      ├─ EngineError (ValueError)          no engine serves the data location given
+     │   └─ DataLayoutError               a data directory opened with the other layout
+     │                                    (a file per object / shared:)  .path .layout
      ├─ TracingError (TypeError)          ``open_runtime(tracing=...)`` is no TracerProvider
      ├─ MissingExtraError (ImportError)   a feature whose extra is not installed  .extra
      ├─ StorageError                      an object's database cannot be opened
