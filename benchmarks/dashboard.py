@@ -7,8 +7,13 @@ hour and every 50th with a dead letter, then times over HTTP on loopback:
   - a live runtime with the first page's objects active,
 for ``/`` (first page), ``/?page=100``, ``/api/objects``, ``/metrics``.
 
+And (``--scrape``) dispatch throughput of a live runtime with its dashboard fetched every
+second (``/metrics`` and ``/``, by another process) against the same without.
+
 Run: PYTHONPATH=. python benchmarks/dashboard.py [--objects 10000] [--data DIR]
-     PYTHONPATH=. python benchmarks/dashboard.py --screenshot docs/dashboard.png
+     PYTHONPATH=. python benchmarks/dashboard.py --scrape [--jobs 300000] [--runs 3]
+     PYTHONPATH=. python benchmarks/dashboard.py --screenshot docs/
+(the home page, an object page and the dead letters: docs/dashboard*.png)
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import statistics
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -53,6 +59,11 @@ class Account(nj.DurableObject):
     async def push_charge(self, k: int) -> None:
         await self.lifecycle.jobs.push("charge", id=f"charge-{k}", payload=k,
                                        retry=nj.RetryOptions(max_attempts=3, base_delay=0.4))
+
+    async def push_retrying(self, k: int) -> None:
+        await self.lifecycle.jobs.push("charge", id=f"charge-{k}", payload=k,
+                                       retry=nj.RetryOptions(max_attempts=5, base_delay=600,
+                                                             max_delay=600))
 
     async def on_job(self, ctx: nj.JobContext) -> nj.JobOutcome:
         await trio.sleep(random.random() * 0.004)
@@ -133,12 +144,15 @@ async def bench(data: Path, n: int, rounds: int) -> None:
 
 
 async def screenshot(out: Path) -> None:
-    """A dashboard with some history, rendered by headless Chromium."""
-    _web.SAMPLE_INTERVAL = 0.25  # a 30 s chart window fills in seconds
+    """A dashboard with some history, rendered by headless Chromium into ``out``
+    (a directory): the home page, an object page with a failed job's attempts, and the
+    dead letters of every object."""
+    _web.SAMPLE_INTERVAL = 0.25  # a one-minute chart window fills in seconds
+    await trio.Path(out).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "shop-data"
         await build(data, 120)
-        async with nj.open_runtime(data, http=("127.0.0.1", 0)) as rt:
+        async with nj.open_runtime(data, http=("127.0.0.1", 0), http_writes=True) as rt:
             assert rt.http_url is not None
             ids = [f"{('mailer' if i % 4 == 0 else 'account')}-{i:05d}" for i in range(120)]
 
@@ -156,15 +170,80 @@ async def screenshot(out: Path) -> None:
                     rate = 60 + 140 * (0.5 + 0.5 * ((trio.current_time() % 12) / 12))
                     await trio.sleep(random.expovariate(rate))
 
-            await load(28)
+            await load(40)
             await trio.sleep(2.5)  # the last retries end
-            await trio.run_process(
-                ["chromium", "--headless", "--no-sandbox", "--disable-gpu",
-                 "--disable-background-networking", "--no-first-run", "--hide-scrollbars",
-                 f"--user-data-dir={tmp}/profile", "--window-size=1360,1560",
-                 f"--screenshot={out}", rt.http_url + "?limit=10"],
-                capture_stdout=True, capture_stderr=True)
-    print(f"wrote {out}")
+            # One charge still retrying (its first attempt failed), on account-00001.
+            await rt.get(Account, ids[1]).push_retrying(9001)
+            await trio.sleep(0.5)
+            pages = {
+                "dashboard.png": ("?limit=10&window=60", 1600),
+                "dashboard-object.png": (
+                    f"object?ns={Account.namespace}&id={ids[1]}", 1400),
+                "dashboard-dead-letters.png": ("dead-letters?q=declined", 1100),
+            }
+            for name, (path, height) in pages.items():
+                await trio.run_process(
+                    ["chromium", "--headless", "--no-sandbox", "--disable-gpu",
+                     "--disable-background-networking", "--no-first-run",
+                     "--hide-scrollbars", f"--user-data-dir={tmp}/profile",
+                     f"--window-size=1400,{height}", f"--screenshot={out / name}",
+                     rt.http_url + path],
+                    capture_stdout=True, capture_stderr=True)
+                print(f"wrote {out / name}")
+
+
+SCRAPER = """
+import sys, time, urllib.request
+url = sys.argv[1]
+while True:
+    t0 = time.monotonic()
+    for path in ("metrics", ""):
+        urllib.request.urlopen(url + path).read()
+    time.sleep(max(0.0, 1.0 - (time.monotonic() - t0)))
+"""
+
+
+async def dispatch_rate(data: Path, jobs: int, objects: int, scraped: bool) -> float:
+    """Jobs/s draining ``jobs`` no-op jobs over ``objects`` objects; ``scraped``: while
+    another process fetches /metrics and / every second."""
+    from nursery_jobs.bench._harness import BenchObject, _Bench
+
+    bench = _Bench()
+    per_object = jobs // objects
+    bench.target = per_object * objects
+    async with nj.open_runtime(data, env=bench, http=("127.0.0.1", 0)) as rt:
+        assert rt.http_url is not None
+        for i in range(objects):
+            await rt.get(BenchObject, f"o{i}").fill(per_object)
+        await trio.sleep(0.05)  # every object's alarm run is parked on its gate job
+        async with trio.open_nursery() as nursery:
+            if scraped:
+                nursery.start_soon(partial(
+                    trio.run_process, [sys.executable, "-c", SCRAPER, rt.http_url],
+                    check=False))
+                await trio.sleep(1.5)  # (the scraper's first round has run)
+            t0 = time.perf_counter()
+            bench.go.set()
+            await bench.done.wait()
+            rate = bench.target / (time.perf_counter() - t0)
+            nursery.cancel_scope.cancel()
+    return rate
+
+
+async def scrape_bench(jobs: int, objects: int, runs: int) -> None:
+    rates: dict[bool, list[float]] = {False: [], True: []}
+    for run in range(runs):
+        for scraped in (False, True) if run % 2 == 0 else (True, False):  # (interleaved)
+            with tempfile.TemporaryDirectory(dir="/dev/shm") as tmp:
+                rate = await dispatch_rate(Path(tmp) / "data", jobs, objects, scraped)
+            rates[scraped].append(rate)
+            print(f"  run {run + 1}: {'scraped' if scraped else 'quiet  '} {rate:,.0f} jobs/s",
+                  file=sys.stderr)
+    quiet, scraped = statistics.median(rates[False]), statistics.median(rates[True])
+    print(f"\ndispatch of {jobs:,} jobs over {objects} objects, median of {runs} runs:")
+    print(f"  without the dashboard:            {quiet:>10,.0f} jobs/s")
+    print(f"  /metrics and / fetched every 1 s: {scraped:>10,.0f} jobs/s"
+          f"  ({(scraped / quiet - 1) * 100:+.1f} %)")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -175,7 +254,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--data", type=Path, default=None,
                         help="reuse (or build) the data directory here")
     parser.add_argument("--screenshot", type=Path, default=None)
+    parser.add_argument("--scrape", action="store_true",
+                        help="dispatch with the dashboard scraped every second vs without")
+    parser.add_argument("--jobs", type=int, default=300_000)
+    parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args(argv)
+    if args.scrape:
+        trio.run(scrape_bench, args.jobs, min(args.objects, 100), args.runs)
+        return
     if args.screenshot is not None:
         trio.run(screenshot, args.screenshot.resolve())
         return

@@ -568,7 +568,10 @@ def _plain_cost(value: object) -> int:
     (None, bool, int, float, str, bytes, or a flat tuple of them); -1 for any other."""
     t = type(value)
     if t is str:
-        return 6 * len(value) + 2  # type: ignore[arg-type]  # (\uXXXX at most per char)
+        # (At most \uXXXX\uXXXX per char: text holding a lone surrogate is written as
+        # ASCII, where a char beyond the BMP is a surrogate pair; 6 let such calls
+        # through locally that the cross-host envelope refuses.)
+        return 12 * len(value) + 2  # type: ignore[arg-type]
     if t is int:
         return _SCALAR_COST if -_SMALL_INT < value < _SMALL_INT else -1  # type: ignore[operator]
     if t is float or t is bool or value is None:
@@ -649,11 +652,15 @@ def decode_call(
     if type(envelope) is not list or not 2 <= len(envelope) <= 5:
         raise CodecError("call envelope: not [args, kwargs, chain]")
     args, kwargs, *rest = envelope
-    if type(args) is not list or type(kwargs) is not dict:
-        raise CodecError("call envelope: not [args, kwargs, chain]")
-    chain = tuple(str(turn) for turn in rest[0]) if rest else ()
-    trace = rest[2] if len(rest) > 2 and isinstance(rest[2], str) else None
-    return tuple(args), kwargs, chain, len(rest) > 1 and rest[1] == 1, trace
+    # (Each part checked: a forged row's chain of 5 raised TypeError, not CodecError.)
+    chain = rest[0] if rest else []
+    if (type(args) is not list or type(kwargs) is not dict or type(chain) is not list
+            or any(type(turn) is not str for turn in chain)
+            or (len(rest) > 1 and rest[1] not in (0, 1))
+            or (len(rest) > 2 and type(rest[2]) is not str)):
+        raise CodecError("call envelope: not [args, kwargs, chain, place, trace]")
+    trace = rest[2] if len(rest) > 2 else None
+    return tuple(args), kwargs, tuple(chain), len(rest) > 1 and rest[1] == 1, trace
 
 
 def copy_arguments(
@@ -676,7 +683,7 @@ def copy_arguments(
             value_cost = _plain_cost(value)
             if value_cost < 0:
                 break
-            cost += value_cost + 6 * len(key) + 4
+            cost += value_cost + 12 * len(key) + 4
         else:
             if cost <= MAX_PAYLOAD_BYTES - 64:
                 return args, kwargs

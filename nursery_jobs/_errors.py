@@ -182,8 +182,13 @@ def _turn_error(message: str, object_label: str) -> TurnError:
 
 
 class ObjectFencedError(NurseryJobsError):
-    """Another host took the object over (its lease and epoch): this host's write was
-    refused and the object dropped here."""
+    """Another host took the object over (its lease and epoch), or this host's lease or
+    base is not known to hold: this host's write was refused and the object dropped
+    here. ``reason`` says which, in words (None: another host took it over)."""
+
+    def __init__(self, *args: object, reason: str | None = None) -> None:
+        super().__init__(*args)
+        self.reason = reason
 
 
 class RpcError(NurseryJobsError, TypeError):
@@ -399,6 +404,14 @@ def _type_name(obj: object) -> str:
 
 
 def _cut(text: str, limit: int) -> str:
-    if len(text) <= limit:
-        return text
-    return f"{text[:limit]}... ({len(text)} chars)"
+    if len(text) > limit:
+        text = f"{text[:limit]}... ({len(text)} chars)"
+    if not text.isascii():
+        # Lone surrogates (an error message built from undecodable bytes, say) as
+        # \udXXX escapes: no UTF-8 store or log handler takes them, and a dead letter
+        # whose write raised made its job's alarm fail for ever.
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text

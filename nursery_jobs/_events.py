@@ -66,7 +66,8 @@ class Event:
 _WARNING_TYPES = frozenset(
     {"alarm:failed", "job:backlog_warning", "job:slow_dispatch", "alarm:memory_limit_reset",
      "queue:error", "schedule:error", "job:dead_letter", "job:crash_strike",
-     "listener:disabled", "catalog:rebuilt", "catalog:error", "object:quarantined"}
+     "listener:disabled", "catalog:rebuilt", "catalog:error", "object:quarantined",
+     "storage:slow"}
 )
 
 

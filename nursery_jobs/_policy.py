@@ -80,6 +80,17 @@ def error_name(error_type: type[BaseException]) -> str:
     return f"{error_type.__module__}.{error_type.__qualname__}"
 
 
+def _is_qualified_name(text: str) -> bool:
+    """Whether ``text`` could be ``error_name`` of a class: dotted identifiers (a class
+    made in a function has ``<locals>`` among them). A string that names no class (a
+    NUL, a space, an empty part) was stored and matched nothing, silently."""
+    parts = text.split(".")
+    return len(parts) > 1 and all(
+        part.isidentifier() or (part == "<locals>" and 0 < i < len(parts) - 1)
+        for i, part in enumerate(parts)
+    )
+
+
 def _give_up_on(value: Any) -> tuple[str, ...]:
     """``give_up_on`` as stored: exception types (or their ``module.QualName``) as names,
     sorted and without repeats, so options compare equal after a round trip."""
@@ -94,7 +105,7 @@ def _give_up_on(value: Any) -> tuple[str, ...]:
     for item in value:
         if isinstance(item, type) and issubclass(item, BaseException):
             names.add(error_name(item))
-        elif isinstance(item, str) and "." in item and item.strip() == item and len(item) <= 512:
+        elif isinstance(item, str) and len(item) <= 512 and _is_qualified_name(item):
             names.add(item)
         else:
             raise JobError(

@@ -52,6 +52,14 @@ def _masked(text: str) -> str:
     return text
 
 
+def _is_text(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _fail(message: str, code: int) -> int:
     print(f"nursery-jobs: {printable(_masked(message))}", file=sys.stderr)
     return code
@@ -340,6 +348,14 @@ def main(argv: list[str] | None = None) -> int:
             return 0
     if args.command == "serve":
         return serve(args.data, args.host, args.port)
+    if args.command in ("pause", "resume", "requeue"):
+        # A name given as bytes that are not UTF-8 arrives as lone surrogates, which no
+        # store holds: say which argument, rather than a UnicodeEncodeError traceback.
+        for name in ("namespace", "object_id", "job_id", "owner"):
+            value = getattr(args, name, None)
+            if isinstance(value, str) and not _is_text(value):
+                return _fail(f"{name.replace('_', ' ')} {printable(value)} is not UTF-8"
+                             " text; nothing was written", 2)
     if args.command in ("pause", "resume"):
         return pause(args.data, args.namespace, args.object_id, args.owner,
                      args.command == "pause")

@@ -430,3 +430,31 @@ async def test_pause_and_resume_edit_a_stopped_data_directory(
     async with nj.open_runtime(data) as rt:
         await trio.sleep(1)
         assert "ran:soon" in await rt.get(Mailer, "news").ran()  # the resume woke it
+
+
+@pytest.mark.parametrize(("command", "at"), [
+    ("pause", "owner"), ("pause", "object_id"), ("resume", "namespace"),
+    ("requeue", "job_id"), ("requeue", "object_id"),
+])
+async def test_names_that_are_not_utf8_are_refused_naming_the_argument(
+    tmp_path: Path, autojump_clock: Any, capsys: pytest.CaptureFixture[str], command: str,
+    at: str,
+) -> None:
+    """Bytes that are not UTF-8 on the command line arrive as lone surrogates: the edit
+    died with a UnicodeEncodeError traceback (exit 1)."""
+    data = tmp_path / "data"
+    await build(data)
+    before = files(data)
+    bad = "x\udcff"
+    args = {"namespace": Mailer.namespace, "object_id": "news", "job_id": "bounce",
+            "owner": "host"}
+    args[at] = bad
+    argv = [command, str(data), args["namespace"], args["object_id"]]
+    if command == "requeue":
+        argv.append(args["job_id"])
+    argv += ["--owner", args["owner"]]
+    code, out, err = run_cli(*argv, capsys=capsys)
+    assert (code, out) == (2, "")
+    assert at.replace("_", " ") in err and "not UTF-8" in err and "nothing was written" in err
+    assert err.count("\n") == 1, err
+    assert files(data) == before

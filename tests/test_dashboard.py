@@ -111,8 +111,9 @@ async def test_metrics_and_api_follow_the_work(tmp_path: Path) -> None:
         assert m[("nursery_jobs_jobs_failed_total", HOST)] == 3
         assert m[("nursery_jobs_jobs_retried_total", HOST)] == 2
         assert m[("nursery_jobs_jobs_dead_lettered_total", HOST)] == 1
-        assert m[("nursery_jobs_dispatch_duration_seconds_count", ())] == 8
-        assert m[("nursery_jobs_alarm_lateness_seconds_count", ())] >= 1
+        by_ns = (("namespace", Mailer.namespace),)
+        assert m[("nursery_jobs_dispatch_duration_seconds_count", by_ns)] == 8
+        assert m[("nursery_jobs_alarm_lateness_seconds_count", by_ns)] >= 1
         assert m[("nursery_jobs_objects", (("namespace", Mailer.namespace),))] == 1
         assert m[("nursery_jobs_active_objects", (("namespace", Mailer.namespace),))] == 1
         assert m[("nursery_jobs_due_jobs", (("namespace", Mailer.namespace),))] == 0

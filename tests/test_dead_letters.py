@@ -107,3 +107,48 @@ async def test_a_bad_dead_letter_limit_is_refused(autojump_clock: trio.testing.M
     async with nj.open_runtime(engine.location, env=0) as rt:
         with pytest.raises(ValueError, match="dead_letter_limit"):
             await rt.get(Box, "b").letters()
+
+
+class Garbled(nj.DurableObject):
+    namespace = "tests.test_dead_letters.Garbled"
+
+    def __init__(self, ctx: nj.ObjectContext) -> None:
+        super().__init__(ctx)
+        self.lifecycle = nj.Lifecycle.install(self)
+        self.runs: list[float] = []
+
+    async def push(self, attempts: int) -> None:
+        await self.lifecycle.jobs.push("f", id="j", retry=nj.RetryOptions(
+            max_attempts=attempts, base_delay=1, max_delay=1, jitter=False))
+
+    async def on_job(self, ctx: nj.JobContext) -> None:
+        self.runs.append(trio.current_time())
+        raise ValueError("bad \ud800 text\udcff")  # (lone surrogates: no UTF-8 holds them)
+
+    async def letters(self) -> list[tuple[str, str, int]]:
+        return [(d.job.id, d.error, d.attempts) for d in self.lifecycle.dead_letters()]
+
+    async def state(self) -> tuple[list[float], list[str]]:
+        return self.runs, [job.id for job in self.lifecycle.jobs.list()]
+
+
+@pytest.mark.parametrize("attempts", [1, 2])
+async def test_an_error_text_with_lone_surrogates_is_stored_escaped(
+    autojump_clock: trio.testing.MockClock, attempts: int,
+) -> None:
+    """A job's error text is stored (attempts, dead letters) with its lone surrogates
+    escaped: raw, the write raised UnicodeEncodeError and the alarm run failed again and
+    again, the job never leaving the queue."""
+    alarm_failures: list[nj.Event] = []
+    with trio.fail_after(1000):
+        async with nj.open_runtime(engine.location, stop_on=()) as rt:
+            rt.events.add_listener(
+                lambda e: alarm_failures.append(e) if e.type == "alarm:failed" else None)
+            box = rt.get(Garbled, "g")
+            await box.push(attempts)
+            await trio.sleep(30)
+            assert await box.letters() == [
+                ("j", "ValueError: bad \\ud800 text\\udcff", attempts)]
+            runs, pending = await box.state()
+            assert pending == [] and alarm_failures == []
+            assert runs == [0.0, 1.0][:attempts]

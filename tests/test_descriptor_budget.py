@@ -108,3 +108,86 @@ async def test_busy_objects_never_open_more_databases_than_the_budget(
             assert env["most"] <= 3
             assert open_object_files(data) <= 3
             assert errors == []
+
+
+class Relay(nj.DurableObject):
+    namespace = "tests.test_descriptor_budget.Relay"
+
+    async def relay(self, to: str) -> str:
+        # Holds its database open (a call in progress) while it waits for another object.
+        return str(await self.ctx.get(Echo, to).echo(self.ctx.id))
+
+
+class Echo(nj.DurableObject):
+    namespace = "tests.test_descriptor_budget.Echo"
+
+    async def echo(self, value: str) -> str:
+        return f"echo {value}"
+
+
+@pytest.mark.parametrize("dormant", [False, True])
+async def test_calls_between_objects_never_deadlock_when_every_file_is_held_by_a_caller(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch,
+    dormant: bool,
+) -> None:
+    """Every budgeted file is held by an object whose call waits for another object
+    (not active, or dormant: its file closed): none of them can give its file up before
+    that object answers, so that object opens past the budget rather than wait forever
+    (a deadlock)."""
+    import nursery_jobs._core._runtime as runtime_module
+
+    monkeypatch.setattr(runtime_module, "open_file_budget", lambda: 3)
+    monkeypatch.setattr(runtime_module, "default_max_active", lambda: 3)
+    answers: list[str] = []
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(tmp_path / "data", idle_timeout=3600,
+                                   dormant_after=0.5 if dormant else None) as rt:
+            if dormant:
+                for i in range(3):
+                    await rt.get(Echo, f"e{i}").echo("first")
+                await trio.sleep(1)
+                assert open_object_files(tmp_path / "data") == 0
+                assert all(rt.is_active(Echo.namespace, f"e{i}") for i in range(3))
+            start = trio.current_time()
+
+            async def relay(i: int) -> None:
+                answers.append(await rt.get(Relay, f"r{i}").relay(f"e{i}"))
+
+            async with trio.open_nursery() as nursery:
+                for i in range(3):
+                    nursery.start_soon(relay, i)
+            assert sorted(answers) == ["echo r0", "echo r1", "echo r2"]
+            assert trio.current_time() == start
+
+
+async def test_a_wake_cancelled_while_the_database_opens_gives_its_file_back(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A call to a dormant object, cancelled while its database is still being opened
+    again (waiting for a close in a worker thread to finish), leaves the object dormant
+    and no longer counted as open: the file it never opened is free for another."""
+    from nursery_jobs._engines.files._object import SqliteObject
+
+    wake = SqliteObject.wake
+    slow = trio.Event()
+
+    async def slow_wake(self: SqliteObject) -> None:
+        if not slow.is_set():
+            await trio.sleep(10)  # (as a close still running in its thread)
+        await wake(self)
+
+    monkeypatch.setattr(SqliteObject, "wake", slow_wake)
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(tmp_path / "data", idle_timeout=3600,
+                                   dormant_after=0.5) as rt:
+            echo = rt.get(Echo, "e")
+            await echo.echo("first")
+            await trio.sleep(1)
+            assert rt.is_active(Echo.namespace, "e") and rt.active_database(
+                Echo.namespace, "e") is None  # dormant
+            with trio.move_on_after(1):
+                await echo.echo("cut off")
+            assert ("tests.test_descriptor_budget.Echo", "e") not in rt._open
+            slow.set()
+            assert await echo.echo("again") == "echo again"
+            assert ("tests.test_descriptor_budget.Echo", "e") in rt._open

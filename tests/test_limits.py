@@ -188,3 +188,56 @@ def test_a_limit_is_a_frozen_record() -> None:
     assert limit == nj.Limit(concurrency=2, rate=(5, 1.0))
     with pytest.raises(AttributeError):
         limit.concurrency = 3  # type: ignore[misc]
+
+
+async def test_a_rate_window_opens_exactly_when_its_oldest_start_leaves_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """0.1 + 0.7 - 0.7 < 0.1 in floats: the window task woke at 0.1 + 0.7, still found
+    the start of 0.1 inside the window and asked to wake again at the same instant — a
+    spin that stopped virtual time (the held object never ran, the test hung)."""
+    from nursery_jobs._core._limits import NamespaceLimit
+
+    woken: list[tuple[str, float]] = []
+    waits: list[tuple[Any, tuple[Any, ...]]] = []
+    limit = NamespaceLimit("ns", nj.Limit(rate=(1, 0.7)),
+                           lambda object_id: woken.append((object_id, trio.current_time())),
+                           lambda fn, *args: waits.append((fn, args)))
+    await trio.sleep(0.1)
+    assert limit.try_acquire("a")
+    limit.release()  # (a short job: the rate, not the concurrency, holds the next)
+    assert not limit.try_acquire("b")
+    limit.park("b")
+    [(fn, (at,))] = waits
+    assert at == 0.1 + 0.7
+    await fn(at)
+    assert woken == [("b", 0.1 + 0.7)]
+    assert len(waits) == 1  # no second wait at the same instant
+    assert limit.try_acquire("b")
+
+
+class SlowAlarm(Worker):
+    """A host ``on_alarm()`` that takes a second (after the jobs of each alarm run)."""
+
+    namespace = "tests.test_limits.SlowAlarm"
+
+    async def on_alarm(self) -> None:
+        await trio.sleep(1)
+
+
+async def test_a_permit_freed_while_a_held_object_finishes_its_alarm_run_reaches_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """b is held at 0 and joins the line at 1, when its on_alarm() ends; a's permit came
+    free at 0.5, so it was reserved for b at once — while b's delivery was still in
+    flight. That delivery handed the unused permit back at its end, b was out of the
+    line by then, and its job waited for the fallback alarm: it ran at 31, not 1."""
+    env = Env(2)
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(engine.location, env=env,
+                                   limits={SlowAlarm: nj.Limit(concurrency=1)}) as rt:
+            await rt.get(SlowAlarm, "a").push(0.5)
+            await rt.get(SlowAlarm, "b").push(0)
+            await env.done.wait()
+    assert env.started == [("a", 0.0, 1), ("b", 1.0, 1)]
+    assert env.ended == [("a", 0.5), ("b", 1.0)]

@@ -75,6 +75,10 @@ class Hog(nj.DurableObject):
                 self.blob.append(b"x" * 1000)
                 self.held += 10
                 await trio.sleep(0.1)
+        if ctx.job.fn == "burst":  # grows once, at its start, then holds it
+            self.blob.append(b"x" * 1000)
+            self.held += 2 * LIMIT
+            await trio.sleep_forever()
         await trio.sleep(0.5)  # healthy: half a second of work, no growth
         return None
 
@@ -122,6 +126,28 @@ async def test_a_healthy_neighbour_is_never_struck_for_the_leak(
             assert [job for obj, job, _ in env.runs if obj == "healthy"] == ["w0", "w1", "w2"]
             assert await healthy.dead_letters() == []
             assert [d.job.id for d in await leaky.dead_letters()] == ["leak"]
+
+
+async def test_a_leak_that_grew_before_the_first_sample_is_reset_at_that_sample(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A job due when the runtime opens grows memory before the watchdog's first sample
+    (0.1 s): its growth counts from the memory at the watch's start, not from that
+    first sample (which blamed nobody, and the job held the memory forever)."""
+    env = Env()
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(env=env, memory_limit=LIMIT, memory_probe=env.probe) as rt:
+            reset_at: list[float] = []
+            rt.events.add_listener(
+                lambda e: reset_at.append(trio.current_time())
+                if e.type == "alarm:memory_limit_reset" else None)
+            await rt.get(Hog, "early").push("burst", id="burst")
+            await trio.sleep(0.05)
+            assert [(obj, t) for obj, _, t in env.runs] == [("early", 0.0)]
+            assert env.probe() == 2 * LIMIT and reset_at == []
+            await trio.sleep(1)
+            assert reset_at == [0.1]  # at the first sample
+            assert env.probe() == 0
 
 
 _BALLAST = """

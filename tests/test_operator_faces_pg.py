@@ -298,7 +298,7 @@ async def test_requeue_refuses_an_object_a_live_host_holds_and_fences_a_lapsed_o
                     upserts=[("nj_kv", "k", '["k", "1"]')], deletes=[], alarm=None,
                     clear_crashes=False)
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        assert pg_ops.ship(conn, "zombie:1:ab", 10.0, change) is False
+        assert pg_ops.ship(conn, "zombie:1:ab", 10.0, change) == pg_ops.FENCED
     assert sql(pg_dsn, "SELECT count(*) FROM nj_rows WHERE tbl = 'nj_kv'") == [(0,)]
 
 

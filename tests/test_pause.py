@@ -193,3 +193,25 @@ async def test_pause_of_a_bad_owner_is_refused_and_writes_nothing(
                 with pytest.raises(nj.CapabilityError, match="owner"):
                     await call(owner)
             assert await obj.paused() == []
+
+
+async def test_a_pause_lands_while_a_job_waits_for_probation_and_holds_it(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """y's job waits for x's (another object's) job on probation. The pause waited for
+    y's turn until x's run ended (96 s), and y's job ran then, paused or not."""
+    from probation_support import Suspect, strike_two
+
+    env: dict[str, Any] = {}
+    await strike_two(tmp_path, env)
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(engine.durable(tmp_path), env=env) as rt:
+            await trio.sleep(33)  # t = 35: x runs on probation since 31, y waits since 32
+            y = rt.get(Suspect, "y")
+            assert await y.pause() == 35.0
+            await trio.sleep(200)  # x ends at 131; y stays paused
+            assert env["log"][2:] == [("x", "start", 31.0), ("x", "end", 131.0)]
+            assert await y.jobs() == ["j"]
+            assert await y.resume() == 235.0
+            await trio.sleep(5)
+            assert env["log"][4:] == [("y", "start", 235.0), ("y", "end", 236.0)]

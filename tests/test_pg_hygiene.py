@@ -13,6 +13,7 @@ from pg_support import eventually, opened, sql
 psycopg = pytest.importorskip("psycopg")  # the postgres extra; CI installs it (dev)
 
 from nursery_jobs._engines.postgres import _ops as ops  # noqa: E402
+from nursery_jobs._events import EventBus  # noqa: E402
 
 NOW = 1_800_000_000.0
 
@@ -75,7 +76,7 @@ def test_sweep_deletes_dead_hosts_and_abandoned_calls_only(pg_dsn: str) -> None:
 
 
 class Site:
-    events: Any = None
+    events: Any = EventBus()
 
     def earliest_alarm(self) -> float:
         return float("inf")
@@ -86,7 +87,7 @@ class Site:
     async def run_call(self, *args: Any) -> Any:
         raise AssertionError("no calls here")
 
-    def fenced(self, namespace: str, object_id: str) -> None:
+    def fenced(self, namespace: str, object_id: str, reason: str | None = None) -> None:
         pass
 
     def serves(self, namespace: str, class_path: str | None) -> bool:

@@ -19,6 +19,7 @@ import nursery_jobs as nj
 from nursery_jobs._core._location import engine_for
 from nursery_jobs._engines.postgres._engine import PostgresEngine
 from nursery_jobs._errors import EngineError, ObjectFencedError, ObjectLeasedElsewhere, StorageError
+from nursery_jobs._events import EventBus
 
 NOW = 1_800_000_000.0
 NS = "tests.Thing"
@@ -33,6 +34,7 @@ class Site:
     """An EngineSite that records what the engine asks."""
 
     def __init__(self) -> None:
+        self.events = EventBus()
         self.fenced_keys: list[tuple[str, str]] = []
         self.woken = 0
 
@@ -45,7 +47,7 @@ class Site:
     async def run_call(self, *args: Any) -> Any:
         raise AssertionError("no calls here")
 
-    def fenced(self, namespace: str, object_id: str) -> None:
+    def fenced(self, namespace: str, object_id: str, reason: str | None = None) -> None:
         self.fenced_keys.append((namespace, object_id))
 
     def serves(self, namespace: str, class_path: str | None) -> bool:
@@ -109,13 +111,13 @@ def test_an_unreachable_server_is_a_storage_error_without_the_password() -> None
 def test_schema_is_created_and_a_newer_one_refused(pg_dsn: str) -> None:
     with opened(pg_dsn):
         pass
-    assert sql(pg_dsn, "SELECT version, object_schema FROM nj_schema") == [(1, 3)]
+    assert sql(pg_dsn, "SELECT version, object_schema FROM nj_schema") == [(2, 3)]
     with opened(pg_dsn):  # an existing schema of this version is fine
         pass
     sql(pg_dsn, "UPDATE nj_schema SET object_schema = 2")  # older objects: brought up
     with opened(pg_dsn):
         pass
-    assert sql(pg_dsn, "SELECT version, object_schema FROM nj_schema") == [(1, 3)]
+    assert sql(pg_dsn, "SELECT version, object_schema FROM nj_schema") == [(2, 3)]
     sql(pg_dsn, "UPDATE nj_schema SET version = 99")
     with pytest.raises(StorageError, match=r"schema version 99 \(objects 3\), newer than"):
         PostgresEngine(pg_dsn).open(NOW)

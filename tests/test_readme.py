@@ -45,7 +45,7 @@ def test_every_python_block_compiles() -> None:
 
 # What a block must hold to be run by a test below.
 RUN_BY_A_TEST = ("class Counter(", "class Mailer(", "class Uploads(", "class Notes(",
-                 "class CleanupAgent(",
+                 "class CleanupAgent(", "class Importer(", "class Signup(",
                  "sleep_forever()                    #", "nj_runtime")
 
 
@@ -71,6 +71,21 @@ def test_the_callback_examples_define_their_classes(tmp_path: Path) -> None:
     _run(block + "\nassert issubclass(Reminders, nj.Agent)\n", tmp_path)
     _run(_block("class Notes("), tmp_path)
     _run(_block("class CleanupAgent("), tmp_path)
+
+
+def test_the_steering_example_times_out_gives_up_and_cancels(tmp_path: Path) -> None:
+    out = _run(_block("class Importer("), tmp_path)
+    assert out.splitlines() == ["imported quick", "stopped: True",
+                                "['slow: JobTimeoutError after 1 attempt']"]
+
+
+def test_the_tracing_example_links_the_run_to_the_push(tmp_path: Path) -> None:
+    block = _block("class Signup(")
+    out = _run(block, tmp_path)
+    shown = block.split("trio.run(main)\n")[1]  # the output, as comments under the run
+    assert sorted(out.splitlines()) == sorted(line.removeprefix("# ")
+                                              for line in shown.splitlines())
+    assert "job welcome CONSUMER ['example.Signup.register']" in out.splitlines()
 
 
 def test_sigterm_stops_the_runtime_and_the_program_goes_on(tmp_path: Path) -> None:

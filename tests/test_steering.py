@@ -109,6 +109,10 @@ class Steered(nj.DurableObject):
         self.ctx.nursery.start_soon(task)
         await trio.lowlevel.checkpoint()
 
+    async def hold(self, seconds: float) -> None:
+        """A call that keeps the object's turn ``seconds`` long."""
+        await trio.sleep(seconds)
+
     async def note(self) -> Any:
         return self.ctx.storage.get("note")
 
@@ -153,6 +157,13 @@ async def run_fn(obj: Steered, ctx: nj.JobContext) -> nj.JobOutcome:
     elif fn == "starts work":
         env.log.append((ctx.job.id, "start", rel(), ctx.attempt))
         assert obj.lifecycle.track_alarm_work(tracked_sleep, env, ctx.job.id)
+    elif fn == "heartbeat":
+        # Starts its work on the first run, then looks in every 30 s.
+        env.log.append((ctx.job.id, "start", rel(), ctx.attempt))
+        if not obj.ctx.storage.get("working"):
+            obj.ctx.storage.put("working", True)
+            assert obj.lifecycle.track_alarm_work(tracked_sleep, env, ctx.job.id)
+        return nj.Reschedule(nj.now() + 30)
     elif fn == "stubborn":
         # Swallows its cancellation and returns as if it had finished.
         env.log.append((ctx.job.id, "start", rel(), ctx.attempt))
@@ -576,8 +587,131 @@ async def test_give_up_on_a_timeout(autojump_clock: trio.testing.MockClock) -> N
             assert letter.attempts == 1 and letter.error.startswith("JobTimeoutError")
 
 
-@pytest.mark.parametrize("bad", [ValueError("an instance"), 42, "NoDot", int, [object]])
+@pytest.mark.parametrize("bad", [
+    ValueError("an instance"), 42, "NoDot", int, [object],
+    # Strings that can name no class (they were stored, and matched nothing):
+    "a.\x00b", "a.\ud800", "a. b", " a.B", "module.", ".Name", "a..B", "<locals>.B",
+])
 def test_bad_give_up_on_raises_a_typed_error(bad: Any) -> None:
     with pytest.raises(nj.JobError, match="give_up_on") as info:
         nj.RetryOptions(give_up_on=bad)
     assert isinstance(info.value, ValueError)
+
+
+def test_give_up_on_names_round_trip_as_strings() -> None:
+    class Local(Exception):
+        pass
+
+    names = nj.RetryOptions(give_up_on=(Local, "pkg.mod.Error")).give_up_on
+    assert nj.RetryOptions(give_up_on=names).give_up_on == names
+    assert nj.RetryOptions(give_up_on=names).gives_up_on(Local())
+
+
+async def test_cancel_of_a_job_waiting_for_probation_cancels_it_at_once(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path
+) -> None:
+    """y's job waits for x's (another object's) job on probation. Its alarm run held y's
+    turn while it waited: the cancel waited the 96 s of x's run, y's job then ran all
+    the same and the cancel returned False."""
+    from probation_support import Suspect, strike_two
+
+    env: dict[str, Any] = {}
+    await strike_two(tmp_path, env)
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(engine.durable(tmp_path), env=env) as rt:
+            await trio.sleep(33)  # t = 35: x runs on probation since 31, y waits since 32
+            assert env["log"][2:] == [("x", "start", 31.0)]
+            y = rt.get(Suspect, "y")
+            assert await y.ping() == 35.0  # calls do not wait behind x's run
+            assert await y.cancel_now() == (True, 35.0)
+            assert await y.jobs() == []
+            await trio.sleep(200)
+            assert env["log"][2:] == [("x", "start", 31.0), ("x", "end", 131.0)]
+
+
+@pytest.mark.parametrize("how", ["interleave", "turn"])
+async def test_cancel_between_runs_ends_the_tracked_work_the_job_started(
+    autojump_clock: trio.testing.MockClock, how: str
+) -> None:
+    """A heartbeat job (its work goes on, it looks in every 30 s) cancelled between two
+    runs: the job was deleted and its work ran on, orphaned, with nothing left to stop
+    it."""
+    env = Env()
+    with trio.fail_after(HANG):
+        async with open_rt(env) as rt:
+            obj = rt.get(Steered, "o")
+            await obj.push("heartbeat", id="h")
+            await trio.sleep(40)  # runs at 0 and 30; the work started at 0
+            if how == "interleave":
+                assert await obj.cancel_now("h") == (True, 40)
+            else:
+                assert await obj.cancel("h") is True
+            await trio.sleep(200)
+            assert env.log == [("h", "start", 0, 1), ("h", "start", 30, 1),
+                               ("h", "work cancelled", 40, 0)]
+            assert await obj.jobs() == []
+
+
+async def test_a_job_that_swallows_its_timeout_still_timed_out(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A job that catches the Cancelled of its timeout and returns (a broad ``except``
+    in a library): its result stood, as a clean run, its writes kept. The run was still
+    going at its timeout: a failed attempt, as for ``jobs.cancel`` of such a job."""
+    env = Env()
+    with trio.fail_after(HANG):
+        async with open_rt(env) as rt:
+            obj = rt.get(Steered, "o")
+            await obj.push("stubborn", id="s", timeout=5, retry=nj.RetryOptions(max_attempts=1))
+            await trio.sleep(100)
+            assert env.log == [("s", "start", 0, 1), ("s", "cancelled", 5, 1)]
+            [letter] = await obj.dead_letters()
+            assert (letter.attempts, letter.time) == (1, EPOCH + 5)
+            assert letter.error.startswith("JobTimeoutError")
+            assert await obj.jobs() == []
+
+
+async def test_cancel_waiting_behind_a_hand_over_ends_the_job_before_it_starts(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The run hands the turn to a call after "first" (at 110) and waits to take it
+    back; a cancel of "second" made meanwhile (112) waited behind the run, which then
+    ran "second" for its whole 100 s; the cancel returned False at 215."""
+    env = Env()
+    with trio.fail_after(HANG):
+        async with open_rt(env) as rt:
+            listen(rt, env)
+            obj = rt.get(Steered, "o")
+            await obj.push("long", id="first", time=EPOCH + 10)
+            await obj.push("long", id="second", time=EPOCH + 10)
+            async with trio.open_nursery() as nursery:
+                await trio.sleep(50)
+                nursery.start_soon(obj.hold, 5)  # has the object from 110 to 115
+                await trio.sleep(62)
+                assert await obj.cancel_now("second") == (True, 115)
+            assert env.log == [("first", "start", 10, 1), ("first", "end", 110, 1)]
+            assert await obj.jobs() == []
+            [event] = env.of("job:cancelled")
+            assert (event.data["id"], event.time) == ("second", EPOCH + 115)
+            await trio.sleep(200)
+            assert env.runs() == [("first", 10, 1)]
+            assert await obj.dead_letters() == []
+
+
+async def test_cancel_waiting_behind_the_alarm_run_that_starts_the_job(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A call holds the object from 0 to 5; the alarm (due at 1) waits for it, and a
+    cancel made at 2 waits behind the alarm run: the job must not start."""
+    env = Env()
+    with trio.fail_after(HANG):
+        async with open_rt(env) as rt:
+            obj = rt.get(Steered, "o")
+            await obj.push("long", id="j", time=EPOCH + 1)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(obj.hold, 5)
+                await trio.sleep(2)
+                assert await obj.cancel_now("j") == (True, 5)
+            await trio.sleep(200)
+            assert env.log == []
+            assert await obj.jobs() == [] and await obj.storage_get("written by j") is None

@@ -229,6 +229,9 @@ class Timer:
         self._target = math.inf
         self._nursery: trio.Nursery | None = None
         self.inflight: set[Key] = set()
+        # Objects to deliver again as soon as their delivery in flight ends (a permit of
+        # their namespace's limit was reserved for them during it).
+        self._again: set[Key] = set()
 
     def earliest_alarm(self) -> float:
         """The alarm time the timer sleeps until (``inf`` if none). Does not checkpoint."""
@@ -247,8 +250,15 @@ class Timer:
     def deliver_now(self, key: Key) -> None:
         """Deliver ``key``'s alarm now, whatever its time in the index (a permit of
         its namespace's limit came free). Does not checkpoint."""
-        if key in self.inflight or self._nursery is None:
-            return  # (a delivery in flight takes the permit, or hands it on at its end)
+        if self._nursery is None:
+            return
+        if key in self.inflight:
+            # The delivery in flight may be past its last job (the object was held, its
+            # on_alarm() still runs): it hands the permit on at its end, and the object,
+            # out of the line by then, would wait for its fallback alarm (30 s). So it
+            # is delivered again once that delivery ends.
+            self._again.add(key)
+            return
         self.inflight.add(key)
         self._nursery.start_soon(self._delivery, key)
 
@@ -282,6 +292,9 @@ class Timer:
             await self._deliver(key)
         finally:
             self.inflight.discard(key)
+            if key in self._again:
+                self._again.discard(key)
+                self.deliver_now(key)
             # Still due (a YIELD, a retry now)? The index is the truth: look again.
             self.nudge()
 

@@ -26,7 +26,7 @@ from nursery_jobs._core._metrics import Metrics
 from nursery_jobs._core._object import AlarmInfo, DurableObject, ObjectContext, class_path
 from nursery_jobs._core._storage import Storage
 from nursery_jobs._core._transactions import ObjectTransactions
-from nursery_jobs._core._turns import SlowTurns, TurnGate, method_turn
+from nursery_jobs._core._turns import SlowTurns, TurnGate, call_chain, method_turn
 from nursery_jobs._errors import (
     AlarmOwnedError,
     ObjectFencedError,
@@ -109,7 +109,7 @@ class HostSite(Protocol):
     # A resident object's database was closed (it dozed), or is about to be opened (its
     # activation or wake waits here while the open-file budget is spent).
     def database_closed(self, host: ObjectHost) -> None: ...
-    async def open_slot(self, host: ObjectHost) -> None: ...
+    async def open_slot(self, host: ObjectHost, *, for_turn: bool = False) -> None: ...
     # Its last work ended (an object waiting for the budget may take its file).
     def host_idle(self, host: ObjectHost) -> None: ...
 
@@ -132,6 +132,7 @@ class ObjectHost:
         "error",
         "flight",
         "for_alarm",
+        "for_turn",
         "instance",
         "key",
         "memory_mark",
@@ -149,7 +150,7 @@ class ObjectHost:
 
     def __init__(
         self, site: HostSite, cls: type[DurableObject], namespace: str, object_id: str, *,
-        for_alarm: bool,
+        for_alarm: bool, for_turn: bool = False,
     ) -> None:
         self.site = site
         self.cls = cls
@@ -157,6 +158,8 @@ class ObjectHost:
         self.object_id = object_id
         self.key = (namespace, object_id)
         self.for_alarm = for_alarm
+        # Activated by a task holding an object's turn (``Runtime.open_slot``).
+        self.for_turn = for_turn
         self.phase = Phase.STARTING
         self.ready = trio.Event()
         self.closed = trio.Event()
@@ -191,7 +194,7 @@ class ObjectHost:
         site = self.site
         start_error: Exception | None = None
         try:
-            await site.open_slot(self)
+            await site.open_slot(self, for_turn=self.for_turn)
             try:
                 self.state = state = await site.engine.open_object(
                     self.namespace, self.object_id, class_path(self.cls)
@@ -344,7 +347,8 @@ class ObjectHost:
         attempt = 0
         # (The state is looked at again after each wait: a reset meanwhile closes it.)
         while state is not None and state is self.state and state.dormant:
-            await self.site.open_slot(self)
+            # (Run by the task of the call or alarm run that wakes it.)
+            await self.site.open_slot(self, for_turn=bool(call_chain()))
             if state is not self.state or not state.dormant:
                 continue  # (a reset closed it, or another task woke it meanwhile)
             try:
@@ -355,6 +359,12 @@ class ObjectHost:
                 delay = LOCKED_RETRY.delay(attempt) if exc.cause == "locked" else None
                 if delay is None:
                     raise
+            except BaseException:
+                # Cancelled (waiting for a close still in its thread): still dormant,
+                # it holds no file; counted as open it would stay so until it left.
+                if state is self.state and state.dormant:
+                    self.site.database_closed(self)
+                raise
             await trio.sleep(delay)
             attempt += 1
         else:
@@ -560,16 +570,19 @@ class ObjectHost:
         if state is not None and state.ships:
             try:
                 await state.sync()
-            except ObjectFencedError:
-                self.fence()
+            except ObjectFencedError as exc:
+                self.fence(exc.reason)
                 raise
 
-    def fence(self) -> None:
-        """Another host holds the object now: stop everything here, write nothing."""
+    def fence(self, reason: str | None = None) -> None:
+        """Another host holds the object now (or ``reason``: why this host may no longer
+        run it): stop everything here, write nothing."""
         if self.reset_cause is None:
-            logger.warning("%s was taken over by another host; dropping it here", self.label)
-            self.site.events.emit("object:fenced", self.namespace, self.object_id)
-        self.reset("fenced: another host took the object over", fenced=True)
+            said = reason or "taken over by another host"
+            self.site.events.emit(
+                "object:fenced", self.namespace, self.object_id, reason=said,
+                _log=(logging.WARNING, "%s: %s; dropping it here", (self.label, said)))
+        self.reset(f"fenced: {reason or 'another host took the object over'}", fenced=True)
 
     def _turn_slow(self, seconds: float, holder: str) -> None:
         self.site.events.emit(
@@ -621,7 +634,7 @@ class ObjectHost:
             alarm = self.alarm
             retry = alarm.retry
             if alarm.time is not None:
-                self.site.metrics.alarm_delivered(_clock.now() - alarm.time)
+                self.site.metrics.alarm_delivered(self.namespace, _clock.now() - alarm.time)
             handler = alarm.handler or self.instance.alarm
             version = alarm.version
             failure: Exception | None = None

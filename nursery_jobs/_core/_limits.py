@@ -82,7 +82,11 @@ class NamespaceLimit:
         self._wake = wake
         self._start_soon = start_soon
         self.running = 0  # permits held: running jobs and reservations
-        self.starts: deque[float] = deque()  # Trio times of the starts in the window
+        # When each start in the window leaves it (Trio time of the start + per_seconds).
+        # Kept as the expiry, not the start: the window task sleeps until exactly that
+        # time and the check compares with it, so the two cannot disagree by a rounding
+        # (start + per - per < start for some floats: the line spun at one instant).
+        self.starts: deque[float] = deque()
         self.pending = 0  # reservations not yet started (they count against the rate)
         self.parked: OrderedDict[str, None] = OrderedDict()  # held objects, in line
         self.reserved: dict[str, int] = {}  # object id -> permits handed to it
@@ -130,7 +134,7 @@ class NamespaceLimit:
     # -- the line ---------------------------------------------------------------------
     def _started(self, now: float) -> None:
         if self._per:
-            self.starts.append(now)
+            self.starts.append(now + self._per)
 
     def _free(self, now: float) -> bool:
         if self.running >= self._concurrency:
@@ -138,7 +142,7 @@ class NamespaceLimit:
         if not self._per:
             return True
         starts = self.starts
-        while starts and starts[0] <= now - self._per:
+        while starts and starts[0] <= now:
             starts.popleft()
         return len(starts) + self.pending < self._rate
 
@@ -153,7 +157,7 @@ class NamespaceLimit:
             self._wake(object_id)
         if self.parked and self.running < self._concurrency and self.starts:
             # Held by the rate: look again when the oldest start leaves the window.
-            self._wait_for_window(self.starts[0] + self._per)
+            self._wait_for_window(self.starts[0])
 
     def _wait_for_window(self, at: float) -> None:
         if at >= self._timer_at:

@@ -40,6 +40,12 @@ class MemoryWatch:
         self._unwinding: list[ObjectHost] = []  # reset, not closed yet
         self._quiet = False  # over the limit with nobody to blame: said once
 
+    def begin(self) -> None:
+        """Take the first sample, before any object's work begins (sync). Work already
+        running at the first periodic sample grew memory from here: marking it with that
+        sample instead hid a leak that grew before it, forever (a job due at start)."""
+        self._last = self._probe()
+
     def check(self, hosts: Iterable[ObjectHost]) -> None:
         """Sample the probe; over the limit, reset the objects that grew it most."""
         if self._unwinding:

@@ -1,16 +1,18 @@
-"""The runtime's counters and histograms, and their Prometheus text exposition.
+"""The runtime's counters and histograms (``rt.metrics``).
 
 Counted on the hot path by two calls (``job_ran``, ``alarm_delivered``: plain dict and
 list increments, well under a microsecond); everything else comes from the event bus.
-Gauges (objects, due alarms and jobs) are read from a ``DataSource`` when scraped.
+The operator faces read a ``snapshot()`` at scrape time (``_ops._prometheus`` writes it as
+Prometheus text, with the gauges read from the data source).
 """
 
 from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
+
+import attrs
 
 if TYPE_CHECKING:
     from nursery_jobs._events import Event, EventBus
@@ -66,11 +68,36 @@ def quantile(bounds: tuple[float, ...], counts: list[int], q: float) -> float | 
     return lower
 
 
-class Metrics:
-    """What a runtime counts: ``rt.metrics``."""
+@attrs.frozen(kw_only=True)
+class MetricsSnapshot:
+    """A copy of a runtime's counters and histograms at one moment (for a scrape)."""
 
-    __slots__ = ("alarm_lateness", "breaker_seals", "breaker_trips", "crash_strikes",
-                 "dead_lettered", "dispatch_duration", "dispatched", "failed", "retried")
+    dispatched: dict[Labels, int]
+    failed: dict[Labels, int]
+    retried: dict[Labels, int]
+    dead_lettered: dict[Labels, int]
+    crash_strikes: dict[Labels, int]
+    breaker_trips: dict[str, int]
+    breaker_seals: dict[str, int]
+    # namespace -> (non-cumulative bucket counts, sum)
+    dispatch_duration: dict[str, tuple[list[int], float]]
+    alarm_lateness: dict[str, tuple[list[int], float]]
+
+
+def _merged(histograms: dict[str, Histogram], bounds: tuple[float, ...]) -> Histogram:
+    out = Histogram(bounds)
+    for histogram in histograms.values():
+        out.counts = [a + b for a, b in zip(out.counts, histogram.counts, strict=True)]
+        out.sum += histogram.sum
+    return out
+
+
+class Metrics:
+    """What a runtime counts: ``rt.metrics``. The histograms are kept per namespace."""
+
+    __slots__ = ("breaker_seals", "breaker_trips", "crash_strikes", "dead_lettered",
+                 "dispatch_by_namespace", "dispatched", "failed", "lateness_by_namespace",
+                 "retried")
 
     def __init__(self, events: EventBus | None = None) -> None:
         self.dispatched: dict[Labels, int] = {}
@@ -80,8 +107,8 @@ class Metrics:
         self.crash_strikes: dict[Labels, int] = {}
         self.breaker_trips: dict[str, int] = {}
         self.breaker_seals: dict[str, int] = {}
-        self.dispatch_duration = Histogram(DISPATCH_BUCKETS)
-        self.alarm_lateness = Histogram(LATENESS_BUCKETS)
+        self.dispatch_by_namespace: dict[str, Histogram] = {}
+        self.lateness_by_namespace: dict[str, Histogram] = {}
         if events is not None:
             events.add_listener(self.on_event)
 
@@ -94,17 +121,32 @@ class Metrics:
         if not ok:
             failed = self.failed
             failed[key] = failed.get(key, 0) + 1
-        histogram = self.dispatch_duration
+        histogram = self.dispatch_by_namespace.get(namespace)
+        if histogram is None:
+            histogram = self.dispatch_by_namespace[namespace] = Histogram(DISPATCH_BUCKETS)
         histogram.counts[bisect_left(histogram.bounds, seconds)] += 1
         histogram.sum += seconds
 
-    def alarm_delivered(self, lateness: float) -> None:
-        """An alarm run began ``lateness`` seconds after its alarm was due."""
+    def alarm_delivered(self, namespace: str, lateness: float) -> None:
+        """An alarm run of an object of ``namespace`` began ``lateness`` seconds after
+        its alarm was due."""
         if lateness < 0.0:
             lateness = 0.0  # re-armed for later meanwhile: on time
-        histogram = self.alarm_lateness
+        histogram = self.lateness_by_namespace.get(namespace)
+        if histogram is None:
+            histogram = self.lateness_by_namespace[namespace] = Histogram(LATENESS_BUCKETS)
         histogram.counts[bisect_left(histogram.bounds, lateness)] += 1
         histogram.sum += lateness
+
+    @property
+    def dispatch_duration(self) -> Histogram:
+        """How long job attempts ran, every namespace together (a copy)."""
+        return _merged(self.dispatch_by_namespace, DISPATCH_BUCKETS)
+
+    @property
+    def alarm_lateness(self) -> Histogram:
+        """How late alarm runs began, every namespace together (a copy)."""
+        return _merged(self.lateness_by_namespace, LATENESS_BUCKETS)
 
     # -- from events ------------------------------------------------------------------
     def on_event(self, event: Event) -> None:
@@ -125,6 +167,17 @@ class Metrics:
                     self.breaker_seals.get(event.namespace, 0) + 1)
 
     # -- reading ----------------------------------------------------------------------
+    def snapshot(self) -> MetricsSnapshot:
+        """A copy of every counter and histogram (microseconds: dict copies)."""
+        return MetricsSnapshot(
+            dispatched=dict(self.dispatched), failed=dict(self.failed),
+            retried=dict(self.retried), dead_lettered=dict(self.dead_lettered),
+            crash_strikes=dict(self.crash_strikes), breaker_trips=dict(self.breaker_trips),
+            breaker_seals=dict(self.breaker_seals),
+            dispatch_duration={ns: h.snapshot() for ns, h in self.dispatch_by_namespace.items()},
+            alarm_lateness={ns: h.snapshot() for ns, h in self.lateness_by_namespace.items()},
+        )
+
     def totals(self) -> dict[str, int]:
         return {
             "dispatched": sum(self.dispatched.values()),
@@ -138,89 +191,3 @@ class Metrics:
 
 def _bump(counts: dict[Labels, int], key: Labels) -> None:
     counts[key] = counts.get(key, 0) + 1
-
-
-# -- Prometheus text exposition (format 0.0.4) ----------------------------------------------
-def _label_value(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def _labels(names: tuple[str, ...], values: tuple[str, ...]) -> str:
-    if not names:
-        return ""
-    inner = ",".join(f'{n}="{_label_value(v)}"' for n, v in zip(names, values, strict=True))
-    return "{" + inner + "}"
-
-
-def _number(value: float) -> str:
-    if value == math.inf:
-        return "+Inf"
-    if isinstance(value, int) or value.is_integer():
-        return str(int(value))
-    return repr(value)
-
-
-class Exposition:
-    """Builds the text of one scrape."""
-
-    def __init__(self, prefix: str = "nursery_jobs_") -> None:
-        self.prefix = prefix
-        self.lines: list[str] = []
-
-    def family(
-        self, name: str, kind: str, help: str, samples: Iterable[tuple[tuple[str, ...], float]],
-        labels: tuple[str, ...] = (),
-    ) -> None:
-        # A counter's family is named as its samples are (``x_total``), as
-        # prometheus_client writes format 0.0.4: its parser reads samples that do not
-        # carry the family's name as a family of their own, typed ``unknown``.
-        full = self.prefix + name + ("_total" if kind == "counter" else "")
-        self.lines.append(f"# HELP {full} {help}")
-        self.lines.append(f"# TYPE {full} {kind}")
-        for values, value in samples:
-            self.lines.append(f"{full}{_labels(labels, values)} {_number(value)}")
-
-    def counter(self, name: str, help: str, counts: Mapping[Any, int],
-                labels: tuple[str, ...]) -> None:
-        self.family(name, "counter", help, sorted(counts.items()), labels)
-
-    def gauge(self, name: str, help: str, values: Mapping[Any, float],
-              labels: tuple[str, ...] = ()) -> None:
-        self.family(name, "gauge", help, sorted(values.items()), labels)
-
-    def histogram(self, name: str, help: str, histogram: Histogram) -> None:
-        full = self.prefix + name
-        self.lines.append(f"# HELP {full} {help}")
-        self.lines.append(f"# TYPE {full} histogram")
-        counts, total = histogram.snapshot()
-        cumulative = 0
-        for bound, n in zip((*histogram.bounds, math.inf), counts, strict=True):
-            cumulative += n
-            self.lines.append(f'{full}_bucket{{le="{_number(bound)}"}} {cumulative}')
-        self.lines.append(f"{full}_sum {_number(total)}")
-        self.lines.append(f"{full}_count {cumulative}")
-
-    def text(self) -> str:
-        return "\n".join(self.lines) + "\n"
-
-
-def expose_metrics(metrics: Metrics, out: Exposition) -> None:
-    """Add the runtime's counters and histograms to ``out``."""
-    by_owner = ("namespace", "owner")
-    out.counter("jobs_dispatched", "Job attempts run (completed or failed).",
-                metrics.dispatched, by_owner)
-    out.counter("jobs_failed", "Job attempts that raised.", metrics.failed, by_owner)
-    out.counter("jobs_retried", "Failed attempts re-timed for another try.",
-                metrics.retried, by_owner)
-    out.counter("jobs_dead_lettered", "Jobs moved to the dead letters (failed or sealed).",
-                metrics.dead_lettered, by_owner)
-    out.counter("crash_strikes", "Jobs that were running when their process died.",
-                metrics.crash_strikes, by_owner)
-    out.counter("breaker_trips", "Memory-limit resets counted by objects' circuit breakers.",
-                {(k,): v for k, v in metrics.breaker_trips.items()}, ("namespace",))
-    out.counter("breaker_seals", "Memory-limit resets that sealed jobs.",
-                {(k,): v for k, v in metrics.breaker_seals.items()}, ("namespace",))
-    out.histogram("dispatch_duration_seconds", "How long job attempts ran.",
-                  metrics.dispatch_duration)
-    out.histogram("alarm_lateness_seconds", "How late alarm runs began after their alarm.",
-                  metrics.alarm_lateness)

@@ -278,16 +278,24 @@ class Runtime:
             if self._files_freed:
                 self._files_freed.unpark()
 
-    async def open_slot(self, host: ObjectHost) -> None:
+    async def open_slot(self, host: ObjectHost, *, for_turn: bool = False) -> None:
         """Count ``host``'s database, about to open, as open. Where databases are
         files, wait while the open-file budget is spent — asking idle objects to doze or
         leave — rather than open one more (past it, opens fail with EMFILE and so does
-        the application's own ``open()``). Checkpoints."""
+        the application's own ``open()``). Checkpoints.
+
+        ``for_turn``: the task that asks holds a turn of an object (a call or job of it
+        calls this one), whose own file stays open until this answers. Where no open
+        object can give a file up (every one is busy, maybe each waiting so), it opens
+        past the budget: waiting could never end (the margin for other descriptors
+        absorbs it). Activations by the timer or the application still wait."""
         await trio.lowlevel.checkpoint_if_cancelled()
         budget = self._file_budget
         if budget is not None and host.key not in self._open:
             while len(self._open) >= budget and host.phase is not Phase.CLOSED:
-                self._free_files(len(self._open) - budget + 1)
+                wanted = len(self._open) - budget + 1
+                if self._free_files(wanted) == wanted and for_turn:
+                    break  # nobody to ask: a deadlock if the busy ones wait for us
                 await self._files_freed.park()
         # Counted with no checkpoint since the look at the count (those that wake at
         # once must not all see the same free file).
@@ -301,10 +309,11 @@ class Runtime:
         if self._files_freed:  # someone waits for a file: an idle object gives one up
             self._free_files(len(self._files_freed))
 
-    def _free_files(self, n: int) -> None:
+    def _free_files(self, n: int) -> int:
         """Ask up to ``n`` idle objects, least recently used first, to close their
         databases: they doze (with dormancy on) or leave memory. One asked already
-        counts. Does not checkpoint."""
+        counts. Returns how many of the ``n`` no object could be asked for. Does not
+        checkpoint."""
         for host in list(self._open.values()):
             if n <= 0:
                 break
@@ -314,6 +323,7 @@ class Runtime:
                 if self.dormant_after is None or not host.doze_now():
                     host.evict("evicted: max_active (the open-file limit)")
                 n -= 1
+        return max(n, 0)
 
     async def _activate(
         self, cls: type[DurableObject], namespace: str, object_id: str, *,
@@ -328,7 +338,8 @@ class Runtime:
                 )
             host = self._hosts.get(key)
             if host is None:
-                host = ObjectHost(self, cls, namespace, object_id, for_alarm=for_alarm)
+                host = ObjectHost(self, cls, namespace, object_id, for_alarm=for_alarm,
+                                  for_turn=bool(call_chain()))
                 self._hosts[key] = host
                 try:
                     await self._nursery.start(host.run)
@@ -465,10 +476,10 @@ class Runtime:
         """The current span's context to carry with a forwarded call (None: untraced)."""
         return None if self.tracing is None else self.tracing.push_context()
 
-    def fenced(self, namespace: str, object_id: str) -> None:
+    def fenced(self, namespace: str, object_id: str, reason: str | None = None) -> None:
         host = self._hosts.get((namespace, object_id))
         if host is not None:
-            host.fence()
+            host.fence(reason)
 
     def _clock_adjusted(self, drift: float) -> None:
         """The wall-clock anchor moved: the timer's deadline (on Trio's clock) is stale."""
@@ -522,12 +533,10 @@ class Runtime:
                 stopping.cancel(reason=f"{name}: a graceful stop")
                 return
 
-    async def _memory_watchdog(self) -> None:
+    async def _memory_watchdog(self, watch: MemoryWatch) -> None:
         """Sample memory; over the limit, reset the objects whose alarm work grew it
         (``_memory.MemoryWatch``). Holds no host between samples: a reset object must
         be free to leave memory."""
-        assert self.memory_limit is not None
-        watch = MemoryWatch(self.memory_limit, self.memory_probe)
         while True:
             await trio.sleep(MEMORY_CHECK_INTERVAL)
             watch.check(self._hosts.values())
@@ -668,7 +677,10 @@ async def open_runtime(
                 nursery.start_soon(StallWatch(rt.events).run)
                 nursery.start_soon(rt.slow_turns.run)
                 if memory_limit is not None:
-                    nursery.start_soon(rt._memory_watchdog)
+                    # (Its first sample now, before any task of the runtime has run.)
+                    watch = MemoryWatch(memory_limit, rt.memory_probe)
+                    watch.begin()
+                    nursery.start_soon(rt._memory_watchdog, watch)
                 stopping = trio.CancelScope()
                 try:
                     if http is not None:

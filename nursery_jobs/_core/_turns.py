@@ -24,7 +24,7 @@ import os
 import secrets
 import weakref
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, Final, Literal, TypeVar
 
@@ -256,6 +256,29 @@ class TurnGate:
         except trio.Cancelled:
             with trio.move_on_after(_CLEANUP_WAIT, shield=True):
                 await self._enter(turn)
+            raise
+
+    async def step_out(self, wait: Callable[[], Awaitable[object]]) -> None:
+        """Leave the writing turn while ``await wait()`` waits for something outside the
+        object (another object's job on probation), then take it back, last in line,
+        under the same turn id — as ``hand_over``, but the object is free for the whole
+        wait: calls, a pause or a ``jobs.cancel`` of the waiting job are not held behind
+        another object's run. Checkpoints.
+
+        Whatever ends the wait (a cancellation), it still waits for the object,
+        shielded, a bounded while, so that the run's cleanup holds the turn;
+        ``holds()`` tells whether it got it back.
+        """
+        turn = self.writer
+        assert turn is not None and self.writer_task is trio.lowlevel.current_task()
+        self._leave(turn)
+        try:
+            await wait()
+            await self._enter(turn)
+        except BaseException:
+            if not self.holds():
+                with trio.move_on_after(_CLEANUP_WAIT, shield=True):
+                    await self._enter(turn)
             raise
 
     async def _enter(self, turn: Turn) -> None:

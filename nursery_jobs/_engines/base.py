@@ -183,8 +183,9 @@ class EngineSite(Protocol):
         re-enters it. ``trace`` is the caller's span context (W3C trace context as JSON),
         the parent of the call's span here when tracing is on."""
 
-    def fenced(self, namespace: str, object_id: str) -> None:
-        """Another host took the object over: cancel its scope and drop it, now."""
+    def fenced(self, namespace: str, object_id: str, reason: str | None = None) -> None:
+        """Another host took the object over (or ``reason``, in words: why this host
+        may no longer run it): cancel its scope and drop it, now."""
 
     def serves(self, namespace: str, class_path: str | None) -> bool:
         """Whether this runtime can resolve ``namespace`` to a class (its registry, or

@@ -105,6 +105,7 @@ class AlarmRunner:
         self._namespace = lifecycle.ctx.namespace
         self._tracing = lifecycle.store.tracing  # (tracing) None: off
         self._turns = lifecycle.claim.turns
+        self._steering = lifecycle.steering
         self._rng = rng
         self._watch_scope: trio.CancelScope | None = None
         self._watch_job: Job | None = None
@@ -116,10 +117,11 @@ class AlarmRunner:
         # run (a drain of 100k jobs printed 4,793 warnings, issue 22 #10); again once an
         # alarm run has found it cleared.
         self._backlogged: set[str] = set()
+        self._run: AlarmRun | None = None  # the alarm run in progress (set once per run)
 
     async def __call__(self, info: Any) -> None:
         lc, store = self._lc, self._store
-        run = AlarmRun(lc)
+        run = self._run = AlarmRun(lc)
         token = current_run.set(run)
         try:
             now = _clock.now()
@@ -165,6 +167,7 @@ class AlarmRunner:
             raise  # the runtime retries the run with backoff while jobs remain
         finally:
             run.active = False
+            self._run = None
             current_run.reset(token)
             self._unwatch()
         if not lc.tracked:
@@ -345,15 +348,31 @@ class AlarmRunner:
         at the same moment. Were they to run beside it again, they would die with it
         again and be sealed with it. On probation no death can take two suspects: the
         others finish and are cleared."""
-        version = self._store.version
-        async with self._claim.probation:
-            if self._store.version != version:
-                # Pushed, re-timed or cancelled while it waited: run what is there.
-                fresh = self._store.row(row.job.id)
-                if fresh is None or fresh.job.time > _clock.now():
+        store, lock = self._store, self._claim.probation
+        version = store.version
+        try:
+            if lock.locked():
+                # Another suspect runs, perhaps another object's, for minutes: wait for
+                # it without this object's turn (what ran commits first, as at a
+                # hand-over). Holding the turn, every call — a pause, a jobs.cancel of
+                # this very job — waited for that other run, and the cancelled job
+                # then ran all the same.
+                store.flush()
+                await self._turns.step_out(lock.acquire)
+            else:
+                await lock.acquire()
+            if store.version != version:
+                # Pushed, re-timed, cancelled or paused while it waited: run what is
+                # there, if it is still due.
+                fresh = store.row(row.job.id)
+                if (fresh is None or fresh.job.owner != row.job.owner
+                        or fresh.job.time > _clock.now() or store.is_paused(fresh.job.owner)):
                     return False
                 row = fresh
             return await self._run_job(run, row, owner, on_job)
+        finally:
+            if lock.statistics().owner is trio.lowlevel.current_task():
+                lock.release()
 
     async def _run_job(
         self, run: AlarmRun, row: JobRow, owner: Any, on_job: Callable[..., Awaitable[Any]]
@@ -376,6 +395,10 @@ class AlarmRunner:
             on_job = traced_run(self._tracing, self._namespace, self._lc.ctx.id, job.id,
                                 job.fn, job.owner, store.trace(row), on_job)
         try:
+            if self._steering.waiting and self._steering.starting(job):
+                # A jobs.cancel of this job waited for the turn: the job never starts
+                # (the run's scope is cancelled; this raises its Cancelled).
+                await trio.lowlevel.checkpoint()
             if job.timeout is None:
                 outcome = coerce_outcome(await on_job(ctx))
             else:
@@ -448,12 +471,15 @@ class AlarmRunner:
             self._store.fail()
             await trio.lowlevel.checkpoint()
         self._watch_job = None
-        self._metrics.job_ran(self._namespace, ctx.job.owner, run.time() - clock, False)
+        seconds = run.time() - clock
+        self._metrics.job_ran(self._namespace, ctx.job.owner, seconds, False)
         self._store.fail()
-        await self._failed(owner, ctx, error, keep_marker=self._lc.keeps_marker(run, ctx.job))
+        await self._failed(owner, ctx, error, keep_marker=self._lc.keeps_marker(run, ctx.job),
+                           started=run.epoch + clock, seconds=seconds)
 
     async def _failed(
-        self, owner: Any, ctx: JobContext, error: BaseException, *, keep_marker: bool
+        self, owner: Any, ctx: JobContext, error: BaseException, *, keep_marker: bool,
+        started: float = math.nan, seconds: float = math.nan,
     ) -> None:
         store, job, label = self._store, ctx.job, self._lc.label
         if store.superseded:
@@ -464,7 +490,9 @@ class AlarmRunner:
             bound = job.retry.backoff_bound(ctx.attempt)
             delay = self._rng.uniform(0.0, bound) if job.retry.jitter else bound
             store.complete(job, Completion(kind="retry", kept=False,
-                                           time=_clock.now() + delay, attempts=ctx.attempt))
+                                           time=_clock.now() + delay, attempts=ctx.attempt,
+                                           error=error_text(error), started=started,
+                                           seconds=seconds))
             self._lc.emit("job:retry", id=job.id, owner=job.owner, fn=job.fn,
                           attempt=ctx.attempt, max_attempts=job.retry.max_attempts, delay=delay,
                           error=safe_repr(error),
@@ -486,7 +514,8 @@ class AlarmRunner:
             store.complete(job, completion_of(job, outcome, kept=False, keep_marker=keep_marker))
             return
         buried = store.complete(job, Completion(kind="bury", kept=False, error=error_text(error),
-                                                attempts=ctx.attempt))
+                                                attempts=ctx.attempt, started=started,
+                                                seconds=seconds))
         if buried is not None:
             self._lc.emit("job:dead_letter", id=job.id, owner=job.owner, fn=job.fn,
                           attempts=ctx.attempt, error=error_text(error),
@@ -508,6 +537,14 @@ class AlarmRunner:
             self._lc.ctx.nursery.start_soon(self._slow_dispatch_watchdog)
         elif deadline < scope.deadline:
             scope.deadline = deadline
+
+    def running_for(self) -> tuple[str, float] | None:
+        """The job running now and how many seconds it has run (read from the alarm
+        run's own record of it: nothing more is recorded per job for this)."""
+        run = self._run
+        if run is None or run.job is None:
+            return None
+        return run.job.id, run.epoch + run.time() - run.started
 
     def _unwatch(self) -> None:
         """The alarm run is over: the watchdog ends (an idle object keeps no task in its

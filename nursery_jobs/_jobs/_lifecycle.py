@@ -133,6 +133,10 @@ class Lifecycle:
         assert self._runner is not None
         await self._runner(info)
 
+    def running_for(self) -> tuple[str, float] | None:
+        """The job running now and how many seconds it has run, if one runs."""
+        return None if self._runner is None else self._runner.running_for()
+
     # -- capabilities ---------------------------------------------------------------
     def use(self, *capabilities: Capability) -> Lifecycle:
         """Install capabilities (before startup). Returns self for chaining."""

@@ -148,7 +148,8 @@ class Completion:
 
     ``kept``: the run's writes stand (a clean run) — or were undone (a failure, then
     ``on_job_error`` or the retry policy decided). ``keep_marker``: its tracked work
-    goes on, so its running marker stays.
+    goes on, so its running marker stays. ``started`` (wall clock) and ``seconds``: the
+    failed attempt (``retry``, ``bury``), kept in the job's attempt history.
     """
 
     kind: CompletionKind
@@ -157,6 +158,8 @@ class Completion:
     attempts: int = 0
     error: str = ""
     keep_marker: bool = False
+    started: float = math.nan
+    seconds: float = math.nan
 
 
 def completion_of(

@@ -44,11 +44,23 @@ class CancelRequest:
             self.decided.set()
 
 
+class _TurnWait:
+    """A ``jobs.cancel`` waiting for the object's turn to delete a job that is not
+    running; if the job starts meanwhile, its alarm run cancels ``scope`` and hands the
+    canceller the ``request`` that ends that run."""
+
+    __slots__ = ("request", "scope")
+
+    def __init__(self) -> None:
+        self.scope = trio.CancelScope()
+        self.request: CancelRequest | None = None
+
+
 class Steering:
     """What lets a task that holds no turn of the object reach the job running now.
     One per Lifecycle; the alarm run registers itself in ``run`` while it dispatches."""
 
-    __slots__ = ("_store", "_turns", "_work", "run")
+    __slots__ = ("_store", "_turns", "_work", "run", "waiting")
 
     def __init__(self, store: JobStore, turns: TurnGate) -> None:
         self._store = store
@@ -57,6 +69,9 @@ class Steering:
         # The cancel scopes of tracked work in progress, by the id of the job that
         # started it (work started outside a job is not steered).
         self._work: dict[str, set[trio.CancelScope]] = {}
+        # Cancels waiting for the turn, by (owner, job id): the alarm run looks here
+        # before it starts a job (an empty dict: one truth test per job).
+        self.waiting: dict[tuple[str, str], list[_TurnWait]] = {}
 
     def holds_turn(self) -> bool:
         """Whether the current task holds a turn of the object. Does not checkpoint."""
@@ -65,22 +80,75 @@ class Steering:
     async def cancel(self, owner: str, job_id: str) -> bool:
         """``jobs.cancel`` from a task that holds no turn: a run of the job in progress
         is cancelled at once and the job deleted by its alarm run; otherwise the job is
-        deleted in a turn of our own. Returns whether the job was there. Checkpoints."""
+        deleted in a turn of our own — unless its run starts while we wait for the turn
+        (we waited behind a call, or behind the alarm run taking the turn back at a
+        hand-over): then that run is cancelled before the job starts. Returns whether
+        the job was there. Checkpoints."""
+        while True:
+            request = self._running(owner, job_id)
+            if request is not None:
+                await request.decided.wait()
+                if request.cancelled:
+                    return True
+            key = (owner, job_id)
+            wait = _TurnWait()
+            waits = self.waiting.setdefault(key, [])
+            waits.append(wait)
+            try:
+                with wait.scope:
+                    async with self._turns.turn("write", f"jobs.cancel({job_id!r})"):
+                        cancelled = self.cancel_queued(owner, job_id)
+            finally:
+                waits.remove(wait)
+                if not waits and self.waiting.get(key) is waits:
+                    del self.waiting[key]
+            if wait.request is None:
+                await self._store.durable()
+                return cancelled
+            # Its run started while we waited (the run ends it before it starts).
+            await wait.request.decided.wait()
+            if wait.request.cancelled:
+                return True
+
+    def _running(self, owner: str, job_id: str) -> CancelRequest | None:
+        """The cancel of the job's run in progress (made now: the run's scope and the
+        tracked work it started are cancelled), or None if it is not running."""
         run = self.run
         job = None if run is None or run.scope is None else run.job
-        if run is not None and job is not None and job.id == job_id and job.owner == owner:
-            request = run.cancel
-            if request is None or request.job is not job:
-                request = run.cancel = CancelRequest(job)
-                assert run.scope is not None
-                run.scope.cancel(reason=f"jobs.cancel({job_id!r}) of the running job")
-                self.cancel_work(job_id)
-            await request.decided.wait()
-            if request.cancelled:
-                return True
-        async with self._turns.turn("write", f"jobs.cancel({job_id!r})"):
-            cancelled = self._store.cancel(owner, job_id)
-        await self._store.durable()
+        if run is None or job is None or job.id != job_id or job.owner != owner:
+            return None
+        request = run.cancel
+        if request is None or request.job is not job:
+            request = run.cancel = CancelRequest(job)
+            assert run.scope is not None
+            run.scope.cancel(reason=f"jobs.cancel({job_id!r}) of the running job")
+            self.cancel_work(job_id)
+        return request
+
+    def starting(self, job: Job) -> bool:
+        """The alarm run is about to start ``job`` (``run.job`` is set): if cancels of
+        it wait for the turn, cancel its run now and hand them that cancel. Returns
+        whether it did (the run then checkpoints, so the job never starts). Does not
+        checkpoint."""
+        waits = self.waiting.get((job.owner, job.id))
+        if not waits:
+            return False
+        request = self._running(job.owner, job.id)
+        if request is None:
+            return False
+        for wait in waits:
+            wait.request = request
+            wait.scope.cancel(reason=f"jobs.cancel({job.id!r}): its run started")
+        return True
+
+    def cancel_queued(self, owner: str, job_id: str) -> bool:
+        """Delete a job that is not running now (the caller holds the turn), and end the
+        tracked work an earlier run of it started: a heartbeat job's work, cancelled
+        between two runs, ran on orphaned with nothing left to stop it. Returns whether
+        the job was there. Does not checkpoint."""
+        cancelled = self._store.cancel(owner, job_id)
+        if cancelled:
+            self.cancel_work(job_id)
         return cancelled
 
     # -- tracked work ---------------------------------------------------------------------
@@ -117,8 +185,12 @@ async def run_with_timeout(
     job = ctx.job
     timeout = job.timeout
     assert timeout is not None
-    with trio.move_on_after(timeout):
-        return await on_job(ctx)
+    with trio.move_on_after(timeout) as scope:
+        outcome = await on_job(ctx)
+    if not scope.cancel_called:
+        return outcome
+    # Still going at its timeout, whether or not it let the Cancelled through (a job
+    # that swallowed it and returned had its result stand, as a clean run).
     raise JobTimeoutError(
         f"job {job.id!r} of {label} ran longer than its timeout of {timeout:g} s; its run"
         " was cancelled",

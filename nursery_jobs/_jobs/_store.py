@@ -41,8 +41,8 @@ class JobStore:
 
     __slots__ = (
         "_alarm", "_done", "_dropped", "completion_group", "conn", "dead_letter_limit",
-        "disabled", "paused", "running_id", "running_seq", "ships_group", "superseded",
-        "table", "tracing", "tx", "version",
+        "disabled", "paused", "running_attempts", "running_id", "running_seq", "ships_group",
+        "superseded", "table", "tracing", "tx", "version",
     )
 
     def __init__(
@@ -70,6 +70,7 @@ class JobStore:
         # The job running now: a mutation of its id supersedes its outcome.
         self.running_id: str | None = None
         self.running_seq = -1
+        self.running_attempts = 0  # its failed attempts before this run
         self.superseded = False
         # Bumped by every mutation through the API: an alarm run re-reads due rows then.
         self.version = 0
@@ -94,6 +95,7 @@ class JobStore:
     def begin_run(self, row: JobRow) -> None:
         self.tx.begin_job()
         self.running_id, self.running_seq, self.superseded = row.job.id, row.seq, False
+        self.running_attempts = row.attempts
 
     def end_run(self) -> None:
         self.running_id = None
@@ -114,6 +116,7 @@ class JobStore:
         if kind == "drop":
             with self.writing():
                 self.table.delete(job.owner, job.id)
+                self.table.forget_attempts(job.owner, job.id)
             return job
         if kind in ("retry", "bury"):
             if self.superseded:
@@ -121,9 +124,11 @@ class JobStore:
             if kind == "retry":
                 with self.writing():
                     self.table.retry_later(job.id, completion.time, completion.attempts)
+                    self._record_attempt(job, completion)
                 self.flush()
                 return job
-            return self.bury(job.id, completion.error, "failed", attempts=completion.attempts)
+            return self.bury(job.id, completion.error, "failed", attempts=completion.attempts,
+                             failure=completion)
         table = self.table
         try:
             if completion.kept:
@@ -138,6 +143,10 @@ class JobStore:
                 table.finished(self.running_seq)
             else:
                 table.later(self.running_seq, completion.time, completion.keep_marker)
+            if self.running_attempts and not self.superseded:
+                # Its failed attempts go with it (attempts clear); only a job that
+                # failed before costs this statement.
+                table.forget_attempts(job.owner, job.id)
         except BaseException:
             # Kept without its outcome, the job's writes would be made again by its
             # re-run (found by the fault sweep: a failed RELEASE or DELETE here).
@@ -149,6 +158,11 @@ class JobStore:
             if self._alarm.ships and not self.tx.group:
                 self.ships_group = True
         return job
+
+    def _record_attempt(self, job: Job, completion: Completion) -> None:
+        if completion.started == completion.started:  # (not NaN: a run's failure)
+            self.table.record_attempt(job.owner, job.id, completion.attempts,
+                                      completion.started, completion.seconds, completion.error)
 
     def fail(self) -> None:
         """The running job raised or was cancelled: undo everything it wrote, its queue
@@ -247,6 +261,11 @@ class JobStore:
     def next_alarm_time(self) -> float | None:
         return self.table.next_alarm_time(_clock.now())
 
+    def is_paused(self, owner: str) -> bool:
+        """Whether ``owner``'s jobs are paused (its own pause or the object's)."""
+        paused = self.paused
+        return bool(paused) and (None in paused or owner in paused)
+
     # -- mutations through the API -------------------------------------------------
     def push(self, job: Job, payload_text: str | None, *, stable_id: bool) -> Job:
         """Insert ``job`` or replace the same owner's job of its id; durable (with the
@@ -280,6 +299,7 @@ class JobStore:
         with self.writing():
             deleted = self.table.delete(owner, job_id)
             if deleted:
+                self.table.forget_attempts(owner, job_id)
                 self._touch(job_id)
         # Inside storage.transaction() the alarm must not be raised: a rollback would
         # bring the job back with the alarm above it (an early wake is harmless).
@@ -328,6 +348,7 @@ class JobStore:
             if holder is not None:
                 raise ownership_error(owner, holder, job_id)
             self.table.unbury(owner, job_id)
+            self.table.forget_attempts(owner, job_id)  # (it starts afresh)
             job = attrs.evolve(letter.job, time=_clock.now())
             self._touch(job_id)
             self._lower_alarm(job.time, job.exclusive, job.id, job.owner)
@@ -361,16 +382,22 @@ class JobStore:
 
     # -- what the alarm run and the breaker write ------------------------------------
     def bury(
-        self, job_id: str, error: str, reason: str, *, attempts: int | None = None
+        self, job_id: str, error: str, reason: str, *, attempts: int | None = None,
+        failure: Completion | None = None,
     ) -> Job | None:
-        """Move a job into the dead letters; returns it, or None if it is gone."""
+        """Move a job into the dead letters (with its last attempt, ``failure``, in its
+        attempt history); returns it, or None if it is gone."""
         with self.writing():
             row = self.table.row(job_id)
             if row is None:
                 return None
             self.table.bury(row, error, reason, _clock.now(),
                             attempts=row.attempts if attempts is None else attempts)
+            if failure is not None:
+                self._record_attempt(row.job, failure)
             dropped = self.table.drop_oldest_dead_letters(self.dead_letter_limit)
+            if dropped:
+                self.table.forget_orphan_attempts()
         self.flush()
         for owner, dropped_id in dropped:
             self._dropped(owner, dropped_id)
@@ -379,12 +406,18 @@ class JobStore:
     def discard(self, owner: str | None, job_id: str) -> bool:
         """Delete dead letter ``job_id`` (of ``owner``, or any owner with None)."""
         with self.writing():
-            return self.table.discard(owner, job_id)
+            found = self.table.discard(owner, job_id)
+            if found:
+                self.table.forget_orphan_attempts()
+            return found
 
     def discard_dead_letters(self, owner: str | None, before: float | None) -> int:
         """Delete the dead letters (of ``owner``) buried before ``before`` (all: None)."""
         with self.writing():
-            return self.table.discard_before(owner, before)
+            count = self.table.discard_before(owner, before)
+            if count:
+                self.table.forget_orphan_attempts()
+            return count
 
     def defer(self, job_id: str, time: float) -> None:
         """Move a job to ``time`` and clear its running marker (a reset)."""

@@ -51,6 +51,7 @@ Cursor = tuple[int, float, int]  # (-priority, time, seq) of the last row an ala
 # The ``nj_meta`` rows of a pause: the whole object, or one owner (the key's tail).
 PAUSED_ALL: Final = "paused"
 PAUSED_PREFIX: Final = "paused:"
+KEEP_ATTEMPTS: Final = 5  # failed attempts kept per job
 _MAX_STAGED = 512  # staged deletes run at once past this many (SQLite's variable limit)
 
 
@@ -379,6 +380,32 @@ class JobTable:
             (time, started, job_id, started),
         )
         return cursor.rowcount > 0
+
+    # -- failed attempts (the last KEEP_ATTEMPTS of a job or a dead letter) -----------
+    def record_attempt(self, owner: str, job_id: str, attempt: int, started: float,
+                       seconds: float, error: str) -> None:
+        """Keep failed attempt ``attempt`` of a job, and only the last few of it."""
+        self.conn.execute(
+            "INSERT OR REPLACE INTO nj_attempts (owner, id, attempt, started, seconds, error)"
+            " VALUES (?, ?, ?, ?, ?, ?)", (owner, job_id, attempt, started, seconds, error),
+        )
+        if attempt > KEEP_ATTEMPTS:
+            self.conn.execute(
+                "DELETE FROM nj_attempts WHERE owner = ? AND id = ? AND attempt <= ?",
+                (owner, job_id, attempt - KEEP_ATTEMPTS),
+            )
+
+    def forget_attempts(self, owner: str, job_id: str) -> None:
+        self.conn.execute("DELETE FROM nj_attempts WHERE owner = ? AND id = ?",
+                          (owner, job_id))
+
+    def forget_orphan_attempts(self) -> None:
+        """Forget the attempts of jobs that are neither queued nor dead letters."""
+        self.conn.execute(
+            "DELETE FROM nj_attempts AS a WHERE NOT EXISTS (SELECT 1 FROM nj_jobs j"
+            " WHERE j.owner = a.owner AND j.id = a.id) AND NOT EXISTS (SELECT 1 FROM"
+            " nj_dead_letters d WHERE d.owner = a.owner AND d.id = a.id)"
+        )
 
     # -- dead letters ---------------------------------------------------------------
     def bury(self, row: JobRow, error: str, reason: str, now: float, *, attempts: int) -> None:

@@ -122,13 +122,14 @@ class Jobs:
         tracked work it started, and the job deleted: no retry, no dead letter,
         ``job:cancelled``; it returns once that is committed. Called inside a turn (a
         stub call, the job itself), it waits for no run: a run in progress is its
-        caller's own, and its result is discarded.
+        caller's own, and its result is discarded. Either way, tracked work that a run
+        of the job started ends with it.
         """
         job_id = check_job_id(id)
         await self._checkpoint()
         if not self._steering.holds_turn():
             return await self._steering.cancel(self.owner, job_id)
-        cancelled = self._store.cancel(self.owner, job_id)
+        cancelled = self._steering.cancel_queued(self.owner, job_id)
         await self._store.durable()
         return cancelled
 

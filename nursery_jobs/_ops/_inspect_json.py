@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any, Final, Literal
 
+import attrs
+
 from nursery_jobs._ops._inspect import (
     DataSource,
     DeadLetterInfo,
@@ -12,6 +14,7 @@ from nursery_jobs._ops._inspect import (
     ObjectDetail,
     ObjectSummary,
 )
+from nursery_jobs._ops._words import is_schedule, schedule_words
 
 PREVIEW_CHARS: Final = 200  # characters of a payload shown in a report
 
@@ -31,7 +34,8 @@ def job_json(job: JobInfo) -> dict[str, Any]:
         "running": job.running, "running_since": job.running_since,
         "crash_strikes": job.crash_strikes, "created_at": job.created_at,
         "exclusive": job.exclusive, "singleflight": job.singleflight, "timeout": job.timeout,
-        "payload": preview(job.payload),
+        "payload": preview(job.payload["p"] if is_schedule(job.payload) else job.payload),
+        "schedule": schedule_words(job.payload, job.time),  # (a Scheduler's, in words)
     }
 
 
@@ -60,6 +64,10 @@ def detail_json(detail: ObjectDetail) -> dict[str, Any]:
     entry = summary_json(detail.summary)
     entry["jobs"] = [job_json(job) for job in detail.jobs]
     entry["dead_letters"] = [dead_letter_json(letter) for letter in detail.dead_letters]
+    # Each job's and dead letter's recent failed attempts (oldest first).
+    for item in (*entry["jobs"], *entry["dead_letters"]):
+        item["failures"] = [attrs.asdict(a) for a in
+                            detail.attempts.get((item["owner"], item["id"]), [])]
     return entry
 
 
@@ -83,14 +91,15 @@ def report_json(
             "offset": page.offset, "limit": page.limit, "objects": objects}
 
 
-def printable(text: str) -> str:
-    """``text`` with control and other unprintable characters (and backslashes)
-    escaped, so an id or an error message cannot forge lines on a terminal."""
-    if text.isprintable() and "\\" not in text:
+def printable(text: str, *, backslashes: bool = True) -> str:
+    """``text`` with control and other unprintable characters (and backslashes, unless
+    ``backslashes`` is false: text that is a ``repr`` already) escaped, so an id or an
+    error message cannot forge lines on a terminal."""
+    if text.isprintable() and ("\\" not in text or not backslashes):
         return text
     out = []
     for ch in text:
-        if ch == "\\":
+        if ch == "\\" and backslashes:
             out.append("\\\\")
         elif ch.isprintable():
             out.append(ch)

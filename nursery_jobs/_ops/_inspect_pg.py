@@ -20,6 +20,7 @@ active object's commits reach it within the engine's ship interval (50 ms).
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import sqlite3
 import sys
@@ -34,15 +35,25 @@ import trio
 from nursery_jobs._engines._schema import prepare
 from nursery_jobs._engines.postgres import _ops as pg_ops
 from nursery_jobs._engines.postgres._copy import load_rows
-from nursery_jobs._engines.postgres._schema import ROW_TABLES, check_version
+from nursery_jobs._engines.postgres._schema import ROW_TABLES, TABLES_BY_NAME, check_version
 from nursery_jobs._errors import DataDirectoryError, StorageError
+from nursery_jobs._jobs._table import PAUSED_ALL, PAUSED_PREFIX
 from nursery_jobs._ops._inspect import (
+    STRIKES_KEY,
     AlarmSummary,
     DataSource,
+    DeadLetterInfo,
+    FoundLetter,
+    JobTotals,
+    LetterPage,
+    ObjectCounts,
     ObjectPage,
     ObjectRow,
     State,
     _ObjectReader,
+    _payload,
+    letter_page,
+    totals_of,
 )
 
 if TYPE_CHECKING:
@@ -261,6 +272,106 @@ class PgReader(_ObjectReader):
             )
         ]
 
+    # -- across every object (in SQL: no working copy per object) ----------------------------
+    def object_counts(self, now: float, *, strikes: bool = True,
+                      ) -> dict[tuple[str, str], ObjectCounts]:
+        """Every object's counts, in SQL over ``nj_rows`` (running: marked in its row, or
+        in its live holder's shipped flight list); crash strikes always (the server
+        reads every row anyway, in its own process)."""
+        columns = TABLES_BY_NAME["nj_jobs"].columns
+        at = {name: columns.index(name) for name in
+              ("time", "running_since", "attempts", "crash_strikes")}
+        found: dict[tuple[str, str], dict[str, Any]] = {
+            (str(ns), str(oid)): {} for ns, oid in self._pg.execute(
+                "SELECT namespace, object_id FROM nj_objects")}
+        running = {(str(ns), str(oid), str(job)) for ns, oid, job in self._pg.execute(
+            "SELECT namespace, object_id, key FROM nj_rows WHERE tbl = 'nj_jobs'"
+            " AND data::jsonb->>%s IS NOT NULL", (at["running_since"],))}
+        for (flight,) in self._pg.execute(
+            "SELECT h.flight FROM nj_hosts h WHERE EXISTS (SELECT 1 FROM nj_objects o"
+            " WHERE o.owner = h.host_id AND o.lease_until >= now())"
+        ):
+            running.update((str(ns), str(oid), str(token))
+                           for ns, oid, token, _started in (flight or []) if token)
+        for ns, oid, jobs, due, later, failing, struck, attempts in self._pg.execute(
+            "SELECT namespace, object_id, count(*),"
+            " count(*) FILTER (WHERE t <= %s AND r IS NULL), min(t) FILTER (WHERE t > %s),"
+            " count(*) FILTER (WHERE a > 0), count(*) FILTER (WHERE c > 0),"
+            " coalesce(max(a), 0) FROM (SELECT namespace, object_id,"
+            " (data::jsonb->>%s)::float8 AS t, data::jsonb->>%s AS r,"
+            " (data::jsonb->>%s)::int AS a, (data::jsonb->>%s)::int AS c"
+            " FROM nj_rows WHERE tbl = 'nj_jobs') j GROUP BY namespace, object_id",
+            (now, now, at["time"], at["running_since"], at["attempts"], at["crash_strikes"]),
+        ):
+            found.setdefault((str(ns), str(oid)), {}).update(
+                jobs=int(jobs), due_jobs=int(due), failing_jobs=int(failing),
+                crash_strikes=int(struck), max_attempts=int(attempts),
+                next_due=None if later is None else float(later))
+        for ns, oid, n in self._pg.execute(
+            "SELECT namespace, object_id, count(*) FROM nj_rows WHERE tbl = 'nj_dead_letters'"
+            " GROUP BY namespace, object_id"
+        ):
+            found.setdefault((str(ns), str(oid)), {})["dead_letters"] = int(n)
+        for ns, oid, key, value in self._pg.execute(
+            "SELECT namespace, object_id, key, data::jsonb->>1 FROM nj_rows"
+            " WHERE tbl = 'nj_meta' AND (key IN (%s, %s) OR key LIKE %s)",
+            (PAUSED_ALL, STRIKES_KEY, PAUSED_PREFIX + "%"),
+        ):
+            entry = found.setdefault((str(ns), str(oid)), {})
+            if key == PAUSED_ALL or key.startswith(PAUSED_PREFIX):
+                owner = None if key == PAUSED_ALL else key[len(PAUSED_PREFIX):]
+                entry["paused"] = (*entry.get("paused", ()), owner)
+            else:
+                entry["breaker_strikes"] = int(value or 0)
+        for ns, oid, _job in running:
+            entry = found.setdefault((ns, oid), {})
+            entry["running_jobs"] = entry.get("running_jobs", 0) + 1
+        if running:  # (a job running by its flight list is not due: it runs)
+            keys = sorted(running)
+            for ns, oid, n in self._pg.execute(
+                "SELECT r.namespace, r.object_id, count(*) FROM nj_rows r JOIN"
+                " unnest(%s::text[], %s::text[], %s::text[]) AS f(ns, oid, k)"
+                " ON r.namespace = f.ns AND r.object_id = f.oid AND r.key = f.k"
+                " WHERE r.tbl = 'nj_jobs' AND (r.data::jsonb->>%s)::float8 <= %s"
+                " AND r.data::jsonb->>%s IS NULL GROUP BY r.namespace, r.object_id",
+                ([k[0] for k in keys], [k[1] for k in keys], [k[2] for k in keys],
+                 at["time"], now, at["running_since"]),
+            ):
+                found[(str(ns), str(oid))]["due_jobs"] -= int(n)
+        return {key: ObjectCounts(**entry) for key, entry in found.items()}
+
+    def job_totals(self, now: float) -> JobTotals:
+        """Dead letters, due and running jobs and paused objects of every object, by
+        namespace."""
+        return totals_of(self.object_counts(now))
+
+    def all_dead_letters(
+        self, *, search: str | None = None, offset: int = 0, limit: int = 50,
+        counts: dict[tuple[str, str], ObjectCounts] | None = None,
+    ) -> LetterPage:
+        """The dead letters of every object, newest first, those matching ``search``."""
+        columns = TABLES_BY_NAME["nj_dead_letters"].columns
+        found = []
+        for ns, oid, data in self._pg.execute(
+            "SELECT namespace, object_id, data FROM nj_rows WHERE tbl = 'nj_dead_letters'"
+        ):
+            try:
+                values = dict(zip(columns, json.loads(data), strict=False))
+                record = _payload(values["job"])
+                fn, payload = "?", None
+                if isinstance(record, dict):
+                    fn = str(record.get("fn", "?"))
+                    payload = _payload(record.get("payload"))
+                letter = DeadLetterInfo(
+                    owner=str(values["owner"]), id=str(values["id"]), fn=fn,
+                    error=str(values["error"]), attempts=int(values["attempts"]),
+                    reason=str(values["reason"]), time=float(values["time"]),
+                    payload=payload)
+            except (ValueError, TypeError, KeyError):
+                continue  # (a row this code cannot read: the object's page says so)
+            found.append(FoundLetter(namespace=str(ns), object_id=str(oid), letter=letter))
+        return letter_page(found, search, offset, limit)
+
     # -- an object's rows --------------------------------------------------------------------
     @contextlib.contextmanager
     def _object_db(
@@ -299,6 +410,15 @@ class PgReader(_ObjectReader):
             ns, oid, token, _started = entry
             if token and (ns, oid) == (row.namespace, row.id):
                 return str(token)
+        return None
+
+    def _running_started(self, row: ObjectRow) -> float | None:
+        if self._running_id(row) is None or self._flights is None:
+            return None
+        lease = self.leases[(row.namespace, row.id)]
+        for ns, oid, token, started in self._flights.get(str(lease.owner), []):
+            if token and (ns, oid) == (row.namespace, row.id):
+                return float(started)
         return None
 
 

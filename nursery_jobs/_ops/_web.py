@@ -23,22 +23,14 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from functools import partial
-from itertools import pairwise
 from typing import TYPE_CHECKING, Any, Final, Literal, cast
 from urllib.parse import parse_qs, urlencode
 
 import attrs
 import trio
-from trio_util import periodic
 
 from nursery_jobs import _clock
-from nursery_jobs._core._metrics import (
-    LATENESS_BUCKETS,
-    Exposition,
-    Metrics,
-    expose_metrics,
-    quantile,
-)
+from nursery_jobs._core._metrics import Metrics, MetricsSnapshot
 from nursery_jobs._errors import (
     DataDirectoryError,
     HttpError,
@@ -51,24 +43,30 @@ from nursery_jobs._ops._inspect import (
     DataSource,
     DeadLetterInfo,
     Inline,
+    ObjectCounts,
     ObjectDetail,
     ObjectRow,
     ObjectSummary,
     RuntimeSource,
     SourceAccess,
+    summary_of,
 )
-from nursery_jobs._ops._inspect_json import detail_json, preview, report_json
+from nursery_jobs._ops._inspect_json import detail_json, printable, report_json
+from nursery_jobs._ops._listing import FILTERS, SORTS, list_objects
+from nursery_jobs._ops._prometheus import CONTENT_TYPE, LiveCounters, exposition, read_scrape
+from nursery_jobs._ops._web_charts import SAMPLE_INTERVAL, ChartData, charts, window_of
+from nursery_jobs._ops._web_charts import Recorder as SampleRecorder
 from nursery_jobs._ops._web_html import (
-    SAMPLE_INTERVAL,
-    SAMPLES,
     _q,
     _state_badge,
     esc,
     page,
     paused_badge,
-    svg_chart,
     when,
 )
+from nursery_jobs._ops._web_letters import LETTERS_PER_PAGE, letters_json, letters_page
+from nursery_jobs._ops._web_object import jobs_section, letters_section
+from nursery_jobs._ops._words import event_value
 
 if TYPE_CHECKING:
     from nursery_jobs._core._runtime import Runtime
@@ -93,38 +91,16 @@ OBJECT_JOB_LIMIT: Final = 500
 
 
 # -- what a live runtime adds: recent events and chart samples ------------------------------
-class Recorder:
+class Recorder(SampleRecorder):
     """Keeps the recent events and, every ``SAMPLE_INTERVAL``, a sample of the metrics
-    (for the dashboard's charts over the last minutes)."""
+    (for the dashboard's charts, ``_web_charts``)."""
 
     def __init__(self, metrics: Metrics, interval: float = SAMPLE_INTERVAL) -> None:
-        self.metrics = metrics
-        self.interval = interval
+        super().__init__(metrics, interval)
         self.events: deque[Event] = deque(maxlen=RECENT_EVENTS)
-        self.samples: deque[tuple[float, int, list[int]]] = deque(maxlen=SAMPLES + 1)
 
     def on_event(self, event: Event) -> None:
         self.events.append(event)
-
-    def sample(self, now: float) -> None:
-        dispatched = sum(self.metrics.dispatched.values())
-        self.samples.append((now, dispatched, list(self.metrics.alarm_lateness.counts)))
-
-    async def run(self) -> None:
-        async for _ in periodic(self.interval):
-            self.sample(_clock.now())
-
-    def series(self) -> tuple[list[tuple[float, float]], list[tuple[float, float | None]]]:
-        """(time, jobs/s) and (time, p95 alarm lateness in s) per sample interval."""
-        rates: list[tuple[float, float]] = []
-        lateness: list[tuple[float, float | None]] = []
-        samples = list(self.samples)
-        for (t0, d0, l0), (t1, d1, l1) in pairwise(samples):
-            span = max(t1 - t0, 1e-9)
-            rates.append((t1, (d1 - d0) / span))
-            delta = [b - a for a, b in zip(l0, l1, strict=True)]
-            lateness.append((t1, quantile(LATENESS_BUCKETS, delta, 0.95)))
-        return rates, lateness
 
 
 # -- the ASGI app --------------------------------------------------------------------------
@@ -169,15 +145,17 @@ class Live:
 
     counters: dict[str, Any] | None = None
     totals: dict[str, int] | None = None
-    exposition: str = ""  # the runtime's own families (gauges, counters, histograms)
+    live_counters: LiveCounters | None = None  # for /metrics
+    metrics: MetricsSnapshot | None = None  # for /metrics
     events: list[Event] | None = None  # newest first; None: no recorder
-    series: tuple[list[tuple[float, float]], list[tuple[float, float | None]]] | None = None
-    span: float = SAMPLE_INTERVAL * SAMPLES
+    charts: ChartData | None = None
 
 
 # The pages that read the data source.
 _SOURCE_PAGES: Final = frozenset({"/", "/object", "/metrics", "/api", "/api/objects",
-                                  "/api/object", "/api/summary"})
+                                  "/api/object", "/api/summary", "/dead-letters",
+                                  "/api/dead-letters"})
+HOME_LETTERS: Final = 10  # the newest dead letters the home page shows
 
 
 def _page_args(query: dict[str, str]) -> tuple[str | None, str | None, Only, int, int]:
@@ -267,7 +245,7 @@ class Dashboard:
             return Response(204, b"", "image/x-icon")
         if path not in _SOURCE_PAGES:
             raise HttpError(404, f"no page {path!r}")
-        live = self._live(path, now)
+        live = self._live(path, now, query)
         return await self.access.read(partial(self._render, path, query, now, live))
 
     def _render(self, path: str, query: dict[str, str], now: float, live: Live,
@@ -278,51 +256,54 @@ class Dashboard:
         if path == "/object":
             return _html(view.object_page(query, now))
         if path == "/metrics":
-            return Response(200, view.exposition(now), "text/plain; version=0.0.4; charset=utf-8")
+            scrape = read_scrape(source, now, live.live_counters, live.metrics)
+            return Response(200, exposition(scrape), CONTENT_TYPE)
         if path in ("/api", "/api/objects"):
             namespace, search, only, offset, limit = _page_args(query)
             return _json(report_json(source, now, namespace=namespace, search=search,
                                      only=only, offset=offset, limit=limit,
                                      job_limit=_count(query, "jobs", 100),
                                      letter_limit=_count(query, "letters", 100)))
+        if path in ("/dead-letters", "/api/dead-letters"):
+            search = query.get("q") or None
+            limit = min(max(_int(query, "limit", LETTERS_PER_PAGE), 1), MAX_PAGE_SIZE)
+            offset = min(max(_int(query, "page", 1) - 1, 0), MAX_PAGE) * limit
+            found = source.all_dead_letters(search=search, offset=offset, limit=limit)
+            if path == "/api/dead-letters":
+                return _json(letters_json(found, search))
+            return _html(letters_page(found, source, now, search=search or "",
+                                      writes=view.writes, token=self.token,
+                                      done=query.get("done", "")))
         if path == "/api/object":
             detail = view.detail(query, now, _count(query, "jobs", 1000))
             return _json(detail_json(detail))
         assert path == "/api/summary"
-        return _json(view.summary(now))
+        out = view.summary(now)
+        out["due_jobs_by_namespace"] = source.job_totals(now).due_jobs  # (every object's)
+        return _json(out)
 
-    def _live(self, path: str, now: float) -> Live:
+    def _live(self, path: str, now: float, query: dict[str, str]) -> Live:
         """What the live runtime adds to page ``path``, read now (on the Trio thread)."""
         counters = None
         if self.counters is not None and path in ("/", "/metrics", "/api/summary"):
             counters = self.counters(now)
-        exposition = ""
-        if path == "/metrics" and (counters is not None or self.metrics is not None):
-            out = Exposition()
+        live_counters = snapshot = None
+        if path == "/metrics":
             if counters is not None:
-                out.gauge("active_objects", "Objects resident in memory, by namespace.",
-                          {(ns,): n for ns, n in counters["active_by_namespace"].items()},
-                          ("namespace",))
-                out.gauge("alarms_in_flight", "Alarm runs in progress.",
-                          {(): counters["alarms_in_flight"]})
-                out.gauge("due_jobs", "Due jobs in the databases of active objects, by"
-                          " namespace.",
-                          {(ns,): n for ns, n in counters["due_jobs_by_namespace"].items()},
-                          ("namespace",))
-                out.counter("events_dropped", "Events a full subscriber buffer dropped.",
-                            {(): counters["events_dropped"]}, ())
+                live_counters = LiveCounters(
+                    active_by_namespace=counters["active_by_namespace"],
+                    alarms_in_flight=counters["alarms_in_flight"],
+                    events_dropped=counters["events_dropped"])
             if self.metrics is not None:
-                expose_metrics(self.metrics, out)
-            exposition = out.text()
-        events = series = None
+                snapshot = self.metrics.snapshot()
+        events = data = None
         if self.recorder is not None and path == "/":
             events = list(reversed(self.recorder.events))[:30]
-            series = self.recorder.series()
+            data = self.recorder.chart_data(window_of(query), query.get("ns") or None)
         return Live(counters=counters,
                     totals=None if self.metrics is None else self.metrics.totals(),
-                    exposition=exposition, events=events, series=series,
-                    span=(self.recorder.interval if self.recorder else SAMPLE_INTERVAL)
-                    * SAMPLES)
+                    live_counters=live_counters, metrics=snapshot, events=events,
+                    charts=data)
 
     def events_json(self) -> list[dict[str, Any]]:
         if self.recorder is None:
@@ -358,6 +339,8 @@ class Dashboard:
             raise HttpError(403, f"cross-site POST refused (Sec-Fetch-Site {site!r})")
         if not hmac.compare_digest(form.get("token", "").encode(), self.token.encode()):
             raise HttpError(403, "missing or wrong form token: reload the page")
+        if path in ("/actions/requeue-matching", "/actions/discard-matching"):
+            return await self._post_matching(path, form.get("q", ""))
         try:
             namespace, object_id, owner, job = (form["ns"], form["id"], form["owner"],
                                                 form["job"])
@@ -380,8 +363,40 @@ class Dashboard:
             raise HttpError(409, f"{exc}: requeue or discard it on that host's dashboard"
                                  " (or here once that host has let it go)") from None
         message = f"{owner}/{job} {verb}" if done else f"no dead letter {owner}/{job}"
-        location = f"/object?{_q(ns=namespace, id=object_id, done=message)}"
-        return Response(303, f"see {location}\n", "text/plain", [("location", location)])
+        if form.get("back") == "dead-letters":
+            message = f"{namespace}/{object_id}: {message}"
+            return _see(f"/dead-letters?{_q(q=form.get('q', ''), done=message)}")
+        return _see(f"/object?{_q(ns=namespace, id=object_id, done=message)}")
+
+    async def _post_matching(self, path: str, search: str) -> Response:
+        """Requeue or discard every dead letter that ``search`` matches (all of them
+        without one), object by object; a letter another host holds is left, and
+        counted."""
+        assert self.writer is not None
+        found = await self.access.read(
+            lambda source: source.all_dead_letters(search=search or None, limit=-1))
+        done = left = 0
+        for item in found.letters:
+            try:
+                if path == "/actions/requeue-matching":
+                    ok = await self.writer.requeue(item.namespace, item.object_id,
+                                                   item.letter.owner, item.letter.id)
+                else:
+                    ok = await self.writer.discard(item.namespace, item.object_id,
+                                                   item.letter.owner, item.letter.id)
+            except (UnknownObjectError, ObjectLeasedElsewhere):
+                ok = False
+            done += ok
+            left += not ok
+        verb = "requeued (due now)" if path == "/actions/requeue-matching" else "discarded"
+        message = f"{done:,} dead letter(s) {verb}"
+        if left:
+            message += f"; {left:,} left (gone meanwhile, or held by another host)"
+        return _see(f"/dead-letters?{_q(q=search, done=message)}")
+
+
+def _see(location: str) -> Response:
+    return Response(303, f"see {location}\n", "text/plain", [("location", location)])
 
 
 class _View:
@@ -417,64 +432,73 @@ class _View:
             out["totals"] = self.live.totals
         return out
 
-    def exposition(self, now: float) -> str:
-        out = Exposition()
-        alarms = self.source.alarm_summary(now)
-        out.gauge("objects", "Objects in the catalog, by namespace.",
-                  {(ns,): n for ns, n in self.source.namespaces()}, ("namespace",))
-        out.gauge("alarms", "Objects with an alarm set.", {(): alarms.alarms})
-        out.gauge("alarms_due", "Objects whose alarm is due now.", {(): alarms.due})
-        return out.text() + self.live.exposition
-
     # -- pages ----------------------------------------------------------------------------
     def dashboard(self, query: dict[str, str], now: float) -> str:
-        namespace, search, only, offset, limit = _page_args(query)
+        only = query.get("only", "all")
+        if only not in FILTERS:
+            raise HttpError(400, f"only must be one of {', '.join(FILTERS)}, not {only!r}")
+        sort = query.get("sort", "id")
+        if sort not in SORTS:
+            raise HttpError(400, f"sort must be one of {', '.join(SORTS)}, not {sort!r}")
+        namespace, search, _, offset, limit = _page_args({**query, "only": "all"})
         source = self.source
         summary = self.summary(now)
-        listing = source.objects(namespace=namespace, search=search, only=only, now=now,
-                                 offset=offset, limit=limit)
-        summaries = [source.summary(row, now) for row in listing.objects]
-        parts = [self._cards(summary, now), self._charts(now)]
+        summary["counts"] = counts = source.object_counts(now, strikes=only == "strikes")
+        listing = list_objects(source, namespace=namespace, search=search, only=only,
+                               sort=sort, descending=query.get("desc") == "1", now=now,
+                               offset=offset, limit=limit, counts=counts)
+        # (from the counts read for the cards: no second read of the page's objects)
+        summaries = [summary_of(row, counts.get((row.namespace, row.id), ObjectCounts()))
+                     for row in listing.objects]
+        parts = [self._cards(summary, now), self._charts(now, query)]
         parts.append(self._namespaces(namespace, only))
         parts.append(self._objects_table(listing.objects, summaries, now, query, listing.total,
                                          offset, limit))
-        parts.append(self._dead_letters_section(summaries, now, query.get("dl", "")))
+        parts.append(self._newest_dead_letters(now, counts))
         if self.live.events is not None:
             parts.append(self._events_section(now))
         return page("dashboard", source, now, "".join(parts))
 
     def _cards(self, summary: dict[str, Any], now: float) -> str:
-        cards = [("objects", f"{summary['objects']:,}")]
+        """The header cards; each links to the objects (or letters) it counts."""
+        counts: dict[tuple[str, str], ObjectCounts] = summary.get("counts", {})
+        values = list(counts.values())
+        cards: list[tuple[str, str, str | None]] = [
+            ("objects", f"{summary['objects']:,}", "/")]
         if "active" in summary:
-            cards.append(("active", f"{summary['active']:,}"))
-            cards.append(("alarm runs in flight", f"{summary['alarms_in_flight']:,}"))
-        cards.append(("alarms due now", f"{summary['alarms_due']:,}"))
-        cards.append(("next alarm", when(summary["next_alarm"], now)))
+            cards.append(("active", f"{summary['active']:,}", "/?only=active"))
+            cards.append(("alarm runs in flight", f"{summary['alarms_in_flight']:,}", None))
+        cards += [
+            ("alarms due now", f"{summary['alarms_due']:,}", "/?only=due"),
+            ("running jobs", f"{sum(c.running_jobs for c in values):,}", "/?only=running"),
+            ("failing jobs", f"{sum(c.failing_jobs for c in values):,}", "/?only=failing"),
+            ("dead letters", f"{sum(c.dead_letters for c in values):,}", "/dead-letters"),
+            ("paused objects", f"{sum(bool(c.paused) for c in values):,}", "/?only=paused"),
+            ("next alarm", when(summary["next_alarm"], now), None),
+        ]
         totals = summary.get("totals")
         if totals:
-            cards += [("jobs run", f"{totals['dispatched']:,}"),
-                      ("failed attempts", f"{totals['failed']:,}"),
-                      ("retries", f"{totals['retried']:,}"),
-                      ("dead-lettered", f"{totals['dead_lettered']:,}"),
-                      ("crash strikes", f"{totals['crash_strikes']:,}"),
-                      ("breaker trips", f"{totals['breaker_trips']:,}")]
-        return '<div class="cards">' + "".join(
-            f'<div class="card"><div class="n">{v}</div><div class="l">{esc(k)}</div></div>'
-            for k, v in cards) + "</div>"
+            # (crash strikes: counted as they happen; the filter finds the objects — a
+            # count of struck jobs now would scan every job on every page view)
+            cards += [("jobs run", f"{totals['dispatched']:,}", None),
+                      ("failed attempts", f"{totals['failed']:,}", None),
+                      ("retries", f"{totals['retried']:,}", None),
+                      ("crash strikes", f"{totals['crash_strikes']:,}", "/?only=strikes"),
+                      ("breaker trips", f"{totals['breaker_trips']:,}", "/?only=strikes")]
+        out = []
+        for label, value, link in cards:
+            card = f'<div class="n">{value}</div><div class="l">{esc(label)}</div>'
+            out.append(f'<a class="card" href="{link}">{card}</a>' if link
+                       else f'<div class="card">{card}</div>')
+        return '<div class="cards">' + "".join(out) + "</div>"
 
-    def _charts(self, now: float) -> str:
-        if self.live.series is None:
-            return ('<p class="muted">Charts of dispatch rate and alarm lateness need a live'
-                    " runtime: <code>open_runtime(..., http=(\"127.0.0.1\", 8321))</code>.</p>")
-        rates, lateness = self.live.series
-        span = self.live.span
-        return (
-            '<div class="charts">'
-            f'<div class="chart"><h3>Dispatch rate</h3>'
-            f'{svg_chart(list(rates), now=now, span=span, unit="jobs/s", bars=True)}</div>'
-            f'<div class="chart"><h3>Alarm lateness (p95)</h3>'
-            f'{svg_chart(lateness, now=now, span=span, unit="ms", scale=1000.0)}</div></div>'
-        )
+    def _charts(self, now: float, query: dict[str, str]) -> str:
+        if self.live.charts is None:
+            return ('<p class="muted">Charts of dispatch rate, failures and alarm lateness'
+                    " need a live runtime: <code>open_runtime(..., http=(\"127.0.0.1\","
+                    " 8321))</code>.</p>")
+        return charts(self.live.charts, now,
+                      {k: v for k, v in query.items() if k in ("ns", "only", "q")})
 
     def _namespaces(self, current: str | None, only: str) -> str:
         namespaces = self.source.namespaces()
@@ -495,16 +519,15 @@ class _View:
         only = query.get("only", "all")
         options = "".join(
             f'<option value="{v}"{" selected" if v == only else ""}>{label}</option>'
-            for v, label in (("all", "all objects"), ("active", "active only"),
-                             ("due", "alarm due"))
+            for v, label in FILTERS.items()
         )
+        keep = "".join(f'<input type="hidden" name="{k}" value="{esc(query[k])}">'
+                       for k in ("sort", "desc") if query.get(k))
         filters = (
             '<form class="filters" method="get" action="/">'
             f'<input name="ns" placeholder="namespace" value="{esc(query.get("ns", ""))}">'
             f'<input name="q" placeholder="id contains" value="{esc(query.get("q", ""))}">'
-            f'<select name="only">{options}</select>'
-            f'<input name="dl" placeholder="dead letter error contains"'
-            f' value="{esc(query.get("dl", ""))}">'
+            f'<select name="only">{options}</select>{keep}'
             "<button>Filter</button></form>"
         )
         body = []
@@ -515,12 +538,12 @@ class _View:
             dead = (f'<span class="badge b-dead">{s.dead_letters}</span>'
                     if s.dead_letters else "0")
             problem = f'<div class="err">{esc(s.problem)}</div>' if s.problem else ""
-            problem += paused_badge(s.paused)
+            paused = paused_badge(s.paused)
             retry = (f' <span class="muted">(retry {row.alarm_retry})</span>'
                      if row.alarm_retry else "")
             body.append(
                 f"<tr><td>{esc(row.namespace)}</td><td><a class=mono href=\"{esc(link)}\">"
-                f"{esc(row.id)}</a>{problem}</td><td>{_state_badge(s.state)}</td>"
+                f"{esc(row.id)}</a>{problem}</td><td>{_state_badge(s.state)}{paused}</td>"
                 f"<td>{when(row.alarm, now)}{retry}</td><td class=num>{s.jobs}</td>"
                 f"<td class=num>{due}</td><td class=num>{s.running}</td>"
                 f"<td class=num>{s.max_attempts}</td><td class=num>{dead}</td>"
@@ -538,57 +561,60 @@ class _View:
                    "</span>")
         if page_no < pages:
             nav.append(f'<a href="/?{urlencode({**base, "page": page_no + 1})}">next →</a>')
+        sort, descending = query.get("sort", "id"), query.get("desc") == "1"
+        heads = []
+        for key, (label, _) in SORTS.items():
+            flip = "1" if key == sort and not descending else ""
+            arrow = (" ▼" if descending else " ▲") if key == sort else ""
+            href = "/?" + urlencode({**{k: v for k, v in base.items()
+                                        if k not in ("sort", "desc")},
+                                     "sort": key, **({"desc": flip} if flip else {})})
+            cls = "" if key in ("ns", "id", "state", "alarm") else " class=num"
+            heads.append(f'<th{cls}><a href="{esc(href)}">{esc(label)}{arrow}</a></th>')
+        title = "Objects" if only == "all" else f"Objects {esc(FILTERS[only])}"
         return (
-            f"<section><h2>Objects</h2>{filters}<table><thead><tr><th>namespace</th><th>id</th>"
-            "<th>state</th><th>alarm</th><th class=num>jobs</th><th class=num>due</th>"
-            "<th class=num>running</th><th class=num>max attempts</th>"
-            "<th class=num>dead letters</th><th class=num>breaker strikes</th></tr></thead>"
-            f'<tbody>{"".join(body)}</tbody></table><div class="pager">{"".join(nav)}</div>'
-            "</section>"
+            f"<section><h2>{title}</h2>{filters}<table><thead><tr>{''.join(heads)}</tr>"
+            f'</thead><tbody>{"".join(body)}</tbody></table>'
+            f'<div class="pager">{"".join(nav)}</div></section>'
         )
 
-    def _dead_letters_section(self, summaries: list[ObjectSummary], now: float,
-                              needle: str) -> str:
+    def _newest_dead_letters(self, now: float,
+                             counts: dict[tuple[str, str], ObjectCounts]) -> str:
+        found = self.source.all_dead_letters(limit=HOME_LETTERS, counts=counts)
         rows = []
-        for s in summaries:
-            if not s.dead_letters:
-                continue
-            detail = self.source.detail(s.row.namespace, s.row.id, now, job_limit=0,
-                                        letter_limit=20)
-            if detail is None:
-                continue
-            for letter in detail.dead_letters:
-                if needle and not _matches(letter, needle):
-                    continue
-                link = f"/object?{_q(ns=s.row.namespace, id=s.row.id)}"
-                rows.append(
-                    f'<tr><td><a class=mono href="{esc(link)}">{esc(s.row.namespace)}/'
-                    f"{esc(s.row.id)}</a></td><td class=mono>{esc(letter.owner)}/"
-                    f"{esc(letter.id)}</td><td class=mono>{esc(letter.fn)}</td>"
-                    f"<td class=num>{letter.attempts}</td><td>{esc(letter.reason)}</td>"
-                    f"<td>{when(letter.time, now)}</td>"
-                    f'<td class="err">{esc(letter.error)}</td></tr>'
-                )
+        for item in found.letters:
+            letter = item.letter
+            link = f"/object?{_q(ns=item.namespace, id=item.object_id)}"
+            rows.append(
+                f"<tr><td>{when(letter.time, now)}</td>"
+                f'<td><a class=mono href="{esc(link)}">{esc(item.namespace)}/'
+                f"{esc(item.object_id)}</a></td><td class=mono>{esc(letter.owner)}/"
+                f"{esc(letter.id)}</td><td class=mono>{esc(letter.fn)}</td>"
+                f"<td class=num>{letter.attempts}</td>"
+                f'<td class="err">{esc(letter.error)}</td></tr>'
+            )
         if not rows:
-            rows.append('<tr><td colspan=7 class="muted">none among these objects</td></tr>')
-        title = "Dead letters of the objects on this page"
-        if needle:
-            title += f" matching “{esc(needle)}”"
+            rows.append('<tr><td colspan=6 class="muted">no dead letters</td></tr>')
+        more = (f'<p><a href="/dead-letters">all {found.total:,} dead letters, searchable →</a>'
+                "</p>")
         return (
-            f"<section><h2>{title}</h2><table><thead><tr><th>object</th><th>job</th>"
-            "<th>fn</th><th class=num>attempts</th><th>reason</th><th>when</th><th>error</th>"
-            f'</tr></thead><tbody>{"".join(rows)}</tbody></table></section>'
+            f"<section><h2>Newest dead letters (of {found.total:,})</h2><table><thead><tr>"
+            "<th>when</th><th>object</th><th>job</th><th>fn</th><th class=num>attempts</th>"
+            f'<th>error</th></tr></thead><tbody>{"".join(rows)}</tbody></table>{more}'
+            "</section>"
         )
 
     def _events_section(self, now: float) -> str:
         rows = []
         for event in self.live.events or []:
-            data = ", ".join(f"{k}={preview(v)}" for k, v in event.data.items())
+            data = ", ".join(f"{k}={event_value(v)}" for k, v in event.data.items())
             link = f"/object?{_q(ns=event.namespace, id=event.object_id)}"
             rows.append(
                 f"<tr><td>{when(event.time, now)}</td><td><code>{esc(event.type)}</code></td>"
                 f'<td><a class=mono href="{esc(link)}">{esc(event.namespace)}/'
-                f"{esc(event.object_id)}</a></td><td class=mono>{esc(data)}</td></tr>"
+                f"{esc(event.object_id)}</a></td><td class=mono>"
+                # (event data holds reprs: their backslashes are shown as they are)
+                f"{html.escape(printable(data, backslashes=False))}</td></tr>"
             )
         if not rows:
             rows.append('<tr><td colspan=4 class="muted">no events yet</td></tr>')
@@ -618,51 +644,10 @@ class _View:
             f'<div class="l">{esc(k)}</div></div>' for k, v in facts) + "</div>"
         if s.problem:
             cards += f'<p class="err">{esc(s.problem)}</p>'
-        jobs = []
-        for job in detail.jobs:
-            flags = " ".join(f'<span class="badge">{name}</span>'
-                             for name in ("exclusive", "singleflight") if getattr(job, name))
-            if job.timeout is not None:
-                flags += f' <span class="badge">timeout {job.timeout:g} s</span>'
-            if job.running:
-                flags += ' <span class="badge b-active">running</span>'
-            if job.crash_strikes:
-                flags += f' <span class="badge b-dead">{job.crash_strikes} crash strike(s)</span>'
-            due_badge = ' <span class="badge b-due">due</span>' if job.time <= now else ""
-            priority = "" if job.priority is None else str(job.priority)
-            jobs.append(
-                f"<tr><td class=mono>{esc(job.owner)}</td><td class=mono>{esc(job.id)}</td>"
-                f"<td class=mono>{esc(job.fn)}</td><td>{when(job.time, now)}{due_badge}</td>"
-                f"<td class=num>{priority}</td><td class=num>{job.attempts} /"
-                f" {job.max_attempts}</td><td>{flags}</td>"
-                f"<td class=mono>{esc(preview(job.payload) or '')}</td></tr>"
-            )
-        if not jobs:
-            jobs.append('<tr><td colspan=8 class="muted">no queued jobs</td></tr>')
-        more = ""
-        if s.jobs > len(detail.jobs):
-            more = f'<p class="muted">showing the first {len(detail.jobs)} of {s.jobs:,} jobs</p>'
-        letters = []
-        for letter in detail.dead_letters:
-            letters.append(
-                f"<tr><td class=mono>{esc(letter.owner)}</td><td class=mono>{esc(letter.id)}"
-                f"</td><td class=mono>{esc(letter.fn)}</td><td class=num>{letter.attempts}</td>"
-                f"<td>{esc(letter.reason)}</td><td>{when(letter.time, now)}</td>"
-                f'<td class="err">{esc(letter.error)}</td><td>{self._actions(row, letter)}</td>'
-                "</tr>"
-            )
-        if not letters:
-            letters.append('<tr><td colspan=8 class="muted">no dead letters</td></tr>')
         body = (
             f'<p><a href="/">← all objects</a></p><h2 class=mono>{esc(row.namespace)}/'
-            f"{esc(row.id)}</h2>{flash}{cards}"
-            "<section><h2>Queued jobs</h2><table><thead><tr><th>owner</th><th>id</th>"
-            "<th>fn</th><th>due</th><th class=num>priority</th><th class=num>attempts</th>"
-            f'<th>flags</th><th>payload</th></tr></thead><tbody>{"".join(jobs)}</tbody>'
-            f"</table>{more}</section>"
-            "<section><h2>Dead letters</h2><table><thead><tr><th>owner</th><th>id</th>"
-            "<th>fn</th><th class=num>attempts</th><th>reason</th><th>when</th><th>error</th>"
-            f'<th></th></tr></thead><tbody>{"".join(letters)}</tbody></table></section>'
+            f"{esc(row.id)}</h2>{flash}{cards}{jobs_section(detail, now)}"
+            f"{letters_section(detail, now, partial(self._actions, row))}"
         )
         return page(f"{row.namespace}/{row.id}", self.source, now, body,
                     refresh=not self.writes)
@@ -679,12 +664,6 @@ class _View:
                 "<button>Requeue</button></form> "
                 f'<form class="inline" method="post" action="/actions/discard">{hidden}'
                 '<button class="danger">Discard</button></form>')
-
-
-def _matches(letter: DeadLetterInfo, needle: str) -> bool:
-    needle = needle.casefold()
-    return any(needle in text.casefold()
-               for text in (letter.error, letter.id, letter.owner, letter.fn, letter.reason))
 
 
 def _int(query: dict[str, str], name: str, default: int) -> int:
@@ -765,8 +744,7 @@ async def start_http(rt: Runtime, nursery: trio.Nursery, address: object, *,
         for namespace, _ in source.active_keys():
             active[namespace] = active.get(namespace, 0) + 1
         return {"active": stats.active_objects, "alarms_in_flight": stats.alarms_in_flight,
-                "events_dropped": stats.events_dropped, "active_by_namespace": active,
-                "due_jobs_by_namespace": source.due_jobs_in_active_objects(now)}
+                "events_dropped": stats.events_dropped, "active_by_namespace": active}
 
     app = Dashboard(access, clock=_clock.now, metrics=rt.metrics, recorder=recorder,
                     writer=source if writes else None, loopback_only=_is_loopback_bind(host),

@@ -11,13 +11,12 @@ from urllib.parse import urlencode
 
 from nursery_jobs._ops._inspect import is_postgres_address
 from nursery_jobs._ops._inspect_json import printable
+from nursery_jobs._ops._words import span
 
 if TYPE_CHECKING:
     from nursery_jobs._ops._inspect import DataSource
 
 REFRESH_SECONDS: Final = 5
-SAMPLE_INTERVAL: Final = 5.0  # seconds between chart samples
-SAMPLES: Final = 120  # ten minutes of them
 
 
 # -- HTML -------------------------------------------------------------------------------
@@ -39,15 +38,7 @@ def when(t: float | None, now: float) -> str:
 
 
 def _duration(seconds: float) -> str:
-    if seconds < 1:
-        return f"{seconds * 1000:.0f} ms"
-    if seconds < 120:
-        return f"{seconds:.1f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    if seconds < 172800:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 86400:.0f} d"
+    return span(seconds)
 
 
 def _q(**params: object) -> str:
@@ -71,13 +62,20 @@ a { color:var(--accent); text-decoration:none; } a:hover { text-decoration:under
 .card { background:var(--card); border:1px solid var(--line); border-radius:8px;
   padding:8px 12px; min-width:96px; }
 .card .n { font-size:19px; font-weight:600; } .card .l { color:var(--muted); font-size:12px; }
+a.card { color:var(--fg); } a.card:hover { border-color:var(--accent); text-decoration:none; }
+th a { color:var(--muted); }
 .charts { display:flex; gap:12px; flex-wrap:wrap; margin-bottom:14px; }
 .chart { background:var(--card); border:1px solid var(--line); border-radius:8px;
   padding:8px 12px; }
+.legend { flex-basis:100%; font-size:12px; display:flex; gap:14px; flex-wrap:wrap;
+  align-items:center; }
+.legend .swatch { display:inline-block; width:10px; height:10px; border-radius:2px;
+  margin-right:4px; } .legend .window { margin-left:auto; }
 .chart h3 { margin:0 0 4px; font-size:13px; font-weight:600; }
 section { background:var(--card); border:1px solid var(--line); border-radius:8px;
   padding:12px 14px; margin-bottom:14px; }
 section h2 { font-size:15px; margin:0 0 8px; }
+h2.mono { font-size:17px; margin:4px 0 12px; }
 table { border-collapse:collapse; width:100%; }
 th, td { text-align:left; padding:5px 8px; border-bottom:1px solid var(--line);
   vertical-align:top; }
@@ -85,7 +83,7 @@ th { font-size:12px; color:var(--muted); font-weight:600; }
 tr:nth-child(even) td { background:#fafbfd; }
 td.num, th.num { text-align:right; font-variant-numeric:tabular-nums; }
 code, .mono { font-family:ui-monospace, SFMono-Regular, Menlo, monospace; font-size:12.5px; }
-.muted { color:var(--muted); }
+.muted { color:var(--muted); } .nw { white-space:nowrap; }
 .badge { display:inline-block; padding:1px 7px; border-radius:10px; font-size:11.5px;
   font-weight:600; background:#eef0f6; color:var(--muted); }
 .b-active { background:#e3f5ea; color:var(--ok); } .b-evicted { background:#eef0f6; }
@@ -100,6 +98,9 @@ button { cursor:pointer; } button.danger { color:var(--bad); }
 form.inline { display:inline; }
 .chips a { margin-right:10px; } .chips a.on { font-weight:700; }
 .pager { margin-top:8px; display:flex; gap:12px; align-items:center; }
+tr.sub td { background:#fff8f8 !important; padding-top:0; }
+table.attempts { width:auto; margin:2px 0 6px; }
+table.attempts td, table.attempts th { border:0; padding:1px 8px; font-size:12px; }
 .flash { background:#e3f5ea; border:1px solid #b6e3c6; padding:8px 12px; border-radius:6px;
   margin-bottom:12px; }
 """
@@ -115,13 +116,15 @@ def page(title: str, source: DataSource, now: float, body: str, *,
         mode = "stopped data directory · read-only"
     meta = f'<meta http-equiv="refresh" content="{REFRESH_SECONDS}">' if refresh else ""
     stamp = time.strftime("%H:%M:%S", time.gmtime(now))
+    every = f" refreshes every {REFRESH_SECONDS} s ·" if refresh else ""
     return (
         "<!doctype html><html lang=en><head><meta charset=utf-8>"
         f'<meta name="viewport" content="width=device-width, initial-scale=1">{meta}'
         f"<title>{esc(title)} · nursery_jobs</title><style>{_CSS}</style></head><body>"
         f'<header><h1><a href="/" style="color:#fff">nursery_jobs</a></h1>'
         f'<span class="src">{esc(source.label)}</span><span class="badge">{mode}</span>'
-        f'<span class="right">{stamp}Z · refreshes every {REFRESH_SECONDS} s ·'
+        f'<span class="right">{stamp}Z ·{every}'
+        f' <a href="/dead-letters" style="color:#aab3c9">dead letters</a> ·'
         f' <a href="/metrics" style="color:#aab3c9">/metrics</a> ·'
         f' <a href="/api/objects" style="color:#aab3c9">/api</a></span></header>'
         f"<main>{body}</main></body></html>"
@@ -138,54 +141,6 @@ def paused_badge(paused: tuple[str | None, ...]) -> str:
 
 def _state_badge(state: str) -> str:
     return f'<span class="badge b-{state.replace(" ", "-")}">{esc(state)}</span>'
-
-
-def svg_chart(points: list[tuple[float, float | None]], *, now: float, unit: str,
-              span: float, scale: float = 1.0, width: int = 520, height: int = 110,
-              bars: bool = False) -> str:
-    """A small chart of ``points`` (time, value) over the last ``span`` seconds."""
-    left, bottom = 44, 18
-    plot_w, plot_h = width - left - 6, height - bottom - 8
-    values = [v * scale for _, v in points if v is not None]
-    top = max(values, default=0.0)
-    top = _nice(top) if top > 0 else 1.0
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}"'
-             f' role="img" aria-label="chart">',
-             f'<rect x="{left}" y="8" width="{plot_w}" height="{plot_h}" fill="#fafbfd"'
-             ' stroke="#e3e6ee"/>']
-    for frac in (0.5, 1.0):
-        y = 8 + plot_h * (1 - frac)
-        parts.append(f'<line x1="{left}" x2="{left + plot_w}" y1="{y:.1f}" y2="{y:.1f}"'
-                     ' stroke="#e3e6ee"/>')
-        parts.append(f'<text x="{left - 4}" y="{y + 4:.1f}" font-size="10" fill="#6b7385"'
-                     f' text-anchor="end">{_tick(top * frac)}</text>')
-    parts.append(f'<text x="{left}" y="{height - 4}" font-size="10" fill="#6b7385">'
-                 f'-{_duration(span)}</text>')
-    parts.append(f'<text x="{left + plot_w}" y="{height - 4}" font-size="10" fill="#6b7385"'
-                 f' text-anchor="end">now · {esc(unit)}</text>')
-
-    def xy(t: float, v: float) -> tuple[float, float]:
-        x = left + plot_w * (1 - min(max(now - t, 0.0), span) / span)
-        return x, 8 + plot_h * (1 - min(v * scale / top, 1.0))
-
-    if bars:
-        bar_w = max(plot_w / SAMPLES - 0.6, 1)
-        for t, v in points:
-            if v is None or v <= 0:
-                continue
-            x, y = xy(t, v)
-            parts.append(f'<rect x="{x - bar_w:.1f}" y="{y:.1f}" width="{bar_w:.1f}"'
-                         f' height="{8 + plot_h - y:.1f}" fill="#3257d6"/>')
-    else:
-        line = " ".join("{:.1f},{:.1f}".format(*xy(t, v)) for t, v in points if v is not None)
-        if line:
-            parts.append(f'<polyline points="{line}" fill="none" stroke="#b7791f"'
-                         ' stroke-width="1.8"/>')
-    if not values:
-        parts.append(f'<text x="{left + plot_w / 2}" y="{8 + plot_h / 2}" font-size="11"'
-                     ' fill="#6b7385" text-anchor="middle">no samples yet</text>')
-    parts.append("</svg>")
-    return "".join(parts)
 
 
 def _nice(value: float) -> float:

@@ -5,7 +5,10 @@ back by ``sync`` as one fenced transaction each.
 Change capture: TEMP triggers record the key of every row a write touches into
 ``temp.nj_changed`` (a rollback takes the record back with the write). ``sync`` reads the
 current version of each changed row — an upsert, or a delete where it is gone — and
-ships them with the alarm, in one statement that first checks the lease's epoch.
+ships them with the alarm, in one statement that first checks the lease's epoch and
+the stored ``version`` the copy builds on (issue 22 #1: after a server crash lost the last
+commits, a delta shipped onto the older state would make one that never existed; the
+ship is refused instead and the object reloaded).
 """
 
 from __future__ import annotations
@@ -24,6 +27,14 @@ from nursery_jobs._engines.postgres._schema import ROW_TABLES, TABLES_BY_NAME, c
 from nursery_jobs._errors import ObjectFencedError, StorageError
 
 Key = tuple[str, str]
+
+# What a ship finds (``_ops.ship``): written; the lease is gone; the base is gone.
+SHIPPED: Final = "shipped"
+FENCED: Final = "fenced"
+STALE: Final = "stale"
+STALE_REASON: Final = (
+    "PostgreSQL lost its last commits of the object (a server crash?): reloading it"
+)
 
 
 class WorkingCopy(sqlite3.Connection):
@@ -44,6 +55,9 @@ class Change:
     deletes: list[tuple[str, str]]
     alarm: tuple[float | None, int] | None  # None: the alarm did not change
     clear_crashes: bool
+    # The stored version this change builds on (set when it ships: changes ship one at
+    # a time, each on the version the one before it made).
+    version: int = 0
 
 
 def load_copy(
@@ -133,18 +147,21 @@ class PgObject:
         "_admit", "_clear_crashes", "_closed", "_lock", "_on_alarm_cb", "_on_close",
         "_pending_alarm",
         "_ship", "_shipped_changes", "_tokens", "alarm", "conn", "epoch", "key", "label",
+        "version",
     )
     ships = True
 
     def __init__(
         self, key: Key, epoch: int, conn: sqlite3.Connection,
         alarm: tuple[float, int] | None, tokens: list[tuple[str, float]], *,
-        ship: Callable[[Change], Awaitable[bool]],
+        ship: Callable[[Change], Awaitable[str]],
         on_close: Callable[[PgObject], None],
         on_alarm: Callable[[PgObject, float | None, int], None],
-        admit: Callable[[], None] = lambda: None,
+        admit: Callable[[], None] = lambda: None, version: int = 0,
     ) -> None:
         self.key = key
+        # The stored state's version this copy matches once its commits so far shipped.
+        self.version = version
         self._admit = admit
         self.label = f"{key[0]}/{key[1]}"
         self.epoch = epoch
@@ -234,7 +251,9 @@ class PgObject:
         """Ship every commit so far to PostgreSQL in one fenced transaction. Checkpoints.
 
         Raises:
-            ObjectFencedError: another host took the object over; nothing was written.
+            ObjectFencedError: another host took the object over, or PostgreSQL no longer
+                holds the state this copy builds on (it lost its last commits); nothing
+                was written.
             StorageError: PostgreSQL could not be reached (the changes ship next time).
         """
         # What is committed now is taken before the lock (a checkpoint): a job may open
@@ -253,16 +272,30 @@ class PgObject:
                 # only what is committed ships, with the next sync after that commit.
                 await trio.lowlevel.checkpoint()
                 return
+            change.version = self.version
             try:
                 shipped = await self._ship(change)
-            except StorageError:
+            except BaseException:
+                # Not known to have shipped (out of reach, or the caller cancelled the
+                # statement): it ships again with the next sync, on the same base — a
+                # ship that did commit unseen makes that one STALE, and the copy reloads.
                 self._restore(change)
                 raise
-            if not shipped:
+            if shipped == SHIPPED:
+                self.version += 1
+                return
+            if shipped == STALE:
                 raise ObjectFencedError(
-                    f"{self.label}: another host took the object over (lease epoch"
-                    f" {self.epoch} is gone); this host's writes were refused"
+                    f"{self.label}: PostgreSQL no longer holds the state this host's"
+                    f" writes build on (version {self.version}: it lost its last commits,"
+                    " as a server crash does under durability='normal'); this host's"
+                    " writes were refused and the object reloads from what PostgreSQL"
+                    " holds", reason=STALE_REASON,
                 )
+            raise ObjectFencedError(
+                f"{self.label}: another host took the object over (lease epoch"
+                f" {self.epoch} is gone); this host's writes were refused"
+            )
 
     def close(self) -> None:
         if self._closed:

@@ -8,7 +8,11 @@ is a host of one cluster; PostgreSQL is the only coordinator.
   serve task claims due objects nobody holds (``_pg_ops.claim``), renews the leases,
   releases evicted objects, ships the flight list and runs forwarded calls
   (``_pg_calls``). One listening connection (a thread) wakes it early.
-- Blocking psycopg calls run in worker threads, at most ``pool_size`` at once.
+- Blocking psycopg calls run in worker threads, at most ``pool_size`` at once. A caller
+  cancelled meanwhile does not wait for its statement: the statement is cancelled on the
+  server (issue 22 #4), and every statement gives up by itself after ``lock_timeout`` /
+  ``statement_timeout`` (tied to ``lease_ttl``). A statement that has not answered
+  within a tenth of ``lease_ttl`` is a stall: one ``storage:slow`` event per stall.
 - A host claims the alarms of the namespaces its runtime resolves to a class only; one
   it cannot resolve is logged once and left to the hosts that can.
 - ``client_only``: the runtime registers no host row, holds no object and claims no
@@ -40,7 +44,13 @@ from nursery_jobs import _clock
 from nursery_jobs._engines.base import EngineSite
 from nursery_jobs._engines.postgres import _ops as ops
 from nursery_jobs._engines.postgres._calls import POLL, CallRouter, channel
-from nursery_jobs._engines.postgres._copy import Change, PgObject, load_copy
+from nursery_jobs._engines.postgres._copy import (
+    SHIPPED,
+    STALE,
+    Change,
+    PgObject,
+    load_copy,
+)
 from nursery_jobs._engines.postgres._schema import ensure_schema
 from nursery_jobs._errors import ObjectFencedError, ObjectLeasedElsewhere, RpcError, StorageError
 
@@ -70,6 +80,22 @@ _COMMIT: Final = {"NORMAL": "off", "FULL": "on"}
 # renewed it was sent (the rest absorbs clock-rate differences with the server).
 LEASE_TRUST: Final = 0.9
 _BOOTTIME: Final = getattr(time, "CLOCK_BOOTTIME", None)
+# Server-side limits on the engine's statements, as multiples of lease_ttl (issue 22 #4:
+# a foreign LOCK TABLE held 45 s stalled every statement, and the pool, for 45 s). A
+# lock wait outlasts idle_in_transaction_session_timeout (lease_ttl: the row locks of a
+# host stopped inside a transaction, which a host taking its objects over waits out);
+# no statement of the engine takes a sizeable share of lease_ttl when the server is
+# healthy. (Callers' deadlines do not wait for either: their statements are cancelled.)
+LOCK_TIMEOUT_SHARE: Final = 1.5
+STATEMENT_TIMEOUT_SHARE: Final = 3.0
+# A statement unanswered for this share of lease_ttl is a stall (``storage:slow``).
+STALL_SHARE: Final = 0.1
+# ... and at least this long (seconds): a tiny lease_ttl (tests) would call every busy
+# moment of a loaded machine a stall.
+STALL_MIN: Final = 0.25
+STALL_TICK_MIN: Final = 0.02  # the stall watch looks at most this often (seconds)
+# Seconds the server is given to take a cancel request of a cancelled caller's statement.
+CANCEL_TIMEOUT: Final = 5.0
 
 
 def lease_clock() -> float:
@@ -89,6 +115,41 @@ UNSERVED_RECHECK: Final = 60.0
 # MockClocks (tests) whose autojump is held off while database waits are out:
 # id(clock) -> [waits out, the threshold to restore].
 _CLOCK_HOLDS: dict[int, list[Any]] = {}
+
+
+class _Statement:
+    """One statement out in a worker thread, which a cancelled caller cancels on the
+    server. The lock keeps a cancel request from reaching the connection once the
+    statement is done (the connection may serve another caller by then)."""
+
+    __slots__ = ("cancelled", "conn", "lock")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.conn: psycopg.Connection[Any] | None = None
+        self.cancelled = False
+
+    def attach(self, conn: psycopg.Connection[Any]) -> bool:
+        """In the worker thread, before the statement: False if it is not wanted."""
+        with self.lock:
+            self.conn = conn
+            return not self.cancelled
+
+    def detach(self) -> None:
+        """In the worker thread, once the statement is done (waits for a cancel request
+        under way: it must reach this statement or nothing)."""
+        with self.lock:
+            self.conn = None
+
+    def cancel(self) -> None:
+        """In a thread of its own: cancel the statement if it is still running."""
+        with self.lock:
+            self.cancelled = True
+            if self.conn is not None:
+                try:
+                    self.conn.cancel_safe(timeout=CANCEL_TIMEOUT)
+                except Exception as exc:  # the statement ends by its timeouts anyway
+                    logger.debug("could not cancel a statement: %s", exc)
 
 
 class _Flight:
@@ -183,6 +244,12 @@ class PostgresEngine:
         self._calls = CallRouter(self.host_id, self._db, self._holds)
         self._stopping = threading.Event()
         self._listener: threading.Thread | None = None
+        # Statements out (id -> when sent, lease_clock), for the stall watch.
+        self._inflight: dict[int, float] = {}
+        self._inflight_wake = trio.Event()
+        self._stall_after = max(self.lease_ttl * STALL_SHARE, STALL_MIN)
+        self._slow_seen = -math.inf  # when a statement was last seen slow
+        self._stalled_since: float | None = None
 
     @property
     def label(self) -> str:
@@ -198,15 +265,20 @@ class PostgresEngine:
         # would wait for it. The server ends a transaction idle for the lease's length
         # (a live host never idles inside one: its statements run back to back).
         idle_ms = max(1, math.ceil(self.lease_ttl * 1000))
+        lock_ms = max(1, math.ceil(self.lease_ttl * LOCK_TIMEOUT_SHARE * 1000))
+        statement_ms = max(1, math.ceil(self.lease_ttl * STATEMENT_TIMEOUT_SHARE * 1000))
 
         def configure(conn: psycopg.Connection[Any]) -> None:
             conn.execute(f"SET synchronous_commit = {commit}")
             conn.execute(f"SET idle_in_transaction_session_timeout = {idle_ms}")
+            conn.execute(f"SET lock_timeout = {lock_ms}")
+            conn.execute(f"SET statement_timeout = {statement_ms}")
 
         try:
             # One connection first: a server that cannot be reached fails at once
             # (the pool would retry until its timeout).
             with psycopg.connect(self.dsn, autocommit=True) as conn:
+                conn.execute(f"SET lock_timeout = {lock_ms}")
                 ensure_schema(conn, self._label)
                 if not self.client_only:  # (a client is no host: no call is sent to it)
                     conn.execute("INSERT INTO nj_hosts (host_id) VALUES (%s)",
@@ -252,30 +324,57 @@ class PostgresEngine:
         self._alarm_heap.clear()
 
     async def _db(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn(conn, *args)`` on a pooled connection in a worker thread."""
+        """Run ``fn(conn, *args)`` on a pooled connection in a worker thread. Where the
+        caller is cancelled meanwhile, the statement is cancelled on the server and the
+        caller does not wait for it (whether it took effect is unknown to the caller:
+        every caller handles that as it handles a lost answer)."""
         pool = self._pool
         if pool is None:
             raise StorageError(f"the PostgreSQL engine on {self._label} is closed")
+        statement = _Statement()
 
         def run() -> T:
             with pool.connection() as conn:
-                return fn(conn, *args)
+                if not statement.attach(conn):
+                    raise psycopg.errors.QueryCanceled("cancelled before it was sent")
+                try:
+                    return fn(conn, *args)
+                finally:
+                    statement.detach()
 
-        clock = trio.lowlevel.current_clock()
-        if not isinstance(clock, trio.testing.MockClock):
-            return await trio.to_thread.run_sync(run, limiter=self._limiter)
+        inflight = self._inflight
+        if not inflight:
+            self._inflight_wake.set()
+        sent = lease_clock()
+        inflight[id(statement)] = sent
+        try:
+            clock = trio.lowlevel.current_clock()
+            if not isinstance(clock, trio.testing.MockClock):
+                return await trio.to_thread.run_sync(
+                    run, limiter=self._limiter, abandon_on_cancel=True
+                )
+            return await self._db_held(clock, run)
+        except trio.Cancelled:
+            trio.lowlevel.start_thread_soon(statement.cancel, _ignore)
+            raise
+        finally:
+            del inflight[id(statement)]
+            if lease_clock() - sent >= self._stall_after:
+                self._slow_seen = lease_clock()
+
+    async def _db_held(self, clock: trio.testing.MockClock, run: Callable[[], T]) -> T:
         # Under a MockClock (tests), virtual time must not jump while we wait for the
         # database: autojump fires when every task is blocked, and a worker thread is
         # no task. Lift the threshold while any database wait is out (restored by the
-        # last one; a cancelled caller still waits for its thread, which cannot be
-        # abandoned). No task spins meanwhile: the CPU stays with the server.
+        # last one). No task spins meanwhile: the CPU stays with the server.
         hold = _CLOCK_HOLDS.setdefault(id(clock), [0, clock.autojump_threshold])
         if hold[0] == 0:
             hold[1] = clock.autojump_threshold
             clock.autojump_threshold = math.inf
         hold[0] += 1
         try:
-            return await trio.to_thread.run_sync(run, limiter=self._limiter)
+            return await trio.to_thread.run_sync(run, limiter=self._limiter,
+                                                 abandon_on_cancel=True)
         finally:
             hold[0] -= 1
             if hold[0] == 0:
@@ -330,7 +429,7 @@ class PostgresEngine:
             raise
         state = PgObject(key, taken.epoch, conn, taken.alarm, taken.tokens, ship=self._ship,
                          on_close=self._state_closed, on_alarm=self._local_alarm,
-                         admit=functools.partial(self._admit, key))
+                         admit=functools.partial(self._admit, key), version=taken.version)
         self._held[key] = taken.epoch
         self._trust(key, sent)
         self._active[key] = state
@@ -414,15 +513,20 @@ class PostgresEngine:
         if lease_clock() < self._trusted.get(key, -math.inf):
             return
         epoch = self._held.get(key)
+        # Not "taken over": a lone host whose renewals PostgreSQL did not answer in time
+        # (a foreign lock, an outage) lands here too (issue 22 #4).
+        reason = (f"this host's lease on it was not renewed within lease_ttl"
+                  f" ({self.lease_ttl} s: PostgreSQL slow or out of reach, or this host"
+                  " paused); another host may take it over")
         if self._site is not None and key in self._active:
-            self._site.fenced(*key)
+            self._site.fenced(*key, reason=reason)
         raise ObjectFencedError(
             f"{key[0]}/{key[1]}: this host's lease on the object (epoch {epoch}) was not"
             f" renewed within lease_ttl ({self.lease_ttl} s); another host may hold it"
-            " now, so no job of it starts here"
+            " now, so no job of it starts here", reason=reason,
         )
 
-    async def _ship(self, change: Change) -> bool:
+    async def _ship(self, change: Change) -> str:
         key = (change.namespace, change.object_id)
         sent = lease_clock()
         try:
@@ -435,10 +539,16 @@ class PostgresEngine:
                 " idempotent should not simply be repeated"
             ) from exc
         if self._held.get(key) == change.epoch:
-            if shipped:
+            if shipped == SHIPPED:
                 self._trust(key, sent)  # the ship extended the lease
             else:
                 self._drop(key)
+                if shipped == STALE:
+                    # The lease holds, the base is gone: give the lease up (the state's
+                    # close finds it dropped) so that the object reloads at once — on
+                    # its next use, or its alarm's claim.
+                    self._releases.append((key[0], key[1], change.epoch))
+                    self._release_event.set()
         return shipped
 
     def _local_alarm(self, state: PgObject, time: float | None, retry: int) -> None:
@@ -564,6 +674,41 @@ class PostgresEngine:
             nursery.start_soon(self._release_loop)
             nursery.start_soon(self._ship_loop, site)
             nursery.start_soon(self._calls.serve, site, self._classes)
+            nursery.start_soon(self._watch_stalls, site)
+
+    async def _watch_stalls(self, site: EngineSite) -> None:
+        """Emit ``storage:slow`` once per stall: from the first statement unanswered for
+        ``lease_ttl * STALL_SHARE`` until that long passes with no slow statement."""
+        after = self._stall_after
+        tick = max(after / 4, STALL_TICK_MIN)
+        while True:
+            if not self._inflight and self._stalled_since is None:
+                self._inflight_wake = trio.Event()
+                await self._inflight_wake.wait()
+            await self._lease_sleep(tick)
+            now = lease_clock()
+            oldest = min(self._inflight.values(), default=now)
+            if now - oldest >= after:
+                self._slow_seen = now
+            if now - self._slow_seen < after:
+                if self._stalled_since is None:
+                    self._stalled_since = oldest
+                    waiting = len(self._inflight)
+                    site.events.emit(
+                        "storage:slow", "", "", seconds=round(now - oldest, 3),
+                        statements=waiting, location=self._label,
+                        _log=(logging.WARNING,
+                              "PostgreSQL %s has not answered for %.1f s (%d statements"
+                              " waiting: a lock held by another session, or the server"
+                              " overloaded or out of reach); statements give up after"
+                              " %.1f s waiting for a lock, %.1f s in all",
+                              (self._label, now - oldest, waiting,
+                               self.lease_ttl * LOCK_TIMEOUT_SHARE,
+                               self.lease_ttl * STATEMENT_TIMEOUT_SHARE)))
+            elif self._stalled_since is not None:
+                logger.info("PostgreSQL %s answers again, after a stall of %.1f s",
+                            self._label, self._slow_seen - self._stalled_since)
+                self._stalled_since = None
 
     async def _renew_loop(self, site: EngineSite) -> None:
         renewals = 0
@@ -677,8 +822,8 @@ class PostgresEngine:
             for state in [s for s in self._active.values() if s.changed]:
                 try:
                     await state.sync()
-                except ObjectFencedError:
-                    site.fenced(*state.key)
+                except ObjectFencedError as exc:
+                    site.fenced(*state.key, reason=exc.reason)
                 except StorageError as exc:
                     logger.warning("%s", exc)
 
@@ -744,6 +889,10 @@ class PostgresEngine:
             self._calls.incoming_send.send_nowait(int(call_id))
         elif kind == "r":
             self._calls.answered(int(call_id))
+
+
+def _ignore(_: object) -> None:
+    """``start_thread_soon``'s deliver: the cancel thread reports nothing."""
 
 
 def _safe_label(dsn: str) -> str:

@@ -12,7 +12,14 @@ from typing import Any, Generic, TypeVar
 
 import attrs
 
-from nursery_jobs._engines.postgres._copy import Change, captured_rows, load_copy
+from nursery_jobs._engines.postgres._copy import (
+    FENCED,
+    SHIPPED,
+    STALE,
+    Change,
+    captured_rows,
+    load_copy,
+)
 
 Key = tuple[str, str]
 Conn = Any  # psycopg.Connection[Any]: psycopg is an optional dependency
@@ -24,6 +31,7 @@ class Taken:
     """The lease of an object this host just took, and the object's stored state."""
 
     epoch: int
+    version: int  # of the stored state read: the base of this host's first ship
     alarm: tuple[float, int] | None
     rows: list[tuple[str, str]]
     tokens: list[tuple[str, float]]
@@ -95,7 +103,7 @@ def take(
             "UPDATE nj_objects SET owner = %s, epoch = epoch + 1,"
             " lease_until = now() + make_interval(secs => %s)"
             " WHERE namespace = %s AND object_id = %s"
-            " RETURNING epoch, alarm_time, alarm_retry",
+            " RETURNING epoch, alarm_time, alarm_retry, version",
             (me, ttl, namespace, object_id),
         )
         stored = conn.execute(
@@ -106,22 +114,27 @@ def take(
             "SELECT token, started FROM nj_crashes WHERE namespace = %s AND object_id = %s",
             (namespace, object_id),
         )
-        epoch, alarm_time, alarm_retry = leased.fetchone()
+        epoch, alarm_time, alarm_retry, version = leased.fetchone()
         rows = stored.fetchall()
         tokens = crashes.fetchall()
     alarm = None if alarm_time is None else (float(alarm_time), int(alarm_retry))
-    return Taken(epoch=int(epoch), alarm=alarm, rows=rows,
+    return Taken(epoch=int(epoch), version=int(version), alarm=alarm, rows=rows,
                  tokens=[(str(t), float(s)) for t, s in tokens])
 
 
+# The fence: the lease (owner, epoch) and the base (version) the change was made on.
+# The last SELECT reads the snapshot from before the fence's UPDATE: where the fence
+# refused, it tells a lost lease (no row of this host at this epoch) from a lost base
+# (the lease holds, but the stored version is not the one this host built on).
 _SHIP = """
 WITH fence AS (
     UPDATE nj_objects SET
         alarm_time = CASE WHEN %(set_alarm)s THEN %(time)s ELSE alarm_time END,
         alarm_retry = CASE WHEN %(set_alarm)s THEN %(retry)s ELSE alarm_retry END,
-        lease_until = greatest(lease_until, now() + make_interval(secs => %(ttl)s))
+        lease_until = greatest(lease_until, now() + make_interval(secs => %(ttl)s)),
+        version = version + 1
     WHERE namespace = %(ns)s AND object_id = %(oid)s AND owner = %(me)s
-        AND epoch = %(epoch)s
+        AND epoch = %(epoch)s AND version = %(version)s
     RETURNING 1
 ), deleted AS (
     DELETE FROM nj_rows r USING unnest(%(dt)s::text[], %(dk)s::text[]) AS d(tbl, key)
@@ -137,25 +150,35 @@ WITH fence AS (
     DELETE FROM nj_crashes WHERE %(clear)s AND EXISTS (SELECT FROM fence)
         AND namespace = %(ns)s AND object_id = %(oid)s
 )
-SELECT count(*) FROM fence
+SELECT (SELECT count(*) FROM fence), (SELECT version FROM nj_objects
+    WHERE namespace = %(ns)s AND object_id = %(oid)s AND owner = %(me)s
+        AND epoch = %(epoch)s)
 """
 
 
-def ship(conn: Conn, me: str, ttl: float, change: Change) -> bool:
+def ship(conn: Conn, me: str, ttl: float, change: Change) -> str:
     """Write one commit of a working copy if this host still holds the object's lease
-    at ``change.epoch`` (one statement, one transaction); return whether it did."""
+    at ``change.epoch`` and the stored state is ``change.version`` (one statement, one
+    transaction; the stored version becomes ``change.version + 1``); return SHIPPED,
+    FENCED (the lease is gone: another host holds the object, or may) or STALE (the
+    lease holds but the stored state is not the version the change was made on:
+    PostgreSQL lost its last commits — a server crash under ``synchronous_commit = off``
+    — or a ship whose answer was lost did commit)."""
     alarm = change.alarm
     params = {
         "set_alarm": alarm is not None,
         "time": None if alarm is None else alarm[0],
         "retry": 0 if alarm is None else alarm[1],
         "ttl": ttl, "ns": change.namespace, "oid": change.object_id, "me": me,
-        "epoch": change.epoch,
+        "epoch": change.epoch, "version": change.version,
         "dt": [t for t, _ in change.deletes], "dk": [k for _, k in change.deletes],
         "ut": [t for t, _, _ in change.upserts], "uk": [k for _, k, _ in change.upserts],
         "ud": [d for _, _, d in change.upserts], "clear": change.clear_crashes,
     }
-    return bool(conn.execute(_SHIP, params).fetchone()[0])
+    written, stored = conn.execute(_SHIP, params).fetchone()
+    if written:
+        return SHIPPED
+    return FENCED if stored is None else STALE
 
 
 def claim(
@@ -435,6 +458,7 @@ def edit_unheld(
                 )
         conn.execute(
             "UPDATE nj_objects SET owner = NULL, lease_until = NULL, epoch = epoch + 1,"
+            " version = version + 1,"
             " alarm_retry = CASE WHEN %(t)s::float8 < alarm_time OR alarm_time IS NULL"
             "  THEN 0 ELSE alarm_retry END,"
             " alarm_time = least(alarm_time, %(t)s::float8)"

@@ -3,7 +3,8 @@ row form in which an object's working copy is stored.
 
 Tables: ``nj_schema`` (one row: this schema's version and the object schema's), ``nj_hosts``
 (one row per running host: heartbeat and flight list), ``nj_namespaces`` (class paths),
-``nj_objects`` (registry, alarm index, lease: owner, epoch, lease_until), ``nj_rows`` (every
+``nj_objects`` (registry, alarm index, lease: owner, epoch, lease_until; the stored
+state's ``version``, bumped by every ship), ``nj_rows`` (every
 row of every object's working copy, as JSON), ``nj_crashes`` (crash tokens) and ``nj_calls``
 (calls forwarded between hosts).
 """
@@ -17,7 +18,8 @@ import attrs
 from nursery_jobs._engines._schema import SCHEMA_VERSION as OBJECT_SCHEMA_VERSION
 from nursery_jobs._errors import StorageError
 
-PG_SCHEMA_VERSION: Final = 1
+# 2: nj_objects.version (issue 22 #1), added in place to a version 1 database.
+PG_SCHEMA_VERSION: Final = 2
 
 _DDL: Final = """
 CREATE TABLE IF NOT EXISTS nj_schema (
@@ -45,8 +47,10 @@ CREATE TABLE IF NOT EXISTS nj_objects (
     owner text,
     epoch bigint NOT NULL DEFAULT 0,
     lease_until timestamptz,
+    version bigint NOT NULL DEFAULT 0,
     PRIMARY KEY (namespace, object_id)
 );
+ALTER TABLE nj_objects ADD COLUMN IF NOT EXISTS version bigint NOT NULL DEFAULT 0;
 CREATE INDEX IF NOT EXISTS nj_objects_alarm ON nj_objects (alarm_time)
     WHERE alarm_time IS NOT NULL;
 CREATE INDEX IF NOT EXISTS nj_objects_owner ON nj_objects (owner) WHERE owner IS NOT NULL;

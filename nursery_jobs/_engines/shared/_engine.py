@@ -37,7 +37,7 @@ from nursery_jobs._engines.files._engine import (
     _unwritable,
 )
 from nursery_jobs._engines.files._flight import FlightRecord
-from nursery_jobs._engines.postgres._copy import Change, PgObject
+from nursery_jobs._engines.postgres._copy import SHIPPED, Change, PgObject
 from nursery_jobs._engines.shared._object import CopyPool, SharedObject
 from nursery_jobs._errors import DataLayoutError, RuntimeLockedError, StorageError
 
@@ -194,7 +194,7 @@ class SharedEngine(CatalogEngine):
             "SELECT tbl, key, data FROM nj_rows WHERE namespace = ? AND object_id = ?"
             " ORDER BY tbl, key", (namespace, object_id)).fetchall()
 
-    async def _ship(self, change: Change) -> bool:
+    async def _ship(self, change: Change) -> str:
         """Write one object's changed rows, alarm and cleared crash tokens into the
         shared database in one transaction (durable as the files engine's commits are,
         by ``durability``). Inline on the Trio thread: a local commit (~20 µs, no fsync
@@ -243,7 +243,7 @@ class SharedEngine(CatalogEngine):
             ) from exc
         if change.alarm is not None and self._unshipped.get((ns, oid)) == change.alarm:
             del self._unshipped[(ns, oid)]
-        return True
+        return SHIPPED  # (never fenced, never stale: this runtime is the only writer)
 
     def _unshipped_alarm(self, state: PgObject, time: float | None, retry: int) -> None:
         if self._active.get(state.key) is state:

@@ -174,7 +174,7 @@ class SharedObject(PgObject):
 
     def __init__(
         self, key: Key, conn: sqlite3.Connection, alarm: tuple[float, int] | None,
-        tokens: list[tuple[str, float]], *, ship: Callable[[Change], Awaitable[bool]],
+        tokens: list[tuple[str, float]], *, ship: Callable[[Change], Awaitable[str]],
         on_close: Callable[[PgObject], None],
         on_alarm: Callable[[PgObject, float | None, int], None],
         give_back: Callable[[sqlite3.Connection], None],
