@@ -32,9 +32,12 @@ Key = tuple[str, str]
 # Wiped copies kept for the next objects. Each holds ~240 KiB (SQLite's schema, page
 # cache and lookaside); resident objects are bounded by ``max_active`` apart from this.
 POOL_SIZE: Final = 256
-# A copy whose database grew past this many pages is closed rather than kept: a pooled
-# copy keeps its pages (and so its memory) after a wipe.
-POOL_MAX_PAGES: Final = 64
+# The working copies' page size. 1 KiB, not SQLite's 4 KiB: a copy holds every page of
+# its image (the empty schema: 60 KiB at 4 KiB pages, 16 at 1 KiB) whatever it stores.
+IMAGE_PAGE_SIZE: Final = 1024
+# A copy whose database grew past this many pages (256 KiB) is closed rather than kept:
+# a pooled copy keeps its pages (and so its memory) after a wipe.
+POOL_MAX_PAGES: Final = 256
 
 # Statements, not one script: ``executescript`` compiles each anew (~285 µs a wipe,
 # measured), where ``execute`` reuses the copy's prepared statements.
@@ -58,6 +61,7 @@ def new_copy() -> sqlite3.Connection:
 def _build_image() -> bytes:
     conn = sqlite3.connect(":memory:", isolation_level=None)
     try:
+        conn.execute(f"PRAGMA page_size={IMAGE_PAGE_SIZE}")
         prepare(conn, label="the working copy image")
         conn.execute("CREATE TABLE nj_changed (tbl TEXT NOT NULL, key TEXT NOT NULL,"
                      " PRIMARY KEY (tbl, key)) WITHOUT ROWID")
