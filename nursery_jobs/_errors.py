@@ -13,6 +13,8 @@ lookup errors derive from :class:`LookupError`::
      ├─ RuntimeLockedError                another runtime holds the data directory
      ├─ RuntimeClosedError                the runtime is not running
      ├─ EngineError (ValueError)          no engine serves the data location given
+     │   └─ DataLayoutError               a data directory opened with the other layout
+     │                                    (a file per object / shared:)  .path .layout
      ├─ TracingError (TypeError)          ``open_runtime(tracing=...)`` is no TracerProvider
      ├─ MissingExtraError (ImportError)   a feature whose extra is not installed  .extra
      ├─ StorageError                      an object's database cannot be opened
@@ -116,6 +118,18 @@ class RuntimeClosedError(NurseryJobsError):
 
 class EngineError(NurseryJobsError, ValueError):
     """``open_runtime`` was given a location no engine serves (an unknown ``scheme://``)."""
+
+
+class DataLayoutError(EngineError):
+    """A data directory was opened with a layout it was not created with: a file per
+    object (a path) or one shared database (``shared:<path>``). Nothing was written.
+    ``path`` is the directory, ``layout`` the layout it holds (``"files"`` or
+    ``"shared"``)."""
+
+    def __init__(self, message: str, *, path: str, layout: str) -> None:
+        super().__init__(message)
+        self.path = path
+        self.layout = layout
 
 
 class TracingError(NurseryJobsError, TypeError):

@@ -35,7 +35,7 @@ def _pinned_epoch(request: pytest.FixtureRequest) -> Iterator[None]:
 # NJ_POSTGRES_DSN names (tests/pg_support.py); without it these params skip with that
 # reason, and under CI they fail instead (pg_support.server_dsn). NJ_TEST_ENGINES picks
 # engines explicitly (e.g. "memory,files" for a quick run).
-ENGINES = os.environ.get("NJ_TEST_ENGINES", "memory,files,postgres").split(",")
+ENGINES = os.environ.get("NJ_TEST_ENGINES", "memory,files,shared,postgres").split(",")
 
 # Why tests are skipped on PostgreSQL (and only there).
 VIRTUAL_DAY_OF_POLLING = (
@@ -61,10 +61,14 @@ class EngineUnderTest:
         if self._dsn is not None:
             return self._dsn
         assert self._root is not None
+        if self.name == "shared":
+            return f"shared:{self._root / 'data'}"
         return self._root / "data"
 
     def durable(self, tmp_path: Path) -> Any:
         """A location that survives reopening (memory tests reopen on files)."""
+        if self.name == "shared":
+            return f"shared:{tmp_path / 'durable'}"
         return self._dsn if self._dsn is not None else tmp_path / "durable"
 
     def stored_alarm(self, rt: Any, namespace: str, object_id: str) -> tuple[float, int] | None:
@@ -101,6 +105,8 @@ class EngineUnderTest:
         stored alarm and this host's local index entry."""
         if not hasattr(rt.engine, "dsn"):
             rt.engine.catalog.delete_alarm(namespace, object_id)
+            if hasattr(rt.engine, "_unshipped"):  # shared: and what it has not shipped
+                rt.engine._unshipped.pop((namespace, object_id), None)
             return
         import psycopg
 

@@ -158,7 +158,9 @@ async def run(cfg: dict[str, Any]) -> None:
     async with trio.open_nursery() as nursery:
         # SIGTERM and SIGINT are the runtime's graceful stop (stop_on): its block exits
         # normally, "term" noted from its runtime:stopping event.
-        async with nj.open_runtime(data, env=cfg,
+        # ``layout``: "files" (a file per object, the default) or "shared" (one database).
+        location = f"shared:{data}" if cfg.get("layout") == "shared" else data
+        async with nj.open_runtime(location, env=cfg,
                                    stop_on=(signal.SIGTERM, signal.SIGINT)) as rt:
             rt.events.add_listener(on_event)
             if not marker.exists():

@@ -173,6 +173,8 @@ class Campaign:
 
     def db_rows(self, sql: str) -> list[tuple[Any, ...]]:
         """``sql`` over every object database (read-only, while no worker runs)."""
+        if self.config.get("layout") == "shared":
+            return shared_rows(self.data, sql)
         rows: list[tuple[Any, ...]] = []
         for path in sorted((self.data / "objects").glob("*.sqlite3")):
             conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
@@ -183,10 +185,38 @@ class Campaign:
         return rows
 
 
+def shared_rows(data: Path, sql: str) -> list[tuple[Any, ...]]:
+    """``sql`` over every object of a shared-layout directory: each object's stored rows
+    loaded into a database of the object schema (read-only on the shared database)."""
+    from nursery_jobs._engines._schema import prepare
+    from nursery_jobs._engines.postgres._copy import load_rows
+
+    shared = sqlite3.connect(f"file:{data / 'shared.sqlite3'}?mode=ro", uri=True)
+    try:
+        stored: dict[tuple[str, str], list[tuple[str, str]]] = defaultdict(list)
+        for ns, oid, tbl, row in shared.execute(
+                "SELECT namespace, object_id, tbl, data FROM nj_rows"):
+            stored[ns, oid].append((tbl, row))
+    finally:
+        shared.close()
+    rows: list[tuple[Any, ...]] = []
+    for (ns, oid), object_rows in sorted(stored.items()):
+        conn = sqlite3.connect(":memory:", isolation_level=None)
+        try:
+            prepare(conn, label=f"{ns}/{oid}")
+            load_rows(conn, f"{ns}/{oid}", object_rows)
+            rows += conn.execute(sql).fetchall()
+        finally:
+            conn.close()
+    return rows
+
+
 def check_integrity(data: Path) -> None:
-    """``PRAGMA integrity_check`` on the catalog and every object database, opened
-    read-only (so nothing here checkpoints or rewrites the files the worker reopens)."""
-    paths = [data / "catalog.sqlite3", *sorted((data / "objects").glob("*.sqlite3"))]
+    """``PRAGMA integrity_check`` on the catalog and every object database (or the
+    shared database), opened read-only (so nothing here checkpoints or rewrites the
+    files the worker reopens)."""
+    paths = [data / "catalog.sqlite3", data / "shared.sqlite3",
+             *sorted((data / "objects").glob("*.sqlite3"))]
     for path in paths:
         if not path.exists():
             continue
@@ -311,9 +341,10 @@ def check_struck_jobs(c: Campaign, *, real_time: bool) -> int:
 
 
 def run_strict_campaign(tmp_path: Path, *, objects: int, jobs: int, kills: int,
-                        sleep: tuple[float, float], after: tuple[float, float]) -> Campaign:
+                        sleep: tuple[float, float], after: tuple[float, float],
+                        layout: str = "files") -> Campaign:
     c = Campaign.create(tmp_path, objects=[f"o{i}" for i in range(objects)], jobs=jobs,
-                        sleep=list(sleep), group=1)
+                        sleep=list(sleep), group=1, layout=layout)
     started = time.monotonic()
     landed = kill_at_random(c, kills, after)
     assert landed == kills, "the workload ended before every kill landed: make it longer"
@@ -330,30 +361,38 @@ def run_strict_campaign(tmp_path: Path, *, objects: int, jobs: int, kills: int,
     return c
 
 
+# The storage layouts of a data directory: a file per object, or one shared database.
+LAYOUTS = ["files", "shared"]
+
+
 @pytest.mark.crash
+@pytest.mark.parametrize("layout", LAYOUTS)
 def test_random_kills_lose_nothing_and_rerun_only_jobs_caught_by_a_kill(
-    tmp_path: Path,
+    tmp_path: Path, layout: str,
 ) -> None:
     run_strict_campaign(tmp_path, objects=5, jobs=60, kills=5, sleep=(0.01, 0.04),
-                        after=(0.1, 0.5))
+                        after=(0.1, 0.5), layout=layout)
 
 
 @pytest.mark.soak
+@pytest.mark.parametrize("layout", LAYOUTS)
 def test_soak_random_kills_lose_nothing_and_rerun_only_jobs_caught_by_a_kill(
-    tmp_path: Path,
+    tmp_path: Path, layout: str,
 ) -> None:
     run_strict_campaign(tmp_path, objects=20, jobs=100, kills=50, sleep=(0.05, 0.15),
-                        after=(0.05, 0.4))
+                        after=(0.05, 0.4), layout=layout)
 
 
 @pytest.mark.crash
-def test_random_kills_with_grouped_completions_rerun_at_most_a_group(tmp_path: Path) -> None:
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_random_kills_with_grouped_completions_rerun_at_most_a_group(tmp_path: Path,
+                                                                     layout: str) -> None:
     """With the default completion_group (64), a death may re-run up to 64 completed jobs
     per object (their outcomes were waiting for one commit) — and no more."""
     group = 64
     # Short jobs (1-3 ms of real time), so that a run completes well over 64 per object.
     c = Campaign.create(tmp_path, objects=[f"o{i}" for i in range(4)], jobs=800,
-                        sleep=[0.02, 0.06], group=None, clock_rate=20)
+                        sleep=[0.02, 0.06], group=None, clock_rate=20, layout=layout)
     landed = kill_at_random(c, 5, (0.1, 0.4))
     assert landed == 5
     c.finish(timeout=60)
@@ -386,14 +425,17 @@ def test_random_kills_with_grouped_completions_rerun_at_most_a_group(tmp_path: P
 
 
 @pytest.mark.crash
-def test_local_effects_are_exactly_once_across_random_kills(tmp_path: Path) -> None:
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_local_effects_are_exactly_once_across_random_kills(tmp_path: Path,
+                                                            layout: str) -> None:
     """Each job increments a counter in its object's storage. The increment commits with
     the job's outcome (the group transaction), so however often the process is killed —
     mid-job, or with a group of completions not yet committed — each counter ends at
     exactly the number of jobs. Calls that returned are durable (the output gate)."""
     jobs = 800
     c = Campaign.create(tmp_path, objects=[f"o{i}" for i in range(3)], jobs=jobs,
-                        sleep=[0.02, 0.06], group=None, clock_rate=20, marks=True)
+                        sleep=[0.02, 0.06], group=None, clock_rate=20, marks=True,
+                        layout=layout)
     landed = kill_at_random(c, 6, (0.1, 0.4))
     assert landed >= 4
     # The marks (values of calls that returned; they increase across processes) of the

@@ -11,14 +11,16 @@ from typing import Any
 from nursery_jobs._engines.base import Engine
 from nursery_jobs._engines.files._engine import FilesEngine
 from nursery_jobs._engines.memory import MemoryEngine
+from nursery_jobs._engines.shared._engine import SharedEngine
 from nursery_jobs._errors import EngineError
 
 
 def engine_for(
     location: str | os.PathLike[str] | Engine | None, *, synchronous: str, **cluster: Any
 ) -> Engine:
-    """The engine a runtime opens for ``location``: None → memory, a path → files, an
-    ``Engine`` as given. A ``scheme://`` address no engine serves raises ``EngineError``
+    """The engine a runtime opens for ``location``: None → memory, a path → files,
+    ``shared:<path>`` → the shared layout of a data directory, an ``Engine`` as
+    given. A ``scheme://`` address no engine serves raises ``EngineError``
     (a path must never become a directory named ``postgresql:``). ``cluster`` options
     (``lease_ttl``, ``pool_size``) are for a ``postgresql://`` address only."""
     if cluster and not (
@@ -35,6 +37,8 @@ def engine_for(
         text = os.fspath(location)
         if not isinstance(text, str):
             raise EngineError(f"a data directory must be a str path, got {location!r}")
+        if text[:7].lower() == SHARED_PREFIX:
+            return _shared(text, synchronous=synchronous)
         scheme, sep, _ = text.partition("://")
         if sep and scheme.lower() in ("postgresql", "postgres"):
             try:
@@ -57,3 +61,18 @@ def engine_for(
                 f"open_runtime() takes a path, None or an Engine, got {location!r}"
             )
     return location
+
+
+# ``shared:<directory>``: a data directory whose objects are rows of one database.
+SHARED_PREFIX = "shared:"
+
+
+def _shared(text: str, *, synchronous: str) -> SharedEngine:
+    path = text[len(SHARED_PREFIX):]
+    if path.startswith("//"):
+        path = path[2:]  # shared://./data, shared:///abs/path
+    if not path:
+        raise EngineError(
+            f"{text!r} names no directory: give shared:<path>, e.g. shared:./data"
+        )
+    return SharedEngine(path, synchronous=synchronous)

@@ -304,6 +304,8 @@ class AlarmRunner:
                 readmitted.add(job.id)
                 ran.discard(job.id)
             dispatched += 1
+            if store.ships_group:
+                await store.ship_group()  # before the next job starts (group committed)
             if self._turns.waiting:
                 # Fairness: a call waits for one job, never for the backlog. What ran
                 # commits first (the call must not see half a group), then the call has

@@ -41,9 +41,8 @@ class JobStore:
 
     __slots__ = (
         "_alarm", "_done", "_dropped", "completion_group", "conn", "dead_letter_limit",
-        "disabled", "paused", "running_attempts", "running_id", "running_seq", "superseded",
-        "table", "tracing",
-        "tx", "version",
+        "disabled", "paused", "running_attempts", "running_id", "running_seq", "ships_group",
+        "superseded", "table", "tracing", "tx", "version",
     )
 
     def __init__(
@@ -64,6 +63,10 @@ class JobStore:
         self._dropped = on_dropped
         # Jobs finished in the open group transaction (committed every completion_group).
         self._done = 0
+        # A full group was committed where commits ship (the shared layout, PostgreSQL):
+        # the alarm run ships it before the next job starts (``ship_group``), so a death
+        # re-runs at most ``completion_group`` completed jobs there too.
+        self.ships_group = False
         # The job running now: a mutation of its id supersedes its outcome.
         self.running_id: str | None = None
         self.running_seq = -1
@@ -152,6 +155,8 @@ class JobStore:
         self._done += 1
         if self._done >= self.completion_group:
             self.flush()
+            if self._alarm.ships and not self.tx.group:
+                self.ships_group = True
         return job
 
     def _record_attempt(self, job: Job, completion: Completion) -> None:
@@ -488,6 +493,12 @@ class JobStore:
             self._alarm.delete()
         elif self._alarm.get() != time:
             self._alarm.set(time)
+
+    async def ship_group(self) -> None:
+        """Ship the group committed by the last completion (see ``ships_group``).
+        Checkpoints."""
+        self.ships_group = False
+        await self.durable()
 
     async def durable(self) -> None:
         """After a mutation: make it durable where the engine ships commits (a no-op,

@@ -36,7 +36,12 @@ from nursery_jobs._engines.files._rebuild import (
     quarantine_path,
     stamp_identity,
 )
-from nursery_jobs._errors import DataDirectoryAccessError, RuntimeLockedError, StorageFaultError
+from nursery_jobs._errors import (
+    DataDirectoryAccessError,
+    DataLayoutError,
+    RuntimeLockedError,
+    StorageFaultError,
+)
 from nursery_jobs._policy import LOCKED_RETRY, Backoff
 
 if TYPE_CHECKING:
@@ -291,6 +296,12 @@ class FilesEngine(CatalogEngine):
         return self.objects_dir / object_file_name(namespace, object_id)
 
     def open(self, now: float) -> None:
+        if (self.path / "shared.sqlite3").exists():
+            raise DataLayoutError(
+                f"{self.path} holds the shared layout (shared.sqlite3): open it as"
+                f" 'shared:{self.path}'; nothing was written", path=str(self.path),
+                layout="shared",
+            )
         try:
             self.objects_dir.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.path / "runtime.lock", os.O_RDWR | os.O_CREAT, 0o644)

@@ -1,0 +1,198 @@
+"""An object's state under the shared layout: a working copy (the PostgreSQL engine's:
+an in-memory SQLite database with the object schema and change-capture triggers) whose
+commits ship into the data directory's shared database; and the pool the copies come
+from.
+
+Building a copy as the PostgreSQL engine does — a new in-memory database, the object
+schema's DDL and 15 TEMP capture triggers, each a schema change that parses the schema
+again — costs ~650 µs (1,200-1,500 objects/s, whatever the disk;
+``benchmarks/layout_floor.py``), many times the storage itself (~10 µs an object in the
+shared database). Two things bring it down:
+
+- an *image*: the empty database with its schema, the triggers and ``nj_changed`` in
+  ``main`` (an image cannot hold TEMP objects), serialized once per process; a copy is
+  ``deserialize`` of it, its schema parsed once, on first use (~8x cheaper, measured);
+- a *pool*: a copy whose object left memory is wiped (its rows deleted; the parsed
+  schema and prepared statements kept) and handed to the next object (~35 µs).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Final
+
+from nursery_jobs._engines._schema import prepare
+from nursery_jobs._engines.postgres._copy import Change, PgObject, WorkingCopy, load_rows
+from nursery_jobs._engines.postgres._schema import ROW_TABLES, capture_sql
+
+Key = tuple[str, str]
+
+# Wiped copies kept for the next objects. Each holds ~240 KiB (SQLite's schema, page
+# cache and lookaside); resident objects are bounded by ``max_active`` apart from this.
+POOL_SIZE: Final = 256
+# The working copies' page size. 1 KiB, not SQLite's 4 KiB: a copy holds every page of
+# its image (the empty schema: 60 KiB at 4 KiB pages, 16 at 1 KiB) whatever it stores.
+IMAGE_PAGE_SIZE: Final = 1024
+# A copy whose database grew past this many pages (256 KiB) is closed rather than kept:
+# a pooled copy keeps its pages (and so its memory) after a wipe.
+POOL_MAX_PAGES: Final = 256
+
+# Statements, not one script: ``executescript`` compiles each anew (~285 µs a wipe,
+# measured), where ``execute`` reuses the copy's prepared statements.
+_WIPE: Final = (
+    "BEGIN", *(f"DELETE FROM main.{table.name}" for table in ROW_TABLES),
+    "DELETE FROM nj_changed", "COMMIT",
+)
+_IMAGE: list[bytes] = []
+
+
+def new_copy() -> sqlite3.Connection:
+    """An empty working copy, deserialized from the image (built on first use)."""
+    if not _IMAGE:
+        _IMAGE.append(_build_image())
+    conn = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False,
+                           factory=SharedCopy)
+    conn.deserialize(_IMAGE[0])
+    return conn
+
+
+def _build_image() -> bytes:
+    conn = sqlite3.connect(":memory:", isolation_level=None)
+    try:
+        conn.execute(f"PRAGMA page_size={IMAGE_PAGE_SIZE}")
+        prepare(conn, label="the working copy image")
+        conn.execute("CREATE TABLE nj_changed (tbl TEXT NOT NULL, key TEXT NOT NULL,"
+                     " PRIMARY KEY (tbl, key)) WITHOUT ROWID")
+        for table in ROW_TABLES:
+            for statement in capture_sql(table):
+                # In main, not TEMP: an image holds no TEMP objects. The triggers write
+                # ``nj_changed`` unqualified, which finds main's.
+                conn.execute(statement.replace("CREATE TEMP TRIGGER", "CREATE TRIGGER")
+                             .replace(" ON main.", " ON "))
+        return conn.serialize()
+    finally:
+        conn.close()
+
+
+class SharedCopy(WorkingCopy):
+    """A working copy of the shared layout: storage refuses raw SQL on it."""
+
+    refuses_raw_sql = "the shared layout (shared:<directory>)"  # read by _storage
+
+
+class CopyPool:
+    """Working copies whose objects left memory, kept for reuse (see the module
+    docstring).
+
+    A copy is reused only once nothing else refers to its connection: a storage handle
+    of its old object kept somewhere (``storage.conn`` handed out, a task that outlived
+    the object) must never reach the next object's rows. ``sys.getrefcount`` tells; a
+    copy still referred to waits (closed when the pool is full), and is wiped when
+    taken, not when given back, so that nothing written through a stale handle meanwhile
+    survives.
+    """
+
+    __slots__ = ("_returned", "built", "reused")
+
+    def __init__(self) -> None:
+        self._returned: list[sqlite3.Connection] = []
+        self.built = 0  # copies deserialized from the image
+        self.reused = 0  # copies taken from the pool
+
+    def take(self, label: str, rows: list[tuple[str, str]]) -> sqlite3.Connection:
+        """A copy holding ``rows`` ((table, JSON row)), nothing captured yet.
+
+        Raises:
+            StorageError: a stored row of a table the object schema lacks.
+        """
+        kept = self._reusable()
+        conn = new_copy() if kept is None else kept
+        try:
+            if kept is None:
+                self.built += 1
+            else:
+                self.reused += 1
+                for statement in _WIPE:
+                    conn.execute(statement)
+            if rows:
+                load_rows(conn, label, rows)
+                conn.execute("DELETE FROM nj_changed")  # loaded, not changed
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _reusable(self) -> sqlite3.Connection | None:
+        returned = self._returned
+        for i in range(len(returned) - 1, -1, -1):
+            if _references(returned, i) <= _UNREFERENCED:
+                return returned.pop(i)
+        return None
+
+    def give_back(self, conn: sqlite3.Connection) -> None:
+        """The object left memory (its transaction rolled back): keep its copy, or close
+        it when the copy grew (a wiped copy keeps its pages, so its memory)."""
+        try:
+            grown = conn.execute("PRAGMA page_count").fetchone()[0] > POOL_MAX_PAGES
+        except sqlite3.Error:
+            grown = True
+        if grown:
+            conn.close()
+            return
+        returned = self._returned
+        if len(returned) >= POOL_SIZE:
+            returned.pop(0).close()
+        returned.append(conn)
+
+    def close(self) -> None:
+        for conn in self._returned:
+            conn.close()
+        self._returned.clear()
+
+
+def _references(held: Sequence[sqlite3.Connection], i: int) -> int:
+    return sys.getrefcount(held[i])
+
+
+def _unreferenced() -> int:
+    """What ``_references`` says of a copy that only the pool holds (the list, the
+    call's argument, and the connection's own statement cache, which refers to it)."""
+    probe = [sqlite3.connect(":memory:", factory=SharedCopy)]
+    try:
+        return _references(probe, 0)
+    finally:
+        probe[0].close()
+
+
+_UNREFERENCED: Final = _unreferenced()
+
+
+class SharedObject(PgObject):
+    """One active object's state under the shared layout (an ``ObjectState``): the
+    PostgreSQL engine's working copy, shipped into the shared database, never fenced
+    (the data directory's lock makes this runtime its only writer)."""
+
+    __slots__ = ("_give_back",)
+
+    def __init__(
+        self, key: Key, conn: sqlite3.Connection, alarm: tuple[float, int] | None,
+        tokens: list[tuple[str, float]], *, ship: Callable[[Change], Awaitable[str]],
+        on_close: Callable[[PgObject], None],
+        on_alarm: Callable[[PgObject, float | None, int], None],
+        give_back: Callable[[sqlite3.Connection], None],
+    ) -> None:
+        super().__init__(key, 0, conn, alarm, tokens, ship=ship, on_close=on_close,
+                         on_alarm=on_alarm)
+        self._give_back = give_back
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        conn = self.conn
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        self._give_back(conn)
+        self._on_close(self)

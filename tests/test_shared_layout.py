@@ -1,0 +1,187 @@
+"""The shared layout (``open_runtime("shared:<dir>")``, issue 26): every object of a data
+directory kept as rows of one SQLite database, loaded into a working copy on activation
+and shipped on each commit. (The Lifecycle, Queue, Scheduler and Agent suites run on it
+as the ``shared`` engine; the SIGKILL campaigns of test_crash.py run on it too.)"""
+
+from __future__ import annotations
+
+import gc
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+import nursery_jobs as nj
+from nursery_jobs._engines.shared._engine import SharedEngine
+from nursery_jobs._errors import DataLayoutError
+
+STALE: list[Any] = []  # a storage handle kept past its object's life (test 4)
+
+
+class Note(nj.DurableObject):
+    namespace = "tests.shared.Note"
+
+    def __init__(self, ctx: nj.ObjectContext) -> None:
+        super().__init__(ctx)
+        self.lifecycle = nj.Lifecycle.install(self)
+
+    async def put(self, value: str) -> None:
+        self.ctx.storage.put("v", value)
+
+    async def get(self) -> Any:
+        return self.ctx.storage.get("v")
+
+    async def keys(self) -> list[str]:
+        return sorted(self.ctx.storage.list())
+
+    async def keep_handle(self) -> None:
+        STALE.append(self.ctx.storage.conn)
+
+    async def later(self, at: float) -> None:
+        await self.lifecycle.jobs.push("run", time=at, id="j")
+
+    async def raw(self) -> None:
+        self.ctx.storage.execute("SELECT 1")
+
+    async def raw_db(self) -> None:
+        self.ctx.storage.db  # noqa: B018
+
+    async def on_job(self, ctx: nj.JobContext) -> None:
+        return None
+
+
+async def test_objects_are_rows_of_one_database_and_come_back(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    with trio.fail_after(30):
+        async with nj.open_runtime(f"shared:{data}") as rt:
+            for i in range(3):
+                await rt.get(Note, f"n{i}").put(f"value {i}")
+    assert (data / "shared.sqlite3").exists()
+    assert not (data / "objects").exists()  # no file per object
+    with trio.fail_after(30):
+        async with nj.open_runtime(f"shared:{data}") as rt:
+            assert [await rt.get(Note, f"n{i}").get() for i in range(3)] == [
+                "value 0", "value 1", "value 2"]
+            assert isinstance(rt.engine, SharedEngine)
+            assert rt.engine.object_rows(Note.namespace, "n1") == [
+                ("nj_kv", "v", '["v", "\\"value 1\\""]')]
+
+
+async def test_raw_sql_is_refused_naming_the_layout(tmp_path: Path) -> None:
+    with trio.fail_after(30):
+        async with nj.open_runtime(f"shared:{tmp_path / 'data'}") as rt:
+            for call in (rt.get(Note, "n").raw, rt.get(Note, "n").raw_db):
+                with pytest.raises(nj.StorageError, match="shared layout"):
+                    await call()
+
+
+@pytest.mark.parametrize("location", ["shared:", "shared://"])
+async def test_a_shared_location_without_a_directory_is_refused(
+    tmp_path: Path, location: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(nj.EngineError, match="names no directory"):
+        async with nj.open_runtime(location):
+            pass  # pragma: no cover
+    assert list(await trio.Path(tmp_path).iterdir()) == []  # nothing written
+
+
+@pytest.mark.parametrize(("first", "then", "holds"), [
+    ("shared:{}", "{}", "shared"), ("{}", "shared:{}", "files"),
+])
+async def test_a_directory_is_opened_with_the_layout_it_was_created_with(
+    tmp_path: Path, first: str, then: str, holds: str,
+) -> None:
+    data = tmp_path / "data"
+    with trio.fail_after(30):
+        async with nj.open_runtime(first.format(data)) as rt:
+            await rt.get(Note, "n").put("kept")
+        before = sorted(p.name for p in await trio.Path(data).iterdir())
+        with pytest.raises(DataLayoutError, match="nothing was written") as caught:
+            async with nj.open_runtime(then.format(data)):
+                pass  # pragma: no cover
+        assert (caught.value.path, caught.value.layout) == (str(data), holds)
+        assert isinstance(caught.value, nj.EngineError)
+        assert sorted(p.name for p in await trio.Path(data).iterdir()) == before
+        async with nj.open_runtime(first.format(data)) as rt:
+            assert await rt.get(Note, "n").get() == "kept"
+
+
+async def test_a_ship_writes_the_rows_and_the_alarm_in_one_transaction(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "data"
+    with trio.fail_after(30):
+        async with nj.open_runtime(f"shared:{data}") as rt:
+            at = nj.now() + 3600
+            await rt.get(Note, "n").later(at)
+            # What another reader of the shared database sees once the call returned.
+            reader = sqlite3.connect(f"file:{data / 'shared.sqlite3'}?mode=ro", uri=True)
+            try:
+                alarm = reader.execute("SELECT time FROM nj_alarms WHERE object_id = 'n'"
+                                       ).fetchall()
+                jobs = reader.execute("SELECT key FROM nj_rows WHERE object_id = 'n' AND"
+                                      " tbl = 'nj_jobs'").fetchall()
+            finally:
+                reader.close()
+    assert alarm == [(at,)]
+    assert jobs == [("j",)]
+
+
+async def test_a_copy_still_referenced_never_reaches_another_object(tmp_path: Path) -> None:
+    """A working copy is reused once its object left memory — but only once nothing else
+    refers to it: a storage handle kept past the object's life must never see, or
+    write, the next object's rows."""
+    STALE.clear()
+    with trio.fail_after(30):
+        async with nj.open_runtime(f"shared:{tmp_path / 'data'}", max_active=1) as rt:
+            engine = rt.engine
+            assert isinstance(engine, SharedEngine)
+            await rt.get(Note, "a").put("a's")
+            await rt.get(Note, "a").keep_handle()
+            await rt.get(Note, "b").put("b's")  # a is evicted (max_active=1)
+            assert not rt.is_active(Note.namespace, "a")
+            stale = STALE.pop()
+            gc.collect()  # (a's host and storage were a cycle: only ``stale`` is left)
+            built, reused = engine._pool.built, engine._pool.reused
+            await rt.get(Note, "c").put("c's")  # b leaves; a's copy is still referred to
+            assert (engine._pool.built, engine._pool.reused) == (built + 1, reused)
+            stale.execute("INSERT INTO nj_kv (key, value) VALUES ('x', '1')")
+            assert await rt.get(Note, "c").keys() == ["v"]
+            del stale
+            gc.collect()
+            await rt.get(Note, "d").put("d's")  # takes a copy that nothing refers to
+            assert engine._pool.reused == reused + 1
+            assert await rt.get(Note, "d").keys() == ["v"]  # wiped: nothing of a, b or x
+            assert await rt.get(Note, "a").get() == "a's"
+
+
+async def test_an_alarm_an_active_object_moved_is_seen_before_it_ships(
+    tmp_path: Path,
+) -> None:
+    """The timer reads the shared database's alarm index, and what active objects
+    wrote and did not ship yet (it ships with their rows): a lowered alarm is due at
+    once, a deleted one is not."""
+    engine = SharedEngine(tmp_path / "data", synchronous="NORMAL")
+    engine.open(0.0)
+    try:
+        engine.catalog.set_alarm("ns", "stored", 50.0, 0)
+        state = await engine.open_object("ns", "stored", "m:C")
+        other = await engine.open_object("ns", "moved", "m:C")
+        assert engine.due(100.0, 10) == [("ns", "stored")]
+        other.write_alarm(10.0, 0)
+        state.write_alarm(None, 0)
+        assert engine.due(100.0, 10) == [("ns", "moved")]
+        assert engine.get_alarm("ns", "stored") is None
+        assert engine.get_alarm("ns", "moved") == (10.0, 0)
+        assert engine.next_alarm_after(5.0) == 10.0
+        assert engine.catalog.get_alarm("ns", "stored") == (50.0, 0)  # not shipped yet
+        await state.sync()
+        await other.sync()
+        assert engine.catalog.get_alarm("ns", "stored") is None
+        assert engine.catalog.get_alarm("ns", "moved") == (10.0, 0)
+        assert engine._unshipped == {}
+    finally:
+        engine.close()
