@@ -46,6 +46,12 @@ class Flaky(nj.DurableObject):
         # (without the object's turn, which the alarm run holds: the run is cancelled)
         return await self.lifecycle.jobs.cancel(job_id)
 
+    @nj.interleave
+    async def attempts_now(self) -> list[int]:
+        """The attempts kept, read beside a running job (no turn)."""
+        return sorted(a.attempt for found in _read_attempts(self.lifecycle.store.conn).values()
+                      for a in found)
+
     async def requeue(self, job_id: str) -> None:
         await self.lifecycle.requeue(job_id)
 
@@ -137,6 +143,18 @@ async def test_jobs_that_never_fail_write_no_history(autojump_clock: trio.abc.Cl
         await run_until_idle(rt)
         assert (await history(rt, "f")) == {}
 
+
+async def test_a_running_job_cancelled_takes_its_history(autojump_clock: trio.abc.Clock) -> None:
+    # jobs.cancel of a job while it runs (its third attempt) deleted the job but kept
+    # its attempt rows: the history of a job that no longer exists, kept for good.
+    async with nj.open_runtime(engine.location) as rt:
+        flaky = rt.get(Flaky, "f")
+        await flaky.push("hang:2", id="hangs", retry=retry(5))
+        await trio.sleep(25)  # attempts 1 and 2 failed; attempt 3 runs (from 21 s)
+        assert await flaky.attempts_now() == [1, 2]
+        with trio.fail_after(5):
+            assert await flaky.cancel_running("hangs")
+        assert (await history(rt, "f")) == {}
 
 async def test_a_job_replaced_by_a_push_of_its_id_starts_afresh(
     autojump_clock: trio.abc.Clock,
