@@ -5,6 +5,7 @@ writes none. Read as the operator's faces read them (``RuntimeSource.detail``)."
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -14,6 +15,7 @@ from conftest import EPOCH, engine
 
 import nursery_jobs as nj
 from nursery_jobs._ops._inspect import AttemptInfo, _read_attempts
+from nursery_jobs._ops._offline import requeue_offline, requeue_postgres
 from nursery_jobs.testing import run_until_idle
 
 
@@ -24,7 +26,8 @@ def _on_every_engine(on_every_engine: str) -> str:
 
 
 class Flaky(nj.DurableObject):
-    """``fail:N`` jobs raise on their first N attempts (taking 0.5 s each), then pass."""
+    """``fail:N`` jobs raise on their first N attempts (taking 0.5 s each), then pass;
+    ``hang:N`` jobs then run until cancelled."""
 
     namespace = "tests.test_attempt_history.Flaky"
 
@@ -37,6 +40,17 @@ class Flaky(nj.DurableObject):
 
     async def cancel(self, job_id: str) -> bool:
         return await self.lifecycle.jobs.cancel(job_id)
+
+    @nj.interleave
+    async def cancel_running(self, job_id: str) -> bool:
+        # (without the object's turn, which the alarm run holds: the run is cancelled)
+        return await self.lifecycle.jobs.cancel(job_id)
+
+    @nj.interleave
+    async def attempts_now(self) -> list[int]:
+        """The attempts kept, read beside a running job (no turn)."""
+        return sorted(a.attempt for found in _read_attempts(self.lifecycle.store.conn).values()
+                      for a in found)
 
     async def requeue(self, job_id: str) -> None:
         await self.lifecycle.requeue(job_id)
@@ -55,9 +69,11 @@ class Flaky(nj.DurableObject):
         return self.lifecycle.dead_letters()
 
     async def on_job(self, ctx: nj.JobContext) -> nj.JobOutcome:
-        if ctx.job.fn.startswith("fail:") and ctx.attempt <= int(ctx.job.fn[5:]):
+        if ctx.job.fn.startswith(("fail:", "hang:")) and ctx.attempt <= int(ctx.job.fn[5:]):
             await trio.sleep(0.5)
             raise ValueError(f"attempt {ctx.attempt} of {ctx.job.id}")
+        if ctx.job.fn.startswith("hang:"):  # then runs until cancelled
+            await trio.sleep_forever()
         return None
 
 
@@ -126,3 +142,54 @@ async def test_jobs_that_never_fail_write_no_history(autojump_clock: trio.abc.Cl
             await flaky.push("fine", id=f"j{n}")
         await run_until_idle(rt)
         assert (await history(rt, "f")) == {}
+
+
+async def test_a_running_job_cancelled_takes_its_history(autojump_clock: trio.abc.Clock) -> None:
+    # jobs.cancel of a job while it runs (its third attempt) deleted the job but kept
+    # its attempt rows: the history of a job that no longer exists, kept for good.
+    async with nj.open_runtime(engine.location) as rt:
+        flaky = rt.get(Flaky, "f")
+        await flaky.push("hang:2", id="hangs", retry=retry(5))
+        await trio.sleep(25)  # attempts 1 and 2 failed; attempt 3 runs (from 21 s)
+        assert await flaky.attempts_now() == [1, 2]
+        with trio.fail_after(5):
+            assert await flaky.cancel_running("hangs")
+        assert (await history(rt, "f")) == {}
+
+async def test_a_job_replaced_by_a_push_of_its_id_starts_afresh(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    # A push of the same id replaces the job with attempts 0: the old job's history
+    # went on showing as the new one's, and stayed for good once the new one passed at
+    # its first attempt (only a job that failed before forgot its rows).
+    async with nj.open_runtime(engine.location) as rt:
+        flaky = rt.get(Flaky, "f")
+        await flaky.push("fail:9", id="x", retry=retry(5))
+        await settle(rt, 15)
+        assert [a.attempt for a in (await history(rt, "f"))["x"]] == [1, 2]
+        await flaky.push("fine", id="x", delay=50.0)
+        assert (await history(rt, "f")) == {}  # the new job has failed no attempt
+        await settle(rt, 60)
+        assert (await history(rt, "f")) == {}
+
+
+async def test_a_dead_letter_requeued_offline_starts_afresh(
+    autojump_clock: trio.abc.Clock, tmp_path: Path,
+) -> None:
+    # ``nursery-jobs requeue`` (a stopped data directory, or PostgreSQL) moved the row
+    # back with attempts 0 but kept the letter's attempt rows: its next failure
+    # overwrote attempt 1 and showed the old attempt 2 beside it.
+    where = engine.durable(tmp_path)
+    async with nj.open_runtime(where) as rt:
+        await rt.get(Flaky, "f").push("fail:9", id="dies", retry=retry(2))
+        await settle(rt, 20)
+        assert [a.attempt for a in (await history(rt, "f"))["dies"]] == [1, 2]
+    now = EPOCH + trio.current_time()
+    if isinstance(where, str):
+        requeue_postgres(where, Flaky.namespace, "f", "dies", owner="host", now=now)
+    else:
+        requeue_offline(where, Flaky.namespace, "f", "dies", owner="host", now=now)
+    async with nj.open_runtime(where) as rt:
+        await rt.get(Flaky, "f").attempts()  # (wakes it: the requeued job runs)
+        await trio.sleep(1)  # its attempt 1 failed; attempt 2 is due in 10 s
+        assert [a.attempt for a in (await history(rt, "f"))["dies"]] == [1]

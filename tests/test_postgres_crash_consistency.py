@@ -129,9 +129,9 @@ async def test_a_ship_onto_a_base_that_lost_its_last_versions_is_refused(pg_dsn:
 
 
 async def test_a_ship_whose_answer_was_lost_but_that_committed_reloads(pg_dsn: str) -> None:
-    # The ship committed, but the host never heard (the connection died): the host
-    # ships the same delta again on the old base — refused, and the object reloads the
-    # state that did commit.
+    # A stored version newer than the copy's, with no ship of the copy's outcome unknown
+    # (one that was would be accepted: see the test below): refused, and the object
+    # reloads the state that did commit.
     with opened(pg_dsn) as a:
         state = await a.open_object(NS, "o1", CP)
         state.conn.execute("INSERT INTO nj_kv VALUES ('k', '1')")
@@ -141,6 +141,43 @@ async def test_a_ship_whose_answer_was_lost_but_that_committed_reloads(pg_dsn: s
         with pytest.raises(ObjectFencedError, match="lost its last commits"):
             await state.sync()
         assert [k for _, k, _ in stored(pg_dsn, "o1")[1]] == ["k"]
+        state.close()
+
+
+async def test_a_ship_cancelled_by_its_caller_that_committed_is_no_stale_base(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The caller's deadline cancelled a ship that committed all the same (its answer
+    # was on the way). The next sync shipped on the old base: refused as STALE, the
+    # object dropped and reloaded, and that caller's writes refused with "PostgreSQL
+    # lost its last commits (a server crash?)" — for a cancelled call. Now the next
+    # ship accepts the base the unsure one may have made, and carries its rows again.
+    from nursery_jobs._engines.postgres import _ops as pg_ops
+
+    real_ship = pg_ops.ship
+
+    def slow_answer(*args: Any) -> str:
+        shipped = real_ship(*args)  # committed ...
+        time.sleep(0.5)  # ... and the answer is late
+        return shipped
+
+    with opened(pg_dsn) as a:
+        state = await a.open_object(NS, "o1", CP)
+        state.conn.execute("INSERT INTO nj_kv VALUES ('k', '1')")
+        monkeypatch.setattr(pg_ops, "ship", slow_answer)
+        with trio.move_on_after(0.2) as scope:
+            await state.sync()
+        assert scope.cancelled_caught
+        monkeypatch.setattr(pg_ops, "ship", real_ship)
+        state.conn.execute("INSERT INTO nj_kv VALUES ('j', '2')")
+        state.conn.execute("UPDATE nj_kv SET value = '3' WHERE key = 'k'")
+        with trio.fail_after(10):
+            await state.sync()  # waits for the cancelled one to end, then ships
+        assert stored(pg_dsn, "o1") == (2, [("nj_kv", "j", '["j", "2"]'),
+                                             ("nj_kv", "k", '["k", "3"]')])
+        state.conn.execute("DELETE FROM nj_kv WHERE key = 'j'")
+        await state.sync()  # and on the version that one made
+        assert stored(pg_dsn, "o1") == (3, [("nj_kv", "k", '["k", "3"]')])
         state.close()
 
 

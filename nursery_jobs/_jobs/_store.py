@@ -286,6 +286,11 @@ class JobStore:
             tracing = self.tracing
             self.table.upsert(job, payload_text,
                               None if tracing is None else tracing.push_context())
+            if replaced:
+                # The replacement starts with attempts 0: the old job's failed attempts
+                # go (they showed as the new job's, and stayed for good once it passed
+                # at its first attempt: only a job that failed before forgets its rows).
+                self.table.forget_attempts(job.owner, job.id)
         if replaced:
             stored = self.table.row(job.id)
             if stored is not None:
@@ -313,6 +318,8 @@ class JobStore:
         now. Its alarm is left to the run's end. Returns whether it was there."""
         with self.writing():
             deleted = self.table.delete(job.owner, job.id)
+            # (as cancel: a job that failed before its cancelled run leaves no history)
+            self.table.forget_attempts(job.owner, job.id)
             self._touch(job.id)
         self.flush()
         return deleted

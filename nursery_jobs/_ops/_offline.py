@@ -240,6 +240,9 @@ def _move_back(db: sqlite3.Connection, values: dict[str, Any], owner: str, job_i
         db.execute(f"INSERT INTO nj_jobs ({columns}) VALUES ({marks})",
                    [int(v) if isinstance(v, bool) else v for v in values.values()])
         db.execute("DELETE FROM nj_dead_letters WHERE owner = ? AND id = ?", (owner, job_id))
+        if "nj_attempts" in _tables(db):  # (older databases have none)
+            # It starts afresh, as a runtime's requeue: its failed attempts go.
+            db.execute("DELETE FROM nj_attempts WHERE owner = ? AND id = ?", (owner, job_id))
     except BaseException:
         if db.in_transaction:  # (a fault may have rolled it back already)
             db.execute("ROLLBACK")

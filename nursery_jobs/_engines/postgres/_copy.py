@@ -58,6 +58,12 @@ class Change:
     # The stored version this change builds on (set when it ships: changes ship one at
     # a time, each on the version the one before it made).
     version: int = 0
+    # Ships just before this one whose outcome is unknown (their caller was cancelled,
+    # or their answer lost): each may have committed, so the stored version may be up to
+    # this many newer — made by them, whose rows this change carries again (the keys of
+    # a failed ship go back into the next; the rows are read as they are then).
+    unsure: int = 0
+    shipped_version: int = 0  # the stored version once it shipped (set by the ship)
 
 
 def load_copy(
@@ -146,8 +152,8 @@ class PgObject:
     __slots__ = (
         "_admit", "_clear_crashes", "_closed", "_lock", "_on_alarm_cb", "_on_close",
         "_pending_alarm",
-        "_ship", "_shipped_changes", "_tokens", "alarm", "conn", "epoch", "key", "label",
-        "version",
+        "_ship", "_shipped_changes", "_tokens", "_unsure", "alarm", "conn", "epoch", "key",
+        "label", "version",
     )
     ships = True
 
@@ -162,6 +168,7 @@ class PgObject:
         self.key = key
         # The stored state's version this copy matches once its commits so far shipped.
         self.version = version
+        self._unsure = 0  # ships since the last known one whose outcome is unknown
         self._admit = admit
         self.label = f"{key[0]}/{key[1]}"
         self.epoch = epoch
@@ -272,17 +279,20 @@ class PgObject:
                 # only what is committed ships, with the next sync after that commit.
                 await trio.lowlevel.checkpoint()
                 return
-            change.version = self.version
+            change.version, change.unsure = self.version, self._unsure
             try:
                 shipped = await self._ship(change)
             except BaseException:
                 # Not known to have shipped (out of reach, or the caller cancelled the
-                # statement): it ships again with the next sync, on the same base — a
-                # ship that did commit unseen makes that one STALE, and the copy reloads.
+                # statement): it ships again with the next sync, which accepts the base
+                # it may have made. (Refusing that base as STALE reloaded the object and
+                # failed the next caller's writes with ObjectFencedError "lost its last
+                # commits" after a mere cancelled call.)
                 self._restore(change)
+                self._unsure += 1
                 raise
             if shipped == SHIPPED:
-                self.version += 1
+                self.version, self._unsure = change.shipped_version, 0
                 return
             if shipped == STALE:
                 raise ObjectFencedError(

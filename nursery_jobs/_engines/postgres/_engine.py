@@ -22,6 +22,7 @@ is a host of one cluster; PostgreSQL is the only coordinator.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import heapq
 import logging
@@ -227,6 +228,8 @@ class PostgresEngine:
         # goes (an entry counts only while ``_alarms`` has that time for its key); the
         # heap is rebuilt when stale entries outnumber live ones.
         self._alarm_heap: list[tuple[float, Key]] = []
+        # Per object, the end of its last ship abandoned by a cancelled caller (see _ship).
+        self._ships_out: dict[Key, trio.Event] = {}
         self._classes: dict[str, str] = {}
         # Namespaces whose alarms this host claims (its runtime resolves them), and
         # those it does not: namespace -> when (Trio time) to look at it again.
@@ -323,7 +326,8 @@ class PostgresEngine:
         self._alarms.clear()
         self._alarm_heap.clear()
 
-    async def _db(self, fn: Callable[..., T], *args: Any) -> T:
+    async def _db(self, fn: Callable[..., T], *args: Any,
+                  finished: trio.Event | None = None) -> T:
         """Run ``fn(conn, *args)`` on a pooled connection in a worker thread. Where the
         caller is cancelled meanwhile, the statement is cancelled on the server and the
         caller does not wait for it (whether it took effect is unknown to the caller:
@@ -332,15 +336,22 @@ class PostgresEngine:
         if pool is None:
             raise StorageError(f"the PostgreSQL engine on {self._label} is closed")
         statement = _Statement()
+        token = trio.lowlevel.current_trio_token() if finished is not None else None
 
         def run() -> T:
-            with pool.connection() as conn:
-                if not statement.attach(conn):
-                    raise psycopg.errors.QueryCanceled("cancelled before it was sent")
-                try:
-                    return fn(conn, *args)
-                finally:
-                    statement.detach()
+            try:
+                with pool.connection() as conn:
+                    if not statement.attach(conn):
+                        raise psycopg.errors.QueryCanceled("cancelled before it was sent")
+                    try:
+                        return fn(conn, *args)
+                    finally:
+                        statement.detach()
+            finally:
+                if token is not None and finished is not None:
+                    # (the caller may be gone: this thread was abandoned)
+                    with contextlib.suppress(trio.RunFinishedError):
+                        token.run_sync_soon(finished.set)
 
         inflight = self._inflight
         if not inflight:
@@ -528,9 +539,18 @@ class PostgresEngine:
 
     async def _ship(self, change: Change) -> str:
         key = (change.namespace, change.object_id)
+        # A ship abandoned by its cancelled caller may still be out: the next one waits
+        # for it to end (at most the statement timeout), so that ships of an object
+        # never overlap — the base a ship accepts (``Change.unsure``) is then made by
+        # the ships before it, never by an older one landing after it.
+        out = self._ships_out.get(key)
+        if out is not None:
+            await out.wait()
+        self._ships_out[key] = finished = trio.Event()
         sent = lease_clock()
         try:
-            shipped = await self._db(ops.ship, self.host_id, self.lease_ttl, change)
+            shipped = await self._db(ops.ship, self.host_id, self.lease_ttl, change,
+                                     finished=finished)
         except psycopg.Error as exc:
             raise StorageError(
                 f"cannot ship the writes of {key[0]}/{key[1]} to PostgreSQL"
@@ -538,6 +558,8 @@ class PostgresEngine:
                 " sync (lost only if this host stops first): a call that is not"
                 " idempotent should not simply be repeated"
             ) from exc
+        if self._ships_out.get(key) is finished:
+            del self._ships_out[key]  # (it ended: its answer came back)
         if self._held.get(key) == change.epoch:
             if shipped == SHIPPED:
                 self._trust(key, sent)  # the ship extended the lease
@@ -561,6 +583,9 @@ class PostgresEngine:
 
     def _state_closed(self, state: PgObject) -> None:
         key = state.key
+        out = self._ships_out.get(key)
+        if out is not None and out.is_set():
+            del self._ships_out[key]
         if self._active.get(key) is state:
             del self._active[key]
         if self._held.get(key) == state.epoch:

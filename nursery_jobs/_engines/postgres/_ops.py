@@ -134,8 +134,9 @@ WITH fence AS (
         lease_until = greatest(lease_until, now() + make_interval(secs => %(ttl)s)),
         version = version + 1
     WHERE namespace = %(ns)s AND object_id = %(oid)s AND owner = %(me)s
-        AND epoch = %(epoch)s AND version = %(version)s
-    RETURNING 1
+        AND epoch = %(epoch)s
+        AND version BETWEEN %(version)s AND %(version)s + %(unsure)s
+    RETURNING version
 ), deleted AS (
     DELETE FROM nj_rows r USING unnest(%(dt)s::text[], %(dk)s::text[]) AS d(tbl, key)
     WHERE EXISTS (SELECT FROM fence) AND r.namespace = %(ns)s AND r.object_id = %(oid)s
@@ -150,7 +151,7 @@ WITH fence AS (
     DELETE FROM nj_crashes WHERE %(clear)s AND EXISTS (SELECT FROM fence)
         AND namespace = %(ns)s AND object_id = %(oid)s
 )
-SELECT (SELECT count(*) FROM fence), (SELECT version FROM nj_objects
+SELECT (SELECT version FROM fence), (SELECT version FROM nj_objects
     WHERE namespace = %(ns)s AND object_id = %(oid)s AND owner = %(me)s
         AND epoch = %(epoch)s)
 """
@@ -159,24 +160,27 @@ SELECT (SELECT count(*) FROM fence), (SELECT version FROM nj_objects
 def ship(conn: Conn, me: str, ttl: float, change: Change) -> str:
     """Write one commit of a working copy if this host still holds the object's lease
     at ``change.epoch`` and the stored state is ``change.version`` (one statement, one
-    transaction; the stored version becomes ``change.version + 1``); return SHIPPED,
+    transaction; the stored version moves on by one, ``change.shipped_version``); return SHIPPED,
     FENCED (the lease is gone: another host holds the object, or may) or STALE (the
     lease holds but the stored state is not the version the change was made on:
-    PostgreSQL lost its last commits — a server crash under ``synchronous_commit = off``
-    — or a ship whose answer was lost did commit)."""
+    PostgreSQL lost its last commits — a server crash under ``synchronous_commit = off``).
+    A base up to ``change.unsure`` versions newer is accepted: the ships before this one
+    whose outcome their caller never learned (cancelled, answer lost), each ended before
+    this one started, and this one carries again every row they carried.)"""
     alarm = change.alarm
     params = {
         "set_alarm": alarm is not None,
         "time": None if alarm is None else alarm[0],
         "retry": 0 if alarm is None else alarm[1],
         "ttl": ttl, "ns": change.namespace, "oid": change.object_id, "me": me,
-        "epoch": change.epoch, "version": change.version,
+        "epoch": change.epoch, "version": change.version, "unsure": change.unsure,
         "dt": [t for t, _ in change.deletes], "dk": [k for _, k in change.deletes],
         "ut": [t for t, _, _ in change.upserts], "uk": [k for _, k, _ in change.upserts],
         "ud": [d for _, _, d in change.upserts], "clear": change.clear_crashes,
     }
     written, stored = conn.execute(_SHIP, params).fetchone()
-    if written:
+    if written is not None:
+        change.shipped_version = int(written)
         return SHIPPED
     return FENCED if stored is None else STALE
 
