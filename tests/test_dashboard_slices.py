@@ -125,6 +125,24 @@ async def test_a_page_over_every_object_lets_the_runtime_run_while_it_reads(
             assert response.body.count(b"declined") >= OBJECTS // 10
 
 
+def _counting(monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], set[Any], list[int]]:
+    """Records each object read (its id), the tasks reading (until their load ends) and
+    the most of them at once."""
+    reads: list[str] = []
+    building: set[Any] = set()
+    most = [0]
+    original = RuntimeSource._counts
+
+    def counted(self: RuntimeSource, row: Any, now: float, **kw: Any) -> Any:
+        reads.append(row.id)
+        building.add(trio.lowlevel.current_task())
+        most[0] = max(most[0], len(building))
+        return original(self, row, now, **kw)
+
+    monkeypatch.setattr(RuntimeSource, "_counts", counted)
+    return reads, building, most
+
+
 async def test_concurrent_page_loads_queue_for_two_builders(
     autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch,
     tmp_path: Path,
@@ -133,31 +151,55 @@ async def test_concurrent_page_loads_queue_for_two_builders(
     async with nj.open_runtime(tmp_path / "data", idle_timeout=1) as rt:
         await _fill(rt)
         app = _web.Dashboard(Sliced(RuntimeSource(rt)), clock=_clock.now)
-        building: set[Any] = set()
-        most = 0
-        original = RuntimeSource._counts
-
-        def counted(self: RuntimeSource, row: Any, now: float, **kw: Any) -> Any:
-            nonlocal most
-            building.add(trio.lowlevel.current_task())
-            most = max(most, len(building))
-            return original(self, row, now, **kw)
-
-        monkeypatch.setattr(RuntimeSource, "_counts", counted)
+        reads, building, most = _counting(monkeypatch)
         statuses: list[int] = []
 
-        async def load(path: str) -> None:
-            response = await app.handle(_scope(path), _nothing)
+        async def load(path: str, query: str) -> None:
+            response = await app.handle(_scope(path, query), _nothing)
             building.discard(trio.lowlevel.current_task())
             statuses.append(response.status)
 
+        # Three kinds of read of every object (with strikes and letters; letters;
+        # neither): without a bound, three would read at once.
+        pages = [("/", "only=strikes"), ("/", ""), ("/metrics", ""),
+                 ("/object", f"ns={Shop.namespace}&id=shop-001")]
         with trio.fail_after(60):
             async with trio.open_nursery() as nursery:
-                for k in range(20):
-                    nursery.start_soon(load, ("/", "/metrics", "/dead-letters")[k % 3])
-        assert statuses == [200] * 20
-        assert most == _web.PAGE_BUILDS == 2
+                for k in range(24):
+                    nursery.start_soon(load, *pages[k % 4])
+        assert statuses == [200] * 24
+        assert most[0] == _web.PAGE_BUILDS == 2
         assert app.limiter.borrowed_tokens == 0
+
+
+async def test_loads_that_wait_share_the_next_read_of_every_object(
+    autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch,
+    location: Path | None,
+) -> None:
+    monkeypatch.setattr(_inspect, "SLICE_SECONDS", 0.0)
+    async with nj.open_runtime(location, idle_timeout=1) as rt:
+        await _fill(rt)
+        app = _web.Dashboard(Sliced(RuntimeSource(rt)), clock=_clock.now)
+        reads, _, _ = _counting(monkeypatch)
+        bodies: list[bytes] = []
+
+        async def load() -> None:
+            response = await app.handle(_scope("/dead-letters"), _nothing)
+            assert response.status == 200
+            bodies.append(response.body)
+
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                for _ in range(20):
+                    nursery.start_soon(load)
+        assert len(reads) == OBJECTS  # one read of every object, for all 20
+        assert len(bodies) == 20 and len(set(bodies)) == 1
+        # A load made after that read ended reads again, and sees what changed since.
+        await rt.get(Shop, "shop-005").push("fail", payload="late", retry=FAIL_ONCE)
+        await trio.sleep(1)
+        response = await app.handle(_scope("/dead-letters"), _nothing)
+        assert len(reads) == 2 * OBJECTS
+        assert b"declined late" in response.body and b"declined late" not in bodies[0]
 
 
 async def test_the_stopped_directory_is_read_in_slices_too(

@@ -996,25 +996,55 @@ class _Prefetched:
 class Sliced:
     """A ``SourceAccess`` to a SQLite source read on the Trio thread, where a page that
     reads every object (``read(fn, now=..., counts=True)``) reads them in slices first
-    (``_FileSource.prefetch``), then calls ``fn`` on what was read."""
+    (``_FileSource.prefetch``), then calls ``fn`` on what was read.
+
+    Loads that wait while such a read runs share the next one (it starts after they
+    arrived, so each still sees every write made before it asked): 20 clients loading
+    pages cost about one read of every object at a time, not 20."""
 
     def __init__(self, source: _FileSource) -> None:
         self.source = source
+        # (strikes, letters) -> a lock that one read of every object holds, the reads
+        # started so far, and the newest read's (number, result).
+        self._locks: dict[tuple[bool, bool], trio.Lock] = {}
+        self._started: dict[tuple[bool, bool], int] = {}
+        self._newest: dict[tuple[bool, bool], tuple[int, _Prefetched]] = {}
 
     @property
     def label(self) -> str:
         return self.source.label
 
     async def read(self, fn: Callable[[DataSource], T], *, now: float | None = None,
-                   counts: bool = False, strikes: bool = False,
-                   letters: bool = False) -> T:
+                   counts: bool = False, strikes: bool = False, letters: bool = False,
+                   limiter: trio.CapacityLimiter | None = None) -> T:
         """``fn(source)`` on the Trio thread; with ``counts`` (or ``letters``) and
-        ``now``, every object's counts (and dead letters) read in slices before.
+        ``now``, every object's counts (and dead letters) read in slices before, by
+        this call or by one that started after it was made. ``limiter``: held by each
+        read of every object (and by a call that reads none, while it runs ``fn``).
         Checkpoints."""
-        await trio.lowlevel.checkpoint()
         if now is None or not (counts or letters):
-            return fn(cast("DataSource", self.source))
-        found = await self.source.prefetch(now, strikes=strikes, letters=letters)
+            async with contextlib.AsyncExitStack() as stack:
+                if limiter is not None:
+                    await stack.enter_async_context(limiter)
+                await trio.lowlevel.checkpoint()
+                return fn(cast("DataSource", self.source))
+        key = (strikes, letters)
+        arrived = self._started.get(key, 0)  # (reads started before this call)
+        # Loads of one kind wait here (holding no token of ``limiter``: that bounds
+        # the reads under way, of different kinds).
+        async with self._locks.setdefault(key, trio.Lock()):
+            newest = self._newest.get(key)
+            if newest is not None and newest[0] > arrived:
+                found = newest[1]  # (started after this call was made: shared)
+                await trio.lowlevel.checkpoint()
+            else:
+                async with contextlib.AsyncExitStack() as stack:
+                    if limiter is not None:
+                        await stack.enter_async_context(limiter)
+                    number = self._started[key] = self._started.get(key, 0) + 1
+                    found = await self.source.prefetch(now, strikes=strikes,
+                                                       letters=letters)
+                    self._newest[key] = (number, found)
         return fn(found)
 
 

@@ -214,9 +214,9 @@ class Dashboard:
                     needs: dict[str, bool]) -> Any:
         """``fn(source)``, at most ``PAGE_BUILDS`` at once; a ``Sliced`` source reads what
         ``needs`` names (every object's counts, strikes, dead letters) in slices first."""
+        if isinstance(self.access, Sliced):
+            return await self.access.read(fn, now=now, limiter=self.limiter, **needs)
         async with self.limiter:
-            if isinstance(self.access, Sliced):
-                return await self.access.read(fn, now=now, **needs)
             return await self.access.read(fn)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
