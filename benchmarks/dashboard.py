@@ -32,6 +32,7 @@ import tempfile
 import time
 from functools import partial
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import trio
@@ -278,11 +279,14 @@ print(json.dumps({"times": times, "errors": errors[:5], "failed": len(errors)}))
 
 
 async def _lag_watch(out: list[float], stop: trio.Event) -> None:
-    """How late this loop wakes from a 2 ms sleep, the worst seen (a stall's length)."""
+    """How late this loop wakes from a 2 ms sleep, the worst seen (a stall's length);
+    ``out[1]``: the most CPU time the loop's thread spent between two wake-ups (the
+    machine's other processes excluded)."""
     while not stop.is_set():
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         await trio.sleep(0.002)
         out[0] = max(out[0], time.perf_counter() - t0 - 0.002)
+        out[1] = max(out[1], time.thread_time() - c0)
 
 
 async def loaded_rate(base: Path, jobs: int, busy: int, clients: int,
@@ -311,7 +315,7 @@ async def loaded_rate(base: Path, jobs: int, busy: int, clients: int,
             for i in range(busy):
                 await rt.get(BenchObject, f"o{i}").fill(per_object)
             await trio.sleep(0.05)  # every busy object's alarm run is parked on its gate
-            lag = [0.0]
+            lag = [0.0, 0.0]
             stop = trio.Event()
             result: dict[str, object] = {}
             proc = None
@@ -335,7 +339,53 @@ async def loaded_rate(base: Path, jobs: int, busy: int, clients: int,
                     out += chunk
                 await proc.wait()
                 result.update(json.loads(out or b"{}"))
-    return {"rate": rate, "lag": lag[0], "stalls": stalls, **result}
+    return {"rate": rate, "lag": lag[0], "cpu_lag": lag[1], "stalls": stalls, **result}
+
+
+async def pages_only(base: Path, clients: int, seconds: float) -> dict[str, Any]:
+    """The loop's worst lag while ``clients`` load pages and nothing else runs: the
+    longest piece of a page's work on the loop (reads, rendering, HTTP)."""
+    import json
+    import shutil
+    import subprocess
+
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as tmp:
+        data = Path(tmp) / "data"
+        shutil.copytree(base, data)
+        async with nj.open_runtime(data, http=("127.0.0.1", 0)) as rt:
+            assert rt.http_url is not None
+            for i in range(0, 3000, 30):  # a hundred objects active (read on the loop)
+                cls = Account if i % 4 else Mailer
+                await rt.get(cls, f"{cls.__name__.lower()}-{i:05d}").ready()
+            lags: list[float] = []
+            stop = trio.Event()
+
+            cpu: list[float] = []
+
+            async def watch() -> None:
+                while not stop.is_set():
+                    t0, c0 = time.perf_counter(), time.thread_time()
+                    await trio.sleep(0.002)
+                    lags.append(time.perf_counter() - t0 - 0.002)
+                    cpu.append(time.thread_time() - c0)
+
+            proc = await trio.lowlevel.open_process(
+                [sys.executable, "-c", LOADER, rt.http_url, str(clients), "600"],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            async with trio.open_nursery() as nursery:
+                await trio.sleep(1.0)
+                nursery.start_soon(watch)
+                await trio.sleep(seconds)
+                stop.set()
+            assert proc.stdin is not None and proc.stdout is not None
+            await proc.stdin.aclose()
+            out = b""
+            async for chunk in proc.stdout:
+                out += chunk
+            await proc.wait()
+    lags.sort()
+    cpu.sort()
+    return {"lags": lags, "cpu": cpu, **json.loads(out or b"{}")}
 
 
 async def load_bench(objects: int, jobs: int, clients: int, runs: int) -> None:
@@ -344,6 +394,20 @@ async def load_bench(objects: int, jobs: int, clients: int, runs: int) -> None:
         base = Path(tmp) / "base"
         await build(base, objects)
         print(f"  built {objects:,} objects", file=sys.stderr)
+        alone = await pages_only(base, clients, 10.0)
+        lags, times = alone["lags"], sorted(alone.get("times", []))
+        print(f"\n{clients} clients loading pages of {objects:,} objects (100 active),"
+              f" nothing else running, 10 s:")
+        print(f"  loop lag (a 2 ms sleep's lateness): median {statistics.median(lags) * 1000:.2f}"
+              f" ms, p99 {lags[int(len(lags) * 0.99)] * 1000:.2f} ms, worst"
+              f" {lags[-1] * 1000:.2f} ms")
+        cpu = alone["cpu"]
+        print(f"  loop CPU between two wake-ups: median {statistics.median(cpu) * 1000:.2f}"
+              f" ms, p99 {cpu[int(len(cpu) * 0.99)] * 1000:.2f} ms, worst"
+              f" {cpu[-1] * 1000:.2f} ms")
+        if times:
+            print(f"  pages loaded: {len(times):,}, latency median"
+                  f" {statistics.median(times) * 1000:.0f} ms, max {times[-1] * 1000:.0f} ms")
         found: dict[bool, list[dict[str, object]]] = {False: [], True: []}
         for run in range(runs):
             for loaded in (False, True) if run % 2 == 0 else (True, False):
@@ -351,17 +415,20 @@ async def load_bench(objects: int, jobs: int, clients: int, runs: int) -> None:
                 found[loaded].append(out)
                 print(f"  run {run + 1}: {'loaded' if loaded else 'quiet '}"
                       f" {out['rate']:,.0f} jobs/s, worst loop lag"
-                      f" {float(out['lag']) * 1000:.1f} ms", file=sys.stderr)
+                      f" {float(out['lag']) * 1000:.1f} ms (CPU"
+                      f" {float(out['cpu_lag']) * 1000:.1f} ms)", file=sys.stderr)
     quiet = statistics.median(float(o["rate"]) for o in found[False])  # type: ignore[arg-type]
     busy_rate = statistics.median(float(o["rate"]) for o in found[True])  # type: ignore[arg-type]
     times = sorted(t for o in found[True] for t in o.get("times", []))  # type: ignore[attr-defined]
     print(f"\ndispatch of {jobs:,} jobs over {busy} busy objects among {objects:,},"
           f" median of {runs} run(s):")
     print(f"  without the dashboard:             {quiet:>8,.0f} jobs/s, worst loop lag"
-          f" {max(float(o['lag']) for o in found[False]) * 1000:.1f} ms")
+          f" {max(float(o['lag']) for o in found[False]) * 1000:.1f} ms (CPU"
+          f" {max(float(o['cpu_lag']) for o in found[False]) * 1000:.1f} ms)")
     print(f"  {clients} clients loading pages:        {busy_rate:>8,.0f} jobs/s"
           f"  ({(busy_rate / quiet - 1) * 100:+.1f} %), worst loop lag"
-          f" {max(float(o['lag']) for o in found[True]) * 1000:.1f} ms")
+          f" {max(float(o['lag']) for o in found[True]) * 1000:.1f} ms (CPU"
+          f" {max(float(o['cpu_lag']) for o in found[True]) * 1000:.1f} ms)")
     stalls = [s for o in found[True] for s in o["stalls"]]  # type: ignore[attr-defined]
     print(f"  runtime:stalled events while loaded: {len(stalls)}"
           + (f" (longest {max(stalls):.3f} s)" if stalls else ""))

@@ -852,6 +852,9 @@ SLICE_SECONDS: Final = 0.002
 CATALOG_CHUNK: Final = 500  # catalog rows read per statement (between checkpoints)
 
 
+_KnownRow = tuple[tuple[str, str], bool, tuple[Any, ...], ObjectRow]
+
+
 class _FileSource(_CatalogReader, _ObjectReader):
     """A source of SQLite databases (a data directory, or a runtime's files or memory
     databases), readable in slices (``Sliced``)."""
@@ -864,11 +867,17 @@ class _FileSource(_CatalogReader, _ObjectReader):
     def live(self) -> bool:
         raise NotImplementedError
 
-    async def rows_in_slices(self) -> list[ObjectRow]:
-        """Every object's catalog row, in (namespace, id) order, ``CATALOG_CHUNK`` rows
-        a statement with a checkpoint between statements."""
-        rows: list[ObjectRow] = []
+    async def rows_in_slices(self) -> list[tuple[tuple[str, str], ObjectRow]]:
+        """Every object's (namespace, id) and catalog row, in (namespace, id) order,
+        ``CATALOG_CHUNK`` rows a statement with a checkpoint between statements."""
+        rows: list[tuple[tuple[str, str], ObjectRow]] = []
         after: tuple[str, str] | None = None
+        # The entries of the last pass, reused where unchanged: they live across the
+        # pass's checkpoints, so new ones each time reach the collector's oldest
+        # generation and set off full collections (50-100 ms with 3,000 objects,
+        # measured). (namespace, id) -> (that key, active, catalog row, ObjectRow)
+        known: dict[tuple[str, str], _KnownRow] = self.__dict__.get("_known_rows", {})
+        kept: dict[tuple[str, str], _KnownRow] = {}
         while True:
             with self._catalog() as conn:
                 if after is None:
@@ -880,8 +889,15 @@ class _FileSource(_CatalogReader, _ObjectReader):
                         f"{_ROW_SQL} WHERE (o.namespace, o.object_id) > (?, ?)"
                         " ORDER BY o.namespace, o.object_id LIMIT ?",
                         (*after, CATALOG_CHUNK)).fetchall()
-            rows += [_object_row(r, self._is_active(r[0], r[1])) for r in found]
+            for raw in found:
+                active = self._is_active(raw[0], raw[1])
+                was = known.get((raw[0], raw[1]))
+                if was is None or was[1] != active or was[2] != raw:
+                    was = ((raw[0], raw[1]), active, raw, _object_row(raw, active))
+                kept[was[0]] = was
+                rows.append((was[0], was[3]))
             if len(found) < CATALOG_CHUNK:
+                self.__dict__["_known_rows"] = kept
                 return rows
             after = (found[-1][0], found[-1][1])
             await trio.lowlevel.checkpoint()
@@ -896,21 +912,22 @@ class _FileSource(_CatalogReader, _ObjectReader):
         counts: dict[tuple[str, str], ObjectCounts] = {}
         clock = perf_counter
         deadline = clock() + SLICE_SECONDS
-        for row in rows:
-            counts[(row.namespace, row.id)] = self._counts(row, now, strikes=strikes)
+        for key, row in rows:
+            counts[key] = self._counts(row, now, strikes=strikes)
             if clock() >= deadline:
                 await trio.lowlevel.checkpoint()
                 deadline = clock() + SLICE_SECONDS
         found: list[FoundLetter] | None = None
         if letters:
             found = []
-            for row in rows:
-                if counts[(row.namespace, row.id)].dead_letters:
+            for key, row in rows:
+                if counts[key].dead_letters:
                     found += self._letters_of(row)
                     if clock() >= deadline:
                         await trio.lowlevel.checkpoint()
                         deadline = clock() + SLICE_SECONDS
-        return _Prefetched(self, rows, counts, strikes=strikes, letters=found)
+        return _Prefetched(self, [row for _, row in rows], counts, strikes=strikes,
+                           letters=found)
 
 
 class _Prefetched:
@@ -926,6 +943,9 @@ class _Prefetched:
         self.counts = counts
         self.strikes = strikes
         self.letters = letters
+        # What the pages rendered from this read computed over every object (the
+        # object list in an order): loads that share the read share these too.
+        self.memo: dict[Any, Any] = {}
 
     @property
     def label(self) -> str:
