@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, TypeVar, cast, 
 
 import attrs
 import trio
+import trio.testing
 
 from nursery_jobs import _clock
 from nursery_jobs._codec import decode_payload
@@ -852,7 +853,34 @@ SLICE_SECONDS: Final = 0.002
 CATALOG_CHUNK: Final = 500  # catalog rows read per statement (between checkpoints)
 
 
+# Of the loop's time, the most that reads of every object take while loads keep coming:
+# after a read that worked W seconds, the next waits until W / PAGE_SHARE has passed
+# since the first began (a load still waits for a read that starts after it came).
+PAGE_SHARE: Final = 0.05
+PACE_LIMIT: Final = 2.0  # seconds a load waits for the pace at most (a first, cold read)
+
 _KnownRow = tuple[tuple[str, str], bool, tuple[Any, ...], ObjectRow]
+
+
+class _Slicer:
+    """Checkpoints once about ``SLICE_SECONDS`` of work has run since the last one;
+    ``work``: the seconds worked between checkpoints so far."""
+
+    def __init__(self) -> None:
+        self.work = 0.0
+        self.start = perf_counter()
+        self.deadline = self.start + SLICE_SECONDS
+
+    async def tick(self, *, force: bool = False) -> None:
+        now = perf_counter()
+        if force or now >= self.deadline:
+            self.work += now - self.start
+            await trio.lowlevel.checkpoint()
+            self.start = perf_counter()
+            self.deadline = self.start + SLICE_SECONDS
+
+    def total(self) -> float:
+        return self.work + perf_counter() - self.start
 
 
 class _FileSource(_CatalogReader, _ObjectReader):
@@ -867,7 +895,8 @@ class _FileSource(_CatalogReader, _ObjectReader):
     def live(self) -> bool:
         raise NotImplementedError
 
-    async def rows_in_slices(self) -> list[tuple[tuple[str, str], ObjectRow]]:
+    async def rows_in_slices(self, slicer: _Slicer | None = None,
+                             ) -> list[tuple[tuple[str, str], ObjectRow]]:
         """Every object's (namespace, id) and catalog row, in (namespace, id) order,
         ``CATALOG_CHUNK`` rows a statement with a checkpoint between statements."""
         rows: list[tuple[tuple[str, str], ObjectRow]] = []
@@ -900,7 +929,7 @@ class _FileSource(_CatalogReader, _ObjectReader):
                 self.__dict__["_known_rows"] = kept
                 return rows
             after = (found[-1][0], found[-1][1])
-            await trio.lowlevel.checkpoint()
+            await (slicer or _Slicer()).tick(force=True)
 
     async def prefetch(self, now: float, *, strikes: bool = False,
                        letters: bool = False) -> _Prefetched:
@@ -908,26 +937,21 @@ class _FileSource(_CatalogReader, _ObjectReader):
         have some), read in slices of about ``SLICE_SECONDS``: between two slices the
         runtime runs. Each object is read whole in one slice (as ``object_counts``
         reads it); objects read in different slices are read at different moments."""
-        rows = await self.rows_in_slices()
+        slicer = _Slicer()
+        rows = await self.rows_in_slices(slicer)
         counts: dict[tuple[str, str], ObjectCounts] = {}
-        clock = perf_counter
-        deadline = clock() + SLICE_SECONDS
         for key, row in rows:
             counts[key] = self._counts(row, now, strikes=strikes)
-            if clock() >= deadline:
-                await trio.lowlevel.checkpoint()
-                deadline = clock() + SLICE_SECONDS
+            await slicer.tick()
         found: list[FoundLetter] | None = None
         if letters:
             found = []
             for key, row in rows:
                 if counts[key].dead_letters:
                     found += self._letters_of(row)
-                    if clock() >= deadline:
-                        await trio.lowlevel.checkpoint()
-                        deadline = clock() + SLICE_SECONDS
+                    await slicer.tick()
         return _Prefetched(self, [row for _, row in rows], counts, strikes=strikes,
-                           letters=found)
+                           letters=found, work=slicer.total())
 
 
 class _Prefetched:
@@ -937,8 +961,9 @@ class _Prefetched:
 
     def __init__(self, source: _FileSource, rows: list[ObjectRow],
                  counts: dict[tuple[str, str], ObjectCounts], *, strikes: bool,
-                 letters: list[FoundLetter] | None) -> None:
+                 letters: list[FoundLetter] | None, work: float = 0.0) -> None:
         self.source = source
+        self.work = work  # seconds of the loop the read took
         self.rows = rows
         self.counts = counts
         self.strikes = strikes
@@ -1029,6 +1054,7 @@ class Sliced:
         self._locks: dict[tuple[bool, bool], trio.Lock] = {}
         self._started: dict[tuple[bool, bool], int] = {}
         self._newest: dict[tuple[bool, bool], tuple[int, _Prefetched]] = {}
+        self._next_read = 0.0  # (perf_counter) when the next read may begin
 
     @property
     def label(self) -> str:
@@ -1058,14 +1084,25 @@ class Sliced:
                 found = newest[1]  # (started after this call was made: shared)
                 await trio.lowlevel.checkpoint()
             else:
+                await self._paced()
                 async with contextlib.AsyncExitStack() as stack:
                     if limiter is not None:
                         await stack.enter_async_context(limiter)
                     number = self._started[key] = self._started.get(key, 0) + 1
+                    began = perf_counter()
                     found = await self.source.prefetch(now, strikes=strikes,
                                                        letters=letters)
                     self._newest[key] = (number, found)
+                    self._next_read = max(self._next_read, began + min(
+                        found.work / PAGE_SHARE, perf_counter() - began + PACE_LIMIT))
         return fn(found)
+
+    async def _paced(self) -> None:
+        """Waits until a read of every object may begin (``PAGE_SHARE``). Not under a
+        ``MockClock``: the pace is real time, which a virtual clock does not measure."""
+        wait = self._next_read - perf_counter()
+        if wait > 0 and not isinstance(trio.lowlevel.current_clock(), trio.testing.MockClock):
+            await trio.sleep(wait)
 
 
 class OfflineSource(_FileSource):
