@@ -981,10 +981,12 @@ class _Prefetched:
         return self.source.live
 
     def namespaces(self) -> list[tuple[str, int]]:
-        found: dict[str, int] = {}
-        for row in self.rows:
-            found[row.namespace] = found.get(row.namespace, 0) + 1
-        return sorted(found.items())
+        if "namespaces" not in self.memo:
+            found: dict[str, int] = {}
+            for row in self.rows:
+                found[row.namespace] = found.get(row.namespace, 0) + 1
+            self.memo["namespaces"] = sorted(found.items())
+        return list(self.memo["namespaces"])
 
     def alarm_summary(self, now: float) -> AlarmSummary:
         return self.source.alarm_summary(now)
@@ -1017,7 +1019,9 @@ class _Prefetched:
                                   letter_limit=letter_limit)
 
     def job_totals(self, now: float) -> JobTotals:
-        return totals_of(self.counts)
+        if "job_totals" not in self.memo:
+            self.memo["job_totals"] = totals_of(self.counts)
+        return self.memo["job_totals"]  # type: ignore[no-any-return]
 
     def object_counts(self, now: float, *, strikes: bool = False,
                       ) -> dict[tuple[str, str], ObjectCounts]:

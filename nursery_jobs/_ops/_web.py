@@ -23,7 +23,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from functools import partial
-from typing import TYPE_CHECKING, Any, Final, Literal, cast
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar, cast
 from urllib.parse import parse_qs, urlencode
 
 import attrs
@@ -81,6 +81,7 @@ Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 Only = Literal["all", "active", "due"]
+T = TypeVar("T")
 
 PAGE_SIZE: Final = 50
 MAX_PAGE_SIZE: Final = 500
@@ -492,7 +493,11 @@ class _View:
     def _cards(self, summary: dict[str, Any], now: float) -> str:
         """The header cards; each links to the objects (or letters) it counts."""
         counts: dict[tuple[str, str], ObjectCounts] = summary.get("counts", {})
-        values = list(counts.values())
+        running, failing, letters, paused = _memo(self.source, "card sums", lambda: (
+            sum(c.running_jobs for c in counts.values()),
+            sum(c.failing_jobs for c in counts.values()),
+            sum(c.dead_letters for c in counts.values()),
+            sum(bool(c.paused) for c in counts.values())))
         cards: list[tuple[str, str, str | None]] = [
             ("objects", f"{summary['objects']:,}", "/")]
         if "active" in summary:
@@ -500,10 +505,10 @@ class _View:
             cards.append(("alarm runs in flight", f"{summary['alarms_in_flight']:,}", None))
         cards += [
             ("alarms due now", f"{summary['alarms_due']:,}", "/?only=due"),
-            ("running jobs", f"{sum(c.running_jobs for c in values):,}", "/?only=running"),
-            ("failing jobs", f"{sum(c.failing_jobs for c in values):,}", "/?only=failing"),
-            ("dead letters", f"{sum(c.dead_letters for c in values):,}", "/dead-letters"),
-            ("paused objects", f"{sum(bool(c.paused) for c in values):,}", "/?only=paused"),
+            ("running jobs", f"{running:,}", "/?only=running"),
+            ("failing jobs", f"{failing:,}", "/?only=failing"),
+            ("dead letters", f"{letters:,}", "/dead-letters"),
+            ("paused objects", f"{paused:,}", "/?only=paused"),
             ("next alarm", when(summary["next_alarm"], now), None),
         ]
         totals = summary.get("totals")
@@ -694,6 +699,16 @@ class _View:
                 "<button>Requeue</button></form> "
                 f'<form class="inline" method="post" action="/actions/discard">{hidden}'
                 '<button class="danger">Discard</button></form>')
+
+
+def _memo(source: DataSource, key: str, fn: Callable[[], T]) -> T:
+    """``fn()``, once per read of every object that loads share (its ``memo``)."""
+    memo: dict[Any, Any] | None = getattr(source, "memo", None)
+    if memo is None:
+        return fn()
+    if key not in memo:
+        memo[key] = fn()
+    return cast("T", memo[key])
 
 
 def _int(query: dict[str, str], name: str, default: int) -> int:
