@@ -429,9 +429,10 @@ async def load_bench(objects: int, jobs: int, clients: int, runs: int) -> None:
           f"  ({(busy_rate / quiet - 1) * 100:+.1f} %), worst loop lag"
           f" {max(float(o['lag']) for o in found[True]) * 1000:.1f} ms (CPU"
           f" {max(float(o['cpu_lag']) for o in found[True]) * 1000:.1f} ms)")
-    stalls = [s for o in found[True] for s in o["stalls"]]  # type: ignore[attr-defined]
-    print(f"  runtime:stalled events while loaded: {len(stalls)}"
-          + (f" (longest {max(stalls):.3f} s)" if stalls else ""))
+    for loaded in (False, True):
+        stalls = [s for o in found[loaded] for s in o["stalls"]]  # type: ignore[attr-defined]
+        print(f"  runtime:stalled events {'while loaded' if loaded else 'quiet'}: {len(stalls)}"
+              + (f" (longest {max(stalls):.3f} s)" if stalls else ""))
     if times:
         print(f"  pages loaded: {len(times):,}, latency median"
               f" {statistics.median(times) * 1000:.0f} ms, p95"

@@ -229,3 +229,41 @@ async def test_the_stopped_directory_is_read_in_slices_too(
     assert response.status == 200
     assert response.body.count(b'href="/object?ns=') >= OBJECTS // 10
     assert ticks >= OBJECTS
+
+
+async def test_the_objects_api_reads_its_page_object_by_object_in_slices(
+    autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch,
+    location: Path | None,
+) -> None:
+    monkeypatch.setattr(_inspect, "SLICE_SECONDS", 0.0)
+    async with nj.open_runtime(location, idle_timeout=1) as rt:
+        await _fill(rt)
+        app = _web.Dashboard(Sliced(RuntimeSource(rt)), clock=_clock.now)
+        quiet = await app.handle(_scope("/api/objects", "limit=500&jobs=5"), _nothing)
+        details: list[str] = []
+        original = RuntimeSource.detail
+
+        def counted(self: RuntimeSource, namespace: str, object_id: str, *a: Any,
+                    **kw: Any) -> Any:
+            details.append(object_id)
+            return original(self, namespace, object_id, *a, **kw)
+
+        monkeypatch.setattr(RuntimeSource, "detail", counted)
+        ran_between = 0
+        building = True
+
+        async def meanwhile() -> None:
+            nonlocal ran_between
+            while building:
+                ran_between += bool(details)
+                await trio.lowlevel.checkpoint()
+
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(meanwhile)
+                response = await app.handle(_scope("/api/objects", "limit=500&jobs=5"),
+                                            _nothing)
+                building = False
+        assert response.status == 200 and response.body == quiet.body
+        assert len(details) == OBJECTS
+        assert ran_between >= OBJECTS - 1

@@ -19,7 +19,7 @@ import shutil
 import sqlite3
 import struct
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from time import perf_counter
 from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, TypeVar, cast, runtime_checkable
@@ -1100,6 +1100,23 @@ class Sliced:
                     self._next_read = max(self._next_read, began + min(
                         found.work / PAGE_SHARE, perf_counter() - began + PACE_LIMIT))
         return fn(found)
+
+    async def stepwise(self, steps: Callable[[DataSource], Generator[None, None, T]], *,
+                       limiter: trio.CapacityLimiter | None = None) -> T:
+        """What ``steps(source)`` returns, its steps (each yields) run in slices of about
+        ``SLICE_SECONDS`` with a checkpoint between slices (``limiter`` held)."""
+        async with contextlib.AsyncExitStack() as stack:
+            if limiter is not None:
+                await stack.enter_async_context(limiter)
+            await trio.lowlevel.checkpoint()
+            running = steps(cast("DataSource", self.source))
+            slicer = _Slicer()
+            while True:
+                try:
+                    next(running)
+                except StopIteration as done:
+                    return cast("T", done.value)
+                await slicer.tick()
 
     async def _paced(self) -> None:
         """Waits until a read of every object may begin (``PAGE_SHARE``). Not under a

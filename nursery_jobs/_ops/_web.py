@@ -54,7 +54,7 @@ from nursery_jobs._ops._inspect import (
     _FileSource,
     summary_of,
 )
-from nursery_jobs._ops._inspect_json import detail_json, printable, report_json
+from nursery_jobs._ops._inspect_json import detail_json, printable, report_json, report_steps
 from nursery_jobs._ops._listing import FILTERS, SORTS, list_objects
 from nursery_jobs._ops._prometheus import CONTENT_TYPE, LiveCounters, exposition, read_scrape
 from nursery_jobs._ops._web_charts import SAMPLE_INTERVAL, ChartData, charts, window_of
@@ -273,6 +273,14 @@ class Dashboard:
             return Response(204, b"", "image/x-icon")
         if path not in _SOURCE_PAGES:
             raise HttpError(404, f"no page {path!r}")
+        if path in ("/api", "/api/objects") and isinstance(self.access, Sliced):
+            # (a page of objects, each read whole: up to 500, read in slices)
+            namespace, search, only, offset, limit = _page_args(query)
+            report = await self.access.stepwise(partial(
+                report_steps, now=now, namespace=namespace, search=search, only=only,
+                offset=offset, limit=limit, job_limit=_count(query, "jobs", 100),
+                letter_limit=_count(query, "letters", 100)), limiter=self.limiter)
+            return _json(report)
         live = self._live(path, now, query)
         response: Response = await self._read(partial(self._render, path, query, now, live),
                                               now=now, needs=_needs(path, query))
