@@ -289,6 +289,35 @@ async def _lag_watch(out: list[float], stop: trio.Event) -> None:
         out[1] = max(out[1], time.thread_time() - c0)
 
 
+PAGE_WORK = [0.0]  # seconds of the loop spent reading and rendering pages
+
+
+def _count_page_work() -> None:
+    """Adds up the loop's time spent on pages: reads of every object (their slices'
+    work), the object API's steps, rendering and the live counters."""
+    from nursery_jobs._ops import _inspect
+
+    def timed(fn: Any) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                PAGE_WORK[0] += time.perf_counter() - t0
+        return wrapper
+
+    _web.Dashboard._render = timed(_web.Dashboard._render)  # type: ignore[method-assign]
+    _web.Dashboard._live = timed(_web.Dashboard._live)  # type: ignore[method-assign]
+    prefetch = _inspect._FileSource.prefetch
+
+    async def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        found = await prefetch(self, *args, **kwargs)
+        PAGE_WORK[0] += found.work
+        return found
+
+    _inspect._FileSource.prefetch = counted  # type: ignore[method-assign]
+
+
 async def loaded_rate(base: Path, jobs: int, busy: int, clients: int,
                       loaded: bool) -> dict[str, object]:
     """Drain ``jobs`` no-op jobs over ``busy`` objects of a runtime whose data
@@ -327,9 +356,12 @@ async def loaded_rate(base: Path, jobs: int, busy: int, clients: int,
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_lag_watch, lag, stop)
                 t0 = time.perf_counter()
+                work0 = PAGE_WORK[0]
                 bench.go.set()
                 await bench.done.wait()
-                rate = bench.target / (time.perf_counter() - t0)
+                took = time.perf_counter() - t0
+                rate = bench.target / took
+                share = (PAGE_WORK[0] - work0) / took
                 stop.set()
             if proc is not None:
                 assert proc.stdin is not None and proc.stdout is not None
@@ -339,7 +371,8 @@ async def loaded_rate(base: Path, jobs: int, busy: int, clients: int,
                     out += chunk
                 await proc.wait()
                 result.update(json.loads(out or b"{}"))
-    return {"rate": rate, "lag": lag[0], "cpu_lag": lag[1], "stalls": stalls, **result}
+    return {"rate": rate, "lag": lag[0], "cpu_lag": lag[1], "stalls": stalls,
+            "share": share, **result}
 
 
 async def pages_only(base: Path, clients: int, seconds: float) -> dict[str, Any]:
@@ -390,6 +423,7 @@ async def pages_only(base: Path, clients: int, seconds: float) -> dict[str, Any]
 
 async def load_bench(objects: int, jobs: int, clients: int, runs: int) -> None:
     busy = 100
+    _count_page_work()
     with tempfile.TemporaryDirectory(dir="/dev/shm") as tmp:
         base = Path(tmp) / "base"
         await build(base, objects)
@@ -416,7 +450,8 @@ async def load_bench(objects: int, jobs: int, clients: int, runs: int) -> None:
                 print(f"  run {run + 1}: {'loaded' if loaded else 'quiet '}"
                       f" {out['rate']:,.0f} jobs/s, worst loop lag"
                       f" {float(out['lag']) * 1000:.1f} ms (CPU"
-                      f" {float(out['cpu_lag']) * 1000:.1f} ms)", file=sys.stderr)
+                      f" {float(out['cpu_lag']) * 1000:.1f} ms), pages took"
+                      f" {float(out['share']) * 100:.1f} % of the loop", file=sys.stderr)
     quiet = statistics.median(float(o["rate"]) for o in found[False])  # type: ignore[arg-type]
     busy_rate = statistics.median(float(o["rate"]) for o in found[True])  # type: ignore[arg-type]
     times = sorted(t for o in found[True] for t in o.get("times", []))  # type: ignore[attr-defined]
@@ -429,6 +464,9 @@ async def load_bench(objects: int, jobs: int, clients: int, runs: int) -> None:
           f"  ({(busy_rate / quiet - 1) * 100:+.1f} %), worst loop lag"
           f" {max(float(o['lag']) for o in found[True]) * 1000:.1f} ms (CPU"
           f" {max(float(o['cpu_lag']) for o in found[True]) * 1000:.1f} ms)")
+    shares = [float(o["share"]) for o in found[True]]  # type: ignore[arg-type]
+    print(f"  the loop's time spent reading and rendering pages during dispatch:"
+          f" {statistics.median(shares) * 100:.1f} % (median; max {max(shares) * 100:.1f} %)")
     for loaded in (False, True):
         stalls = [s for o in found[loaded] for s in o["stalls"]]  # type: ignore[attr-defined]
         print(f"  runtime:stalled events {'while loaded' if loaded else 'quiet'}: {len(stalls)}"
@@ -453,11 +491,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--load", action="store_true",
                         help="dispatch while clients load pages in a loop vs without")
     parser.add_argument("--clients", type=int, default=20)
+    parser.add_argument("--http-only", action="store_true",
+                        help="with --load: every page answers 'ok' at once (what HTTP and"
+                             " the clients cost, without any page)")
     parser.add_argument("--jobs", type=int, default=None,
                         help="jobs drained (default 300,000; 60,000 with --load)")
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args(argv)
     if args.load:
+        if args.http_only:
+            async def ok(self: Any, scope: Any, receive: Any) -> _web.Response:
+                return _web.Response(200, "ok\n", "text/plain")
+            _web.Dashboard.handle = ok  # type: ignore[method-assign]
         objects = 3000 if "--objects" not in (argv or sys.argv) else args.objects
         trio.run(load_bench, objects, args.jobs or 60_000, args.clients, args.runs)
         return

@@ -853,9 +853,10 @@ SLICE_SECONDS: Final = 0.002
 CATALOG_CHUNK: Final = 500  # catalog rows read per statement (between checkpoints)
 
 
-# Of the loop's time, the most that reads of every object take while loads keep coming:
-# after a read that worked W seconds, the next waits until W / PAGE_SHARE has passed
-# since the first began (a load still waits for a read that starts after it came).
+# Of the loop's time, about the most that pages built from reads of every object take
+# while loads keep coming: each second of the loop a page spent (reading in slices,
+# rendering, its live counters) holds the next read of every object back 1 / PAGE_SHARE
+# seconds (a load still waits for a read that starts after it came).
 PAGE_SHARE: Final = 0.05
 PACE_LIMIT: Final = 2.0  # seconds a load waits for the pace at most (a first, cold read)
 
@@ -1097,9 +1098,24 @@ class Sliced:
                     found = await self.source.prefetch(now, strikes=strikes,
                                                        letters=letters)
                     self._newest[key] = (number, found)
-                    self._next_read = max(self._next_read, began + min(
-                        found.work / PAGE_SHARE, perf_counter() - began + PACE_LIMIT))
-        return fn(found)
+                    self._charge(found.work, began)
+        began = perf_counter()
+        try:
+            return fn(found)
+        finally:
+            self._charge(perf_counter() - began, began)
+
+    def charge(self, seconds: float) -> None:
+        """Counts ``seconds`` of the loop spent on a page (its live counters, say)
+        against the pace of the reads of every object (``PAGE_SHARE``)."""
+        self._charge(seconds, perf_counter() - seconds)
+
+    def _charge(self, work: float, began: float) -> None:
+        # (A leaky bucket: work done at once by reads of different kinds adds up, so
+        # together they stay within the share. A cold first read waits PACE_LIMIT.)
+        start = max(self._next_read, began)
+        self._next_read = start + min(work / PAGE_SHARE,
+                                      perf_counter() - start + PACE_LIMIT)
 
     async def stepwise(self, steps: Callable[[DataSource], Generator[None, None, T]], *,
                        limiter: trio.CapacityLimiter | None = None) -> T:
@@ -1115,6 +1131,7 @@ class Sliced:
                 try:
                     next(running)
                 except StopIteration as done:
+                    self._charge(slicer.total(), perf_counter() - slicer.total())
                     return cast("T", done.value)
                 await slicer.tick()
 

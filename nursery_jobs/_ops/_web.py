@@ -281,7 +281,10 @@ class Dashboard:
                 offset=offset, limit=limit, job_limit=_count(query, "jobs", 100),
                 letter_limit=_count(query, "letters", 100)), limiter=self.limiter)
             return _json(report)
+        began = time.perf_counter()
         live = self._live(path, now, query)
+        if isinstance(self.access, Sliced):
+            self.access.charge(time.perf_counter() - began)
         response: Response = await self._read(partial(self._render, path, query, now, live),
                                               now=now, needs=_needs(path, query))
         return response
