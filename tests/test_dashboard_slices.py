@@ -170,6 +170,7 @@ async def test_concurrent_page_loads_queue_for_two_builders(
         assert statuses == [200] * 24
         assert most[0] == _web.PAGE_BUILDS == 2
         assert app.limiter.borrowed_tokens == 0
+        assert len(reads) == 3 * OBJECTS  # (each kind once: its loads came together)
 
 
 async def test_loads_that_wait_share_the_next_read_of_every_object(
