@@ -860,7 +860,16 @@ CATALOG_CHUNK: Final = 500  # catalog rows read per statement (between checkpoin
 PAGE_SHARE: Final = 0.05
 PACE_LIMIT: Final = 2.0  # seconds a load waits for the pace at most (a first, cold read)
 
-_KnownRow = tuple[tuple[str, str], bool, tuple[Any, ...], ObjectRow]
+_KnownRow = tuple[tuple[str, str], bool, ObjectRow]
+
+
+def _same_row(row: ObjectRow, raw: tuple[Any, ...]) -> bool:
+    """Whether a catalog row (``_ROW_SQL``) says what ``row`` says (its key aside)."""
+    _, _, file, class_path, created_at, alarm, retry = raw
+    return (row.file == file and row.class_path == class_path
+            and row.created_at == float(created_at)
+            and row.alarm == (None if alarm is None else float(alarm))
+            and row.alarm_retry == int(retry or 0))
 
 
 class _Slicer:
@@ -905,7 +914,7 @@ class _FileSource(_CatalogReader, _ObjectReader):
         # The entries of the last pass, reused where unchanged: they live across the
         # pass's checkpoints, so new ones each time reach the collector's oldest
         # generation and set off full collections (50-100 ms with 3,000 objects,
-        # measured). (namespace, id) -> (that key, active, catalog row, ObjectRow)
+        # measured). (namespace, id) -> (that key, active, ObjectRow)
         known: dict[tuple[str, str], _KnownRow] = self.__dict__.get("_known_rows", {})
         kept: dict[tuple[str, str], _KnownRow] = {}
         while True:
@@ -922,10 +931,11 @@ class _FileSource(_CatalogReader, _ObjectReader):
             for raw in found:
                 active = self._is_active(raw[0], raw[1])
                 was = known.get((raw[0], raw[1]))
-                if was is None or was[1] != active or was[2] != raw:
-                    was = ((raw[0], raw[1]), active, raw, _object_row(raw, active))
+                if was is None or was[1] != active or not _same_row(was[2], raw):
+                    row = _object_row(raw, active)
+                    was = ((row.namespace, row.id), active, row)
                 kept[was[0]] = was
-                rows.append((was[0], was[3]))
+                rows.append((was[0], was[2]))
             if len(found) < CATALOG_CHUNK:
                 self.__dict__["_known_rows"] = kept
                 return rows
@@ -1083,7 +1093,8 @@ class Sliced:
         arrived = self._started.get(key, 0)  # (reads started before this call)
         # Loads of one kind wait here (holding no token of ``limiter``: that bounds
         # the reads under way, of different kinds).
-        async with self._locks.setdefault(key, trio.Lock()):
+        lock = self._locks.setdefault(key, trio.Lock())
+        async with lock:
             newest = self._newest.get(key)
             if newest is not None and newest[0] > arrived:
                 found = newest[1]  # (started after this call was made: shared)
@@ -1099,6 +1110,9 @@ class Sliced:
                                                        letters=letters)
                     self._newest[key] = (number, found)
                     self._charge(found.work, began)
+            if not lock.statistics().tasks_waiting:
+                # (No load waits for it: not kept, with every dead letter it holds.)
+                self._newest.pop(key, None)
         began = perf_counter()
         try:
             return fn(found)
