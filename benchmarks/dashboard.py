@@ -10,13 +10,16 @@ for ``/`` (first page), ``/?page=100``, ``/api/objects``, ``/metrics``.
 And (``--load``) dispatch throughput of a live runtime of 3,000 objects while 20 clients
 (another process) load pages in a loop, against the same without: jobs/s, the longest
 loop stall seen (a task of the runtime's loop measures how late it wakes; the runtime's
-``runtime:stalled`` events are counted), and the pages' latency (issue 22 #7).
+``runtime:stalled`` events are counted), the share of the loop's time pages took, and
+the pages' latency (issue 22 #7); first, the loop's lag with pages alone. ``--http-only``:
+every page answers "ok" at once (what HTTP and the clients cost by themselves).
 
 And (``--scrape``) dispatch throughput of a live runtime with its dashboard fetched every
 second (``/metrics`` and ``/``, by another process) against the same without.
 
 Run: PYTHONPATH=. python benchmarks/dashboard.py [--objects 10000] [--data DIR]
      PYTHONPATH=. python benchmarks/dashboard.py --load [--objects 3000] [--jobs 60000]
+         [--runs 3] [--clients 20] [--http-only]
      PYTHONPATH=. python benchmarks/dashboard.py --scrape [--jobs 300000] [--runs 3]
      PYTHONPATH=. python benchmarks/dashboard.py --screenshot docs/
 (the home page, an object page and the dead letters: docs/dashboard*.png)
