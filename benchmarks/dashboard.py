@@ -7,10 +7,19 @@ hour and every 50th with a dead letter, then times over HTTP on loopback:
   - a live runtime with the first page's objects active,
 for ``/`` (first page), ``/?page=100``, ``/api/objects``, ``/metrics``.
 
+And (``--load``) dispatch throughput of a live runtime of 3,000 objects while 20 clients
+(another process) load pages in a loop, against the same without: jobs/s, the longest
+loop stall seen (a task of the runtime's loop measures how late it wakes; the runtime's
+``runtime:stalled`` events are counted), the share of the loop's time pages took, and
+the pages' latency (issue 22 #7); first, the loop's lag with pages alone. ``--http-only``:
+every page answers "ok" at once (what HTTP and the clients cost by themselves).
+
 And (``--scrape``) dispatch throughput of a live runtime with its dashboard fetched every
 second (``/metrics`` and ``/``, by another process) against the same without.
 
 Run: PYTHONPATH=. python benchmarks/dashboard.py [--objects 10000] [--data DIR]
+     PYTHONPATH=. python benchmarks/dashboard.py --load [--objects 3000] [--jobs 60000]
+         [--runs 3] [--clients 20] [--http-only]
      PYTHONPATH=. python benchmarks/dashboard.py --scrape [--jobs 300000] [--runs 3]
      PYTHONPATH=. python benchmarks/dashboard.py --screenshot docs/
 (the home page, an object page and the dead letters: docs/dashboard*.png)
@@ -26,6 +35,7 @@ import tempfile
 import time
 from functools import partial
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import trio
@@ -246,6 +256,231 @@ async def scrape_bench(jobs: int, objects: int, runs: int) -> None:
           f"  ({(scraped / quiet - 1) * 100:+.1f} %)")
 
 
+LOADER = """
+import json, sys, threading, time, urllib.request
+url, clients, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+paths = ["", "metrics", "?only=dead", "dead-letters"]
+times, errors = [], []
+end = time.monotonic() + seconds  # (bounded: stops by itself, or when stdin closes)
+closed = threading.Event()
+threading.Thread(target=lambda: (sys.stdin.read(), closed.set()), daemon=True).start()
+def client(k):
+    i = k
+    while time.monotonic() < end and not closed.is_set():
+        t0 = time.monotonic()
+        try:
+            urllib.request.urlopen(url + paths[i % len(paths)], timeout=60).read()
+            times.append(time.monotonic() - t0)
+        except Exception as exc:
+            errors.append(repr(exc))
+        i += 1
+threads = [threading.Thread(target=client, args=(k,), daemon=True) for k in range(clients)]
+for t in threads: t.start()
+for t in threads: t.join()
+print(json.dumps({"times": times, "errors": errors[:5], "failed": len(errors)}))
+"""
+
+
+async def _lag_watch(out: list[float], stop: trio.Event) -> None:
+    """How late this loop wakes from a 2 ms sleep, the worst seen (a stall's length);
+    ``out[1]``: the most CPU time the loop's thread spent between two wake-ups (the
+    machine's other processes excluded)."""
+    while not stop.is_set():
+        t0, c0 = time.perf_counter(), time.thread_time()
+        await trio.sleep(0.002)
+        out[0] = max(out[0], time.perf_counter() - t0 - 0.002)
+        out[1] = max(out[1], time.thread_time() - c0)
+
+
+PAGE_WORK = [0.0]  # seconds of the loop spent reading and rendering pages
+
+
+def _count_page_work() -> None:
+    """Adds up the loop's time spent on pages: reads of every object (their slices'
+    work), the object API's steps, rendering and the live counters."""
+    from nursery_jobs._ops import _inspect
+
+    def timed(fn: Any) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                PAGE_WORK[0] += time.perf_counter() - t0
+        return wrapper
+
+    _web.Dashboard._render = timed(_web.Dashboard._render)  # type: ignore[method-assign]
+    _web.Dashboard._live = timed(_web.Dashboard._live)  # type: ignore[method-assign]
+    prefetch = _inspect._FileSource.prefetch
+
+    async def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        found = await prefetch(self, *args, **kwargs)
+        PAGE_WORK[0] += found.work
+        return found
+
+    _inspect._FileSource.prefetch = counted  # type: ignore[method-assign]
+
+
+async def loaded_rate(base: Path, jobs: int, busy: int, clients: int,
+                      loaded: bool) -> dict[str, object]:
+    """Drain ``jobs`` no-op jobs over ``busy`` objects of a runtime whose data
+    directory (a copy of ``base``) holds ``--objects`` more; ``loaded``: while
+    ``clients`` clients load pages in a loop."""
+    import json
+    import shutil
+    import subprocess
+
+    from nursery_jobs.bench._harness import BenchObject, _Bench
+
+    bench = _Bench()
+    per_object = jobs // busy
+    bench.target = per_object * busy
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as tmp:
+        data = Path(tmp) / "data"
+        shutil.copytree(base, data)
+        async with nj.open_runtime(data, env=bench, http=("127.0.0.1", 0)) as rt:
+            assert rt.http_url is not None
+            stalls: list[float] = []
+            rt.events.add_listener(
+                lambda e: stalls.append(e.data["seconds"]) if e.type == "runtime:stalled"
+                else None)
+            for i in range(busy):
+                await rt.get(BenchObject, f"o{i}").fill(per_object)
+            await trio.sleep(0.05)  # every busy object's alarm run is parked on its gate
+            lag = [0.0, 0.0]
+            stop = trio.Event()
+            result: dict[str, object] = {}
+            proc = None
+            if loaded:
+                proc = await trio.lowlevel.open_process(
+                    [sys.executable, "-c", LOADER, rt.http_url, str(clients), "600"],
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+                await trio.sleep(2.0)  # (every client's first page is under way)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_lag_watch, lag, stop)
+                t0 = time.perf_counter()
+                work0 = PAGE_WORK[0]
+                bench.go.set()
+                await bench.done.wait()
+                took = time.perf_counter() - t0
+                rate = bench.target / took
+                share = (PAGE_WORK[0] - work0) / took
+                stop.set()
+            if proc is not None:
+                assert proc.stdin is not None and proc.stdout is not None
+                await proc.stdin.aclose()  # the clients stop after their current page
+                out = b""
+                async for chunk in proc.stdout:
+                    out += chunk
+                await proc.wait()
+                result.update(json.loads(out or b"{}"))
+    return {"rate": rate, "lag": lag[0], "cpu_lag": lag[1], "stalls": stalls,
+            "share": share, **result}
+
+
+async def pages_only(base: Path, clients: int, seconds: float) -> dict[str, Any]:
+    """The loop's worst lag while ``clients`` load pages and nothing else runs: the
+    longest piece of a page's work on the loop (reads, rendering, HTTP)."""
+    import json
+    import shutil
+    import subprocess
+
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as tmp:
+        data = Path(tmp) / "data"
+        shutil.copytree(base, data)
+        async with nj.open_runtime(data, http=("127.0.0.1", 0)) as rt:
+            assert rt.http_url is not None
+            for i in range(0, 3000, 30):  # a hundred objects active (read on the loop)
+                cls = Account if i % 4 else Mailer
+                await rt.get(cls, f"{cls.__name__.lower()}-{i:05d}").ready()
+            lags: list[float] = []
+            stop = trio.Event()
+
+            cpu: list[float] = []
+
+            async def watch() -> None:
+                while not stop.is_set():
+                    t0, c0 = time.perf_counter(), time.thread_time()
+                    await trio.sleep(0.002)
+                    lags.append(time.perf_counter() - t0 - 0.002)
+                    cpu.append(time.thread_time() - c0)
+
+            proc = await trio.lowlevel.open_process(
+                [sys.executable, "-c", LOADER, rt.http_url, str(clients), "600"],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            async with trio.open_nursery() as nursery:
+                await trio.sleep(1.0)
+                nursery.start_soon(watch)
+                await trio.sleep(seconds)
+                stop.set()
+            assert proc.stdin is not None and proc.stdout is not None
+            await proc.stdin.aclose()
+            out = b""
+            async for chunk in proc.stdout:
+                out += chunk
+            await proc.wait()
+    lags.sort()
+    cpu.sort()
+    return {"lags": lags, "cpu": cpu, **json.loads(out or b"{}")}
+
+
+async def load_bench(objects: int, jobs: int, clients: int, runs: int) -> None:
+    busy = 100
+    _count_page_work()
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as tmp:
+        base = Path(tmp) / "base"
+        await build(base, objects)
+        print(f"  built {objects:,} objects", file=sys.stderr)
+        alone = await pages_only(base, clients, 10.0)
+        lags, times = alone["lags"], sorted(alone.get("times", []))
+        print(f"\n{clients} clients loading pages of {objects:,} objects (100 active),"
+              f" nothing else running, 10 s:")
+        print(f"  loop lag (a 2 ms sleep's lateness): median {statistics.median(lags) * 1000:.2f}"
+              f" ms, p99 {lags[int(len(lags) * 0.99)] * 1000:.2f} ms, worst"
+              f" {lags[-1] * 1000:.2f} ms")
+        cpu = alone["cpu"]
+        print(f"  loop CPU between two wake-ups: median {statistics.median(cpu) * 1000:.2f}"
+              f" ms, p99 {cpu[int(len(cpu) * 0.99)] * 1000:.2f} ms, worst"
+              f" {cpu[-1] * 1000:.2f} ms")
+        if times:
+            print(f"  pages loaded: {len(times):,}, latency median"
+                  f" {statistics.median(times) * 1000:.0f} ms, max {times[-1] * 1000:.0f} ms")
+        found: dict[bool, list[dict[str, object]]] = {False: [], True: []}
+        for run in range(runs):
+            for loaded in (False, True) if run % 2 == 0 else (True, False):
+                out = await loaded_rate(base, jobs, busy, clients, loaded)
+                found[loaded].append(out)
+                print(f"  run {run + 1}: {'loaded' if loaded else 'quiet '}"
+                      f" {out['rate']:,.0f} jobs/s, worst loop lag"
+                      f" {float(out['lag']) * 1000:.1f} ms (CPU"
+                      f" {float(out['cpu_lag']) * 1000:.1f} ms), pages took"
+                      f" {float(out['share']) * 100:.1f} % of the loop", file=sys.stderr)
+    quiet = statistics.median(float(o["rate"]) for o in found[False])  # type: ignore[arg-type]
+    busy_rate = statistics.median(float(o["rate"]) for o in found[True])  # type: ignore[arg-type]
+    times = sorted(t for o in found[True] for t in o.get("times", []))  # type: ignore[attr-defined]
+    print(f"\ndispatch of {jobs:,} jobs over {busy} busy objects among {objects:,},"
+          f" median of {runs} run(s):")
+    print(f"  without the dashboard:             {quiet:>8,.0f} jobs/s, worst loop lag"
+          f" {max(float(o['lag']) for o in found[False]) * 1000:.1f} ms (CPU"
+          f" {max(float(o['cpu_lag']) for o in found[False]) * 1000:.1f} ms)")
+    print(f"  {clients} clients loading pages:        {busy_rate:>8,.0f} jobs/s"
+          f"  ({(busy_rate / quiet - 1) * 100:+.1f} %), worst loop lag"
+          f" {max(float(o['lag']) for o in found[True]) * 1000:.1f} ms (CPU"
+          f" {max(float(o['cpu_lag']) for o in found[True]) * 1000:.1f} ms)")
+    shares = [float(o["share"]) for o in found[True]]  # type: ignore[arg-type]
+    print(f"  the loop's time spent reading and rendering pages during dispatch:"
+          f" {statistics.median(shares) * 100:.1f} % (median; max {max(shares) * 100:.1f} %)")
+    for loaded in (False, True):
+        stalls = [s for o in found[loaded] for s in o["stalls"]]  # type: ignore[attr-defined]
+        print(f"  runtime:stalled events {'while loaded' if loaded else 'quiet'}: {len(stalls)}"
+              + (f" (longest {max(stalls):.3f} s)" if stalls else ""))
+    if times:
+        print(f"  pages loaded: {len(times):,}, latency median"
+              f" {statistics.median(times) * 1000:.0f} ms, p95"
+              f" {times[int(len(times) * 0.95)] * 1000:.0f} ms, max {times[-1] * 1000:.0f} ms;"
+              f" failed {sum(int(o.get('failed', 0)) for o in found[True])}")  # type: ignore[call-overload]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -256,11 +491,26 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--screenshot", type=Path, default=None)
     parser.add_argument("--scrape", action="store_true",
                         help="dispatch with the dashboard scraped every second vs without")
-    parser.add_argument("--jobs", type=int, default=300_000)
+    parser.add_argument("--load", action="store_true",
+                        help="dispatch while clients load pages in a loop vs without")
+    parser.add_argument("--clients", type=int, default=20)
+    parser.add_argument("--http-only", action="store_true",
+                        help="with --load: every page answers 'ok' at once (what HTTP and"
+                             " the clients cost, without any page)")
+    parser.add_argument("--jobs", type=int, default=None,
+                        help="jobs drained (default 300,000; 60,000 with --load)")
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args(argv)
+    if args.load:
+        if args.http_only:
+            async def ok(self: Any, scope: Any, receive: Any) -> _web.Response:
+                return _web.Response(200, "ok\n", "text/plain")
+            _web.Dashboard.handle = ok  # type: ignore[method-assign]
+        objects = 3000 if "--objects" not in (argv or sys.argv) else args.objects
+        trio.run(load_bench, objects, args.jobs or 60_000, args.clients, args.runs)
+        return
     if args.scrape:
-        trio.run(scrape_bench, args.jobs, min(args.objects, 100), args.runs)
+        trio.run(scrape_bench, args.jobs or 300_000, min(args.objects, 100), args.runs)
         return
     if args.screenshot is not None:
         trio.run(screenshot, args.screenshot.resolve())

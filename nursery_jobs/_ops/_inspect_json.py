@@ -3,7 +3,8 @@ dashboard's ``/api`` print the same records, and ``printable`` escapes ids for t
 
 from __future__ import annotations
 
-from typing import Any, Final, Literal
+from collections.abc import Generator
+from typing import Any, Final, Literal, cast
 
 import attrs
 
@@ -79,6 +80,24 @@ def report_json(
 ) -> dict[str, Any]:
     """A page of objects with their jobs and dead letters: what ``inspect --json``
     prints (every object) and ``/api/objects`` answers (a page)."""
+    steps = report_steps(source, now, namespace=namespace, search=search, only=only,
+                         offset=offset, limit=limit, job_limit=job_limit,
+                         letter_limit=letter_limit)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return cast("dict[str, Any]", done.value)
+
+
+def report_steps(
+    source: DataSource, now: float, *, namespace: str | None = None,
+    search: str | None = None, only: Literal["all", "active", "due"] = "all",
+    offset: int = 0, limit: int = 50, job_limit: int | None = None,
+    letter_limit: int | None = None,
+) -> Generator[None, None, dict[str, Any]]:
+    """``report_json``, one object a step (a step yields; the report is returned):
+    ``Sliced.stepwise`` runs the steps in slices."""
     page = source.objects(namespace=namespace, search=search, only=only, now=now,
                           offset=offset, limit=limit)
     objects = []
@@ -87,6 +106,7 @@ def report_json(
                                letter_limit=letter_limit)
         if detail is not None:
             objects.append(detail_json(detail))
+        yield
     return {"source": source.label, "live": source.live, "now": now, "total": page.total,
             "offset": page.offset, "limit": page.limit, "objects": objects}
 

@@ -64,6 +64,14 @@ def list_objects(
 ) -> ObjectPage:
     """One page of the objects that ``only`` keeps, in ``sort`` order (``counts``: every
     object's, read already; with crash strikes for the ``strikes`` filter)."""
+    # (A source read for many loads keeps its memo: the list is sorted once for all.)
+    memo: dict[Any, Any] | None = getattr(source, "memo", None)
+    memo_key = ("list_objects", namespace, search, only, sort, descending,
+                now if only == "due" else None)
+    if memo is not None and memo_key in memo:
+        rows = memo[memo_key]
+        return ObjectPage(objects=rows[offset:offset + limit], total=len(rows),
+                          offset=offset, limit=limit)
     base = cast(Literal["all", "active", "due"], only if only in ("all", "active", "due")
                 else "all")
     rows = source.objects(namespace=namespace, search=search, only=base, now=now,
@@ -80,5 +88,7 @@ def list_objects(
     if sort not in ("ns", "id"):  # (then ties stay in natural order: sort is stable)
         rows.sort(key=lambda r: (natural_key(r.namespace), natural_key(r.id)))
     rows.sort(key=lambda r: key(r, counts.get((r.namespace, r.id), none)), reverse=descending)
+    if memo is not None:
+        memo[memo_key] = rows
     return ObjectPage(objects=rows[offset:offset + limit], total=len(rows), offset=offset,
                       limit=limit)

@@ -23,7 +23,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from functools import partial
-from typing import TYPE_CHECKING, Any, Final, Literal, cast
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar, cast
 from urllib.parse import parse_qs, urlencode
 
 import attrs
@@ -43,15 +43,18 @@ from nursery_jobs._ops._inspect import (
     DataSource,
     DeadLetterInfo,
     Inline,
+    LetterPage,
     ObjectCounts,
     ObjectDetail,
     ObjectRow,
     ObjectSummary,
     RuntimeSource,
+    Sliced,
     SourceAccess,
+    _FileSource,
     summary_of,
 )
-from nursery_jobs._ops._inspect_json import detail_json, printable, report_json
+from nursery_jobs._ops._inspect_json import detail_json, printable, report_json, report_steps
 from nursery_jobs._ops._listing import FILTERS, SORTS, list_objects
 from nursery_jobs._ops._prometheus import CONTENT_TYPE, LiveCounters, exposition, read_scrape
 from nursery_jobs._ops._web_charts import SAMPLE_INTERVAL, ChartData, charts, window_of
@@ -78,6 +81,7 @@ Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 Only = Literal["all", "active", "due"]
+T = TypeVar("T")
 
 PAGE_SIZE: Final = 50
 MAX_PAGE_SIZE: Final = 500
@@ -88,6 +92,9 @@ MAX_ROWS: Final = 10_000
 RECENT_EVENTS: Final = 200
 MAX_BODY: Final = 16 * 1024
 OBJECT_JOB_LIMIT: Final = 500
+# Pages built at once (each reads every object, in slices): more loads queue, so 100
+# concurrent loads cost the runtime what 2 do, not 50 times as much.
+PAGE_BUILDS: Final = 2
 
 
 # -- what a live runtime adds: recent events and chart samples ------------------------------
@@ -158,6 +165,17 @@ _SOURCE_PAGES: Final = frozenset({"/", "/object", "/metrics", "/api", "/api/obje
 HOME_LETTERS: Final = 10  # the newest dead letters the home page shows
 
 
+def _needs(path: str, query: dict[str, str]) -> dict[str, bool]:
+    """What page ``path`` reads of every object (for ``Sliced.read``)."""
+    if path == "/":
+        return {"counts": True, "strikes": query.get("only") == "strikes", "letters": True}
+    if path in ("/metrics", "/api/summary"):
+        return {"counts": True}
+    if path in ("/dead-letters", "/api/dead-letters"):
+        return {"letters": True}
+    return {}
+
+
 def _page_args(query: dict[str, str]) -> tuple[str | None, str | None, Only, int, int]:
     only = query.get("only", "all")
     if only not in ("all", "active", "due"):
@@ -191,6 +209,16 @@ class Dashboard:
         self.loopback_only = loopback_only
         self.counters = counters
         self.token = secrets.token_urlsafe(32)
+        self.limiter = trio.CapacityLimiter(PAGE_BUILDS)
+
+    async def _read(self, fn: Callable[[DataSource], Any], *, now: float,
+                    needs: dict[str, bool]) -> Any:
+        """``fn(source)``, at most ``PAGE_BUILDS`` at once; a ``Sliced`` source reads what
+        ``needs`` names (every object's counts, strikes, dead letters) in slices first."""
+        if isinstance(self.access, Sliced):
+            return await self.access.read(fn, now=now, limiter=self.limiter, **needs)
+        async with self.limiter:
+            return await self.access.read(fn)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -245,8 +273,21 @@ class Dashboard:
             return Response(204, b"", "image/x-icon")
         if path not in _SOURCE_PAGES:
             raise HttpError(404, f"no page {path!r}")
+        if path in ("/api", "/api/objects") and isinstance(self.access, Sliced):
+            # (a page of objects, each read whole: up to 500, read in slices)
+            namespace, search, only, offset, limit = _page_args(query)
+            report = await self.access.stepwise(partial(
+                report_steps, now=now, namespace=namespace, search=search, only=only,
+                offset=offset, limit=limit, job_limit=_count(query, "jobs", 100),
+                letter_limit=_count(query, "letters", 100)), limiter=self.limiter)
+            return _json(report)
+        began = time.perf_counter()
         live = self._live(path, now, query)
-        return await self.access.read(partial(self._render, path, query, now, live))
+        if isinstance(self.access, Sliced):
+            self.access.charge(time.perf_counter() - began)
+        response: Response = await self._read(partial(self._render, path, query, now, live),
+                                              now=now, needs=_needs(path, query))
+        return response
 
     def _render(self, path: str, query: dict[str, str], now: float, live: Live,
                 source: DataSource) -> Response:
@@ -373,8 +414,9 @@ class Dashboard:
         without one), object by object; a letter another host holds is left, and
         counted."""
         assert self.writer is not None
-        found = await self.access.read(
-            lambda source: source.all_dead_letters(search=search or None, limit=-1))
+        found: LetterPage = await self._read(
+            lambda source: source.all_dead_letters(search=search or None, limit=-1),
+            now=self.clock(), needs={"letters": True})
         done = left = 0
         for item in found.letters:
             try:
@@ -462,7 +504,11 @@ class _View:
     def _cards(self, summary: dict[str, Any], now: float) -> str:
         """The header cards; each links to the objects (or letters) it counts."""
         counts: dict[tuple[str, str], ObjectCounts] = summary.get("counts", {})
-        values = list(counts.values())
+        running, failing, letters, paused = _memo(self.source, "card sums", lambda: (
+            sum(c.running_jobs for c in counts.values()),
+            sum(c.failing_jobs for c in counts.values()),
+            sum(c.dead_letters for c in counts.values()),
+            sum(bool(c.paused) for c in counts.values())))
         cards: list[tuple[str, str, str | None]] = [
             ("objects", f"{summary['objects']:,}", "/")]
         if "active" in summary:
@@ -470,10 +516,10 @@ class _View:
             cards.append(("alarm runs in flight", f"{summary['alarms_in_flight']:,}", None))
         cards += [
             ("alarms due now", f"{summary['alarms_due']:,}", "/?only=due"),
-            ("running jobs", f"{sum(c.running_jobs for c in values):,}", "/?only=running"),
-            ("failing jobs", f"{sum(c.failing_jobs for c in values):,}", "/?only=failing"),
-            ("dead letters", f"{sum(c.dead_letters for c in values):,}", "/dead-letters"),
-            ("paused objects", f"{sum(bool(c.paused) for c in values):,}", "/?only=paused"),
+            ("running jobs", f"{running:,}", "/?only=running"),
+            ("failing jobs", f"{failing:,}", "/?only=failing"),
+            ("dead letters", f"{letters:,}", "/dead-letters"),
+            ("paused objects", f"{paused:,}", "/?only=paused"),
             ("next alarm", when(summary["next_alarm"], now), None),
         ]
         totals = summary.get("totals")
@@ -666,6 +712,16 @@ class _View:
                 '<button class="danger">Discard</button></form>')
 
 
+def _memo(source: DataSource, key: str, fn: Callable[[], T]) -> T:
+    """``fn()``, once per read of every object that loads share (its ``memo``)."""
+    memo: dict[Any, Any] | None = getattr(source, "memo", None)
+    if memo is None:
+        return fn()
+    if key not in memo:
+        memo[key] = fn()
+    return cast("T", memo[key])
+
+
 def _int(query: dict[str, str], name: str, default: int) -> int:
     raw = query.get(name)
     if raw is None or raw == "":
@@ -733,7 +789,7 @@ async def start_http(rt: Runtime, nursery: trio.Nursery, address: object, *,
     source = RuntimeSource(rt)
     pg = postgres_engine(rt.engine)
     # PostgreSQL: the whole database (every host's objects), read in the engine's pool.
-    access: SourceAccess = Inline(source) if pg is None else PgRuntimeAccess(pg)
+    access: SourceAccess = Sliced(source) if pg is None else PgRuntimeAccess(pg)
     recorder = Recorder(rt.metrics, SAMPLE_INTERVAL)
     rt.events.add_listener(recorder.on_event)
     recorder.sample(_clock.now())
@@ -762,7 +818,8 @@ async def serve_offline(
     """Serve a stopped data directory's dashboard (a ``DataSource``), or a PostgreSQL
     database's (``_inspect_pg.PgDatabase``), read-only: ``nursery-jobs serve``."""
     host, port = _check_address(address)
-    access = source if isinstance(source, SourceAccess) else Inline(source)
+    access = (source if isinstance(source, SourceAccess)
+              else Sliced(source) if isinstance(source, _FileSource) else Inline(source))
     app = Dashboard(access, clock=time.time, loopback_only=_is_loopback_bind(host))
     await _serve(app, (host, port), task_status=task_status)
 

@@ -10,7 +10,7 @@ import math
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlencode
 
-from nursery_jobs._ops._inspect_json import printable
+from nursery_jobs._ops._inspect_json import preview, printable
 from nursery_jobs._ops._web_html import _q, esc, page, when
 
 if TYPE_CHECKING:
@@ -24,7 +24,10 @@ def letter_json(item: FoundLetter) -> dict[str, Any]:
     return {"namespace": item.namespace, "object_id": item.object_id, "owner": letter.owner,
             "id": letter.id, "fn": letter.fn, "error": letter.error,
             "attempts": letter.attempts, "reason": letter.reason, "time": letter.time,
-            "payload": printable(letter.payload)}
+            # (a payload that is not text — a number, a list — as its repr: printable()
+            # takes text, and an int payload made this page a 500)
+            "payload": (printable(letter.payload) if isinstance(letter.payload, str)
+                        else preview(letter.payload))}
 
 
 def letters_json(found: LetterPage, search: str | None) -> dict[str, Any]:
