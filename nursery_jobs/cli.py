@@ -339,6 +339,11 @@ def main(argv: list[str] | None = None) -> int:
         return bench_main(rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if str(getattr(args, "data", "")).startswith("shared:"):
+        # (The faces read object files or PostgreSQL; a wrong count would be silent.)
+        return _fail(f"nursery-jobs {args.command}: the shared layout ({args.data}) has no"
+                     " operator faces yet (inspect, requeue, pause, resume, serve); nothing"
+                     " was read or written", 2)
     if args.command == "inspect":
         try:
             return inspect(args.data, args.json)

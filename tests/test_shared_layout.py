@@ -185,3 +185,29 @@ async def test_an_alarm_an_active_object_moved_is_seen_before_it_ships(
         assert engine._unshipped == {}
     finally:
         engine.close()
+
+
+async def test_the_dashboard_refuses_the_shared_layout_rather_than_count_wrong(
+    tmp_path: Path,
+) -> None:
+    # Its pages read object files the layout does not have: the gauges of objects out of
+    # memory (dead letters, due jobs) would be silently zero.
+    with pytest.raises(nj.EngineError, match="do not read the shared layout yet"):
+        async with nj.open_runtime(f"shared:{tmp_path / 'data'}", http=("127.0.0.1", 0)):
+            pass
+
+
+@pytest.mark.parametrize("command", [
+    ("inspect",), ("requeue", "ns", "obj", "job"), ("pause", "ns", "obj"),
+    ("resume", "ns", "obj"), ("serve", "--port", "0"),
+])
+def test_the_cli_refuses_the_shared_layout_in_one_line(
+    tmp_path: Path, command: tuple[str, ...], capsys: pytest.CaptureFixture[str],
+) -> None:
+    from nursery_jobs import cli
+
+    code = cli.main([command[0], f"shared:{tmp_path}", *command[1:]])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.count("\n") == 1 and "no operator faces yet" in err, err
+    assert list(tmp_path.iterdir()) == []  # nothing written

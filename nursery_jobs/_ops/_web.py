@@ -31,8 +31,10 @@ import trio
 
 from nursery_jobs import _clock
 from nursery_jobs._core._metrics import Metrics, MetricsSnapshot
+from nursery_jobs._engines.shared._engine import SharedEngine
 from nursery_jobs._errors import (
     DataDirectoryError,
+    EngineError,
     HttpError,
     ObjectInUseError,
     ObjectLeasedElsewhere,
@@ -786,6 +788,12 @@ async def start_http(rt: Runtime, nursery: trio.Nursery, address: object, *,
     host, port = _check_address(address)
     if not isinstance(writes, bool):
         raise TypeError(f"http_writes must be a bool, got {writes!r}")
+    if isinstance(rt.engine, SharedEngine):
+        # Its pages would read object files that the layout does not have: counts of
+        # objects out of memory would be silently zero.
+        raise EngineError(
+            f"the dashboard and /metrics do not read the shared layout yet ({rt.engine.label}):"
+            " open it without http=, or use a data directory of the files layout")
     source = RuntimeSource(rt)
     pg = postgres_engine(rt.engine)
     # PostgreSQL: the whole database (every host's objects), read in the engine's pool.
