@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,12 @@ def _pinned_epoch(request: pytest.FixtureRequest) -> Iterator[None]:
 # tests/test_shared_layout.py and the SIGKILL campaigns of tests/test_crash.py only: on the
 # suites of long virtual spans it is ~10x slower than the others (a Berlin cron across a
 # daylight-saving change: 70 s), which would take CI past its 10 minutes.
+# A test session started in the background of a non-interactive shell (``cmd &``)
+# inherits SIGINT ignored (POSIX), and so would every worker it starts: Python then
+# installs no KeyboardInterrupt handler, and the Ctrl-C tests would hang or lose it.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 ENGINES = os.environ.get("NJ_TEST_ENGINES", "memory,files,postgres").split(",")
 
 # Why tests are skipped on PostgreSQL (and only there).

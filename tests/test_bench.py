@@ -85,6 +85,7 @@ def test_missing_peers_are_named_with_the_extra(monkeypatch: pytest.MonkeyPatch)
     assert "no peer installed" in (_harness.peers_note() or "")
 
 
+@pytest.mark.soak  # (~15 s of filling queues: by hand with -m soak)
 def test_the_depth_rows_measure_each_depth_beside_the_first(tmp_path: Path) -> None:
     """``--depth``: the first N jobs of a queue N deep and of a deeper one, pushed and
     dispatched (a dispatch row ends only when N jobs have run), side by side."""
