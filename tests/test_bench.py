@@ -42,14 +42,21 @@ def test_the_benchmark_reports_every_figure(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []  # the benchmark's files are gone
 
 
-@pytest.mark.parametrize("option", [["--runs", "2"], ["--quick"], ["--lease-ttl", "3"]])
-def test_postgres_options_are_refused_for_sqlite(
-    option: list[str], capsys: pytest.CaptureFixture[str],
+@pytest.mark.parametrize(("option", "error"), [
+    (["--runs", "2"], "--runs applies to --engine postgres or --objects only"),
+    (["--quick"], "--quick applies to --engine postgres only"),
+    (["--lease-ttl", "3"], "--lease-ttl applies to --engine postgres only"),
+    (["--objects", "--object-sizes", "10,x"], "--object-sizes: a comma-separated list"),
+    (["--objects", "--object-sizes", "0"], "--object-sizes: every count must be at least 1"),
+    (["--objects", "--runs", "0"], "--runs must be at least 1"),
+])
+def test_options_that_do_not_apply_are_refused(
+    option: list[str], error: str, capsys: pytest.CaptureFixture[str],
 ) -> None:
     with pytest.raises(SystemExit) as exc:
         main(["--no-peers", *option])
     assert exc.value.code == 2
-    assert f"{option[0]} applies to --engine postgres only" in capsys.readouterr().err
+    assert error in capsys.readouterr().err
 
 
 def test_the_floors_do_the_work_they_time(tmp_path: Path) -> None:
@@ -102,11 +109,34 @@ def test_the_depth_rows_measure_each_depth_beside_the_first(tmp_path: Path) -> N
     assert list(tmp_path.iterdir()) == []
 
 
-def test_depth_is_refused_for_postgres(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("option", ["--depth", "--objects"])
+def test_sqlite_rows_are_refused_for_postgres(
+    option: str, capsys: pytest.CaptureFixture[str],
+) -> None:
     with pytest.raises(SystemExit) as exc:
-        main(["--engine", "postgres", "--depth"])
+        main(["--engine", "postgres", option])
     assert exc.value.code == 2
-    assert "--depth applies to the sqlite engine only" in capsys.readouterr().err
+    assert "--depth and --objects apply to the sqlite engine only" in capsys.readouterr().err
+
+
+def test_the_objects_rows_create_fire_and_weigh_each_layout(tmp_path: Path) -> None:
+    """``--objects``: per layout, objects created with a job and fired cold (a fire phase
+    ends only when every object's job has run), beside that layout's floor, and memory per
+    resident and dormant object."""
+    from nursery_jobs.bench._objects import object_rows, render_objects
+    from nursery_jobs.bench._progress import Progress
+
+    rows = object_rows(tmp_path, (30,), 1, Progress(2, False))
+    assert [(row["layout"], row["objects"]) for row in rows] == [("files", 30), ("shared", 30)]
+    for row in rows:
+        for phase in ("create", "fire"):
+            assert row[phase]["per_s"] > 0 and row[phase]["cpu_s_per_1k"] > 0
+            assert row["floor"][phase]["per_s"] > 0
+        assert row["resident"] == 30  # every object created is still in memory
+        assert math.isfinite(row["rss_per_resident"]) and math.isfinite(row["rss_per_dormant"])
+    text = "\n".join(render_objects(rows))
+    assert "files" in text and "shared" in text and "B/dormant" in text
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_the_depth_rows_with_a_prioritized_job_queued(tmp_path: Path) -> None:

@@ -246,13 +246,16 @@ def peers_note() -> str | None:
 
 # -- the report -----------------------------------------------------------------------------
 def run(n: int, directory: Path | None, with_peers: bool, progress_enabled: bool,
-        depths: tuple[int, ...] = ()) -> dict[str, Any]:
+        depths: tuple[int, ...] = (), object_sizes: tuple[int, ...] = (),
+        runs: int = 1) -> dict[str, Any]:
     """Every figure of the report; with ``depths``, also the rates of the first ``n``
-    jobs of a queue ``n`` deep and of each of ``depths`` deep (``_depth``)."""
+    jobs of a queue ``n`` deep and of each of ``depths`` deep (``_depth``); with
+    ``object_sizes``, one object per task at those counts (``_objects``, ``runs`` each)."""
     available = peers_available() if with_peers else []
-    # Steps: 2 ceilings, 8 of ours (``ours``), the peers, the depths (the first at n).
-    progress = Progress(2 + 8 + len(available) + (len({n, *depths}) if depths else 0),
-                        progress_enabled)
+    # Steps: 2 ceilings, 8 of ours (``ours``), the peers, the depths (the first at n),
+    # the objects rows (one per size and layout).
+    progress = Progress(2 + 8 + len(available) + (len({n, *depths}) if depths else 0)
+                        + 2 * len(object_sizes), progress_enabled)
     tmp = Path(tempfile.mkdtemp(prefix="nj-bench-", dir=directory))
     try:
         report: dict[str, Any] = {"n": n, "disk": str(tmp), "python": sys.version.split()[0],
@@ -266,6 +269,10 @@ def run(n: int, directory: Path | None, with_peers: bool, progress_enabled: bool
             from ._depth import depth_rows  # (it builds on this module's bench object)
 
             report["depth"] = depth_rows(tmp, n, depths, progress)
+        if object_sizes:
+            from ._objects import object_rows
+
+            report["objects"] = object_rows(tmp, object_sizes, runs, progress)
         for name in available:
             # No peer offers WAL with synchronous=NORMAL (each commits with an fsync, in
             # its own settings): one run each, at its durable settings.
@@ -335,6 +342,11 @@ def render(report: dict[str, Any]) -> str:
 
         lines += ["", f"the first {report['n']:,} jobs of a deep queue (durability normal;"
                   " cpu: process CPU time per job):", *render_depth(report["depth"])]
+    if report.get("objects"):
+        from ._objects import render_objects
+
+        lines += ["", "one object per task: objects/s created (a job each) and fired cold,"
+                  " beside the layout's floor (plain sqlite3):", *render_objects(report["objects"])]
     if report["peers"]:
         ours_normal, ours_full = ours_["dispatch_1x_normal_per_s"], ours_["dispatch_1x_full_per_s"]
         lines += ["", "peers, each in its own process at its own durable settings (printed below):",
@@ -375,7 +387,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="postgres: the server (a database is created there and dropped;"
                         " default: $NJ_POSTGRES_DSN)")
     parser.add_argument("--runs", type=int, default=None,
-                        help="postgres: runs of every figure (default 3; 1 with --quick)")
+                        help="postgres: runs of every figure (default 3; 1 with --quick);"
+                        " sqlite: runs of each --objects row (default 1)")
     parser.add_argument("--quick", action="store_true",
                         help="postgres: a smoke test with tiny N (not figures to quote)")
     parser.add_argument("--lease-ttl", type=float, default=None,
@@ -388,10 +401,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="sqlite: also push and dispatch the first N jobs of queues"
                         " 200,000 and 1,000,000 deep, beside a queue N deep (about a"
                         " minute more, and ~1 GB of disk)")
+    parser.add_argument("--objects", action="store_true",
+                        help="sqlite: also one object per task, files and shared layouts:"
+                        " objects/s created and fired cold beside each layout's floor, and"
+                        " memory per resident and dormant object (minutes: ~100 objects/s"
+                        " in files on a slow disk)")
+    parser.add_argument("--object-sizes", default="1000,10000",
+                        help="sqlite: the object counts of --objects (default 1000,10000)")
     args = parser.parse_args(argv)
     if args.engine == "postgres":
-        if args.depth:
-            parser.error("--depth applies to the sqlite engine only")
+        if args.depth or args.objects:
+            parser.error("--depth and --objects apply to the sqlite engine only")
         try:
             import psycopg  # noqa: F401  (the postgres extra; _pg imports it)
         except ImportError as exc:
@@ -402,7 +422,9 @@ def main(argv: list[str] | None = None) -> int:
 
         return pg_main(args.dsn, args.n, args.runs, args.quick, args.lease_ttl, args.json,
                        parser.error)
-    for given, option in ((args.runs, "--runs"), (args.lease_ttl, "--lease-ttl"),
+    if args.runs is not None and not args.objects:
+        parser.error("--runs applies to --engine postgres or --objects only")
+    for given, option in ((args.lease_ttl, "--lease-ttl"),
                           (args.quick or None, "--quick")):
         if given is not None:
             parser.error(f"{option} applies to --engine postgres only")
@@ -411,7 +433,18 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("-n must be at least 100")
     from ._depth import DEPTHS
 
+    try:
+        sizes = tuple(int(s) for s in args.object_sizes.split(","))
+    except ValueError:
+        parser.error(f"--object-sizes: a comma-separated list of counts, not"
+                     f" {args.object_sizes!r}")
+    if any(size < 1 for size in sizes):
+        parser.error("--object-sizes: every count must be at least 1")
+    runs = 1 if args.runs is None else args.runs
+    if runs < 1:
+        parser.error("--runs must be at least 1")
     report = run(n, args.dir, not args.no_peers, progress_enabled=True,
-                 depths=DEPTHS if args.depth else ())
+                 depths=DEPTHS if args.depth else (),
+                 object_sizes=sizes if args.objects else (), runs=runs)
     print(json.dumps(report, indent=2) if args.json else render(report))
     return 0
