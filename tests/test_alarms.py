@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import datetime as dt
 import random
-import time
 from pathlib import Path
 from typing import Any
 
@@ -319,29 +318,26 @@ class Many(nj.DurableObject):
         self.ctx.env.setdefault(self.ctx.id, []).append((nj.now(), info))
 
 
-async def test_ten_thousand_alarms_each_fire_once_on_time(
+async def test_thousands_of_alarms_each_fire_once_on_time(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     # Times are multiples of 1/16 s so that virtual-clock arithmetic is exact; many
-    # objects share a time, which exercises the timer's batches and the limiter.
+    # objects share a time (4,000 alarms on 6,400 slots: several timer batches of 256
+    # at once, and the limiter). Its speed is measured in benchmarks/, not here.
     rng = random.Random(20260509)
-    times = {f"obj-{i}": EPOCH + 1 + rng.randrange(3600 * 16) / 16 for i in range(10_000)}
+    times = {f"obj-{i}": EPOCH + 1 + rng.randrange(400 * 16) / 16 for i in range(4_000)}
     fired: dict[str, list[tuple[float, nj.AlarmInfo]]] = {}
-    started = time.perf_counter()
     with trio.fail_after(HANG):
         async with nj.open_runtime(env=fired) as rt:
             for object_id, when in times.items():
                 await rt.get(Many, object_id).arm(when)
-            assert rt.statistics().pending_alarms == 10_000
+            assert rt.statistics().pending_alarms == 4_000
             assert fired == {}
-            await trio.sleep(3602)
+            await trio.sleep(402)
             assert rt.statistics().pending_alarms == 0
-    elapsed = time.perf_counter() - started
     assert fired.keys() == times.keys()
     late = {oid: runs for oid, runs in fired.items() if runs != [(times[oid], FIRST)]}
     assert late == {}
-    # Keep this test honest about its cost (measured ~ a few seconds).
-    assert elapsed < 60, f"10,000 alarms took {elapsed:.1f} s of real time"
 
 
 async def test_an_alarm_run_in_flight_at_a_death_wakes_its_object_at_reopen(
