@@ -44,6 +44,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from nursery_jobs import _clock
 from nursery_jobs._engines.base import EngineSite
 from nursery_jobs._engines.postgres import _ops as ops
+from nursery_jobs._engines.postgres._batch import ShipBatcher, ShipStatistics
 from nursery_jobs._engines.postgres._calls import POLL, CallRouter, channel
 from nursery_jobs._engines.postgres._copy import (
     SHIPPED,
@@ -230,6 +231,8 @@ class PostgresEngine:
         self._alarm_heap: list[tuple[float, Key]] = []
         # Per object, the end of its last ship abandoned by a cancelled caller (see _ship).
         self._ships_out: dict[Key, trio.Event] = {}
+        # Group commit: ships of many objects share round trips (issue 26).
+        self._batcher = ShipBatcher(self._ship_batch)
         self._classes: dict[str, str] = {}
         # Namespaces whose alarms this host claims (its runtime resolves them), and
         # those it does not: namespace -> when (Trio time) to look at it again.
@@ -327,11 +330,13 @@ class PostgresEngine:
         self._alarm_heap.clear()
 
     async def _db(self, fn: Callable[..., T], *args: Any,
-                  finished: trio.Event | None = None) -> T:
+                  finished: Callable[[], object] | None = None) -> T:
         """Run ``fn(conn, *args)`` on a pooled connection in a worker thread. Where the
         caller is cancelled meanwhile, the statement is cancelled on the server and the
         caller does not wait for it (whether it took effect is unknown to the caller:
-        every caller handles that as it handles a lost answer)."""
+        every caller handles that as it handles a lost answer). ``finished`` is called
+        in the Trio thread once the worker thread is done with the statement, answered
+        or abandoned."""
         pool = self._pool
         if pool is None:
             raise StorageError(f"the PostgreSQL engine on {self._label} is closed")
@@ -351,7 +356,7 @@ class PostgresEngine:
                 if token is not None and finished is not None:
                     # (the caller may be gone: this thread was abandoned)
                     with contextlib.suppress(trio.RunFinishedError):
-                        token.run_sync_soon(finished.set)
+                        token.run_sync_soon(finished)
 
         inflight = self._inflight
         if not inflight:
@@ -549,8 +554,7 @@ class PostgresEngine:
         self._ships_out[key] = finished = trio.Event()
         sent = lease_clock()
         try:
-            shipped = await self._db(ops.ship, self.host_id, self.lease_ttl, change,
-                                     finished=finished)
+            shipped = await self._batcher.ship(change, finished)
         except psycopg.Error as exc:
             raise StorageError(
                 f"cannot ship the writes of {key[0]}/{key[1]} to PostgreSQL"
@@ -572,6 +576,20 @@ class PostgresEngine:
                     self._releases.append((key[0], key[1], change.epoch))
                     self._release_event.set()
         return shipped
+
+    async def _ship_batch(self, changes: list[Change], finished: Callable[[], object]
+                          ) -> list[str]:
+        """One round trip of the ship batcher: a lone change as ``ops.ship``, several
+        as ``ops.ship_many`` (one statement: each object's fence, each its outcome)."""
+        if len(changes) == 1:
+            return [await self._db(ops.ship, self.host_id, self.lease_ttl, changes[0],
+                                   finished=finished)]
+        return await self._db(ops.ship_many, self.host_id, self.lease_ttl, changes,
+                              finished=finished)
+
+    def ship_statistics(self) -> ShipStatistics:
+        """Ships sent by this host so far, and the round trips that carried them."""
+        return self._batcher.statistics()
 
     def _local_alarm(self, state: PgObject, time: float | None, retry: int) -> None:
         if self._active.get(state.key) is not state:
