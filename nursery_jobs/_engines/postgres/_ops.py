@@ -362,6 +362,7 @@ def renew(
     so that any host — this one too, whose claims skip its own rows — claims their
     alarms.
     """
+    leases = sorted(leases)  # row locks in key order, as ``ship_many`` takes them
     with conn.transaction():
         conn.execute(
             "INSERT INTO nj_hosts (host_id) VALUES (%s)"
@@ -386,6 +387,7 @@ def renew(
 
 def release(conn: Conn, me: str, leases: list[tuple[str, str, int]]) -> None:
     """Give up leases (at the epochs given: a lease taken again since stays)."""
+    leases = sorted(leases)  # row locks in key order, as ``ship_many`` takes them
     rows = conn.execute(
         "UPDATE nj_objects o SET owner = NULL, lease_until = NULL"
         " FROM unnest(%s::text[], %s::text[], %s::bigint[]) AS r(ns, oid, epoch)"
