@@ -320,3 +320,45 @@ async def test_a_batch_every_caller_left_is_cancelled_and_its_ships_finish() -> 
         await cancelled.wait()
         for done in finished:
             await done.wait()
+
+
+async def test_callers_cancelled_as_their_batch_is_taken_leave_nothing_waiting() -> None:
+    # The callers are cancelled just as the lone ship before them answers: the batch
+    # that takes them is formed, and then nobody waits for it. It is cancelled before it
+    # is sent, and their ships count as finished (a later ship of theirs does not wait).
+    callers = trio.CancelScope()
+    queued = trio.Event()
+    sent: list[list[str]] = []
+
+    async def send(changes: list[Change], finished: Callable[[], object]) -> list[str]:
+        sent.append([c.object_id for c in changes])
+        try:
+            if changes[0].object_id == "first":
+                await queued.wait()  # a and b queue behind it
+                callers.cancel()
+                return [SHIPPED]
+            await trio.sleep_forever()
+            raise AssertionError  # (unreachable)
+        finally:
+            finished()
+
+    batcher = ShipBatcher(send)
+    finished = [trio.Event(), trio.Event()]
+
+    async def both() -> None:
+        with callers:
+            async with trio.open_nursery() as inner:
+                inner.start_soon(batcher.ship, change("a"), finished[0])
+                inner.start_soon(batcher.ship, change("b"), finished[1])
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(batcher.ship, change("first"), trio.Event())
+        nursery.start_soon(both)
+        await trio.testing.wait_all_tasks_blocked()
+        assert batcher.queued == 2
+        queued.set()
+    with trio.fail_after(5):
+        for done in finished:
+            await done.wait()
+    assert sent == [["first"], ["a", "b"]]  # (taken, then cancelled unsent)
+    assert batcher.queued == 0

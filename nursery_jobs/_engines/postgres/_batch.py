@@ -123,7 +123,7 @@ class ShipBatcher:
     def _abandon(self, pending: _Pending) -> None:
         """Its caller stops waiting (cancelled)."""
         pending.abandoned = True
-        if pending.batch is None:  # never sent: it did not ship
+        if pending.batch is None:  # still queued: it will not ship
             self._queue.remove(pending)
             pending.finished.set()
         elif pending.scope is not None and all(p.abandoned for p in pending.batch):
@@ -149,6 +149,9 @@ class ShipBatcher:
                 keys.add(key)
                 batch.append(pending)
         self._queue = rest
+        scope = trio.CancelScope()  # (entered by ``_run_one``; cancelled by ``_abandon``)
+        for pending in batch:
+            pending.batch, pending.scope = batch, scope
         return batch
 
     def _start(self) -> None:
@@ -170,9 +173,8 @@ class ShipBatcher:
                 self._queue = []
 
     async def _run_one(self, batch: list[_Pending]) -> None:
-        scope = trio.CancelScope()
-        for pending in batch:
-            pending.batch, pending.scope = batch, scope
+        scope = batch[0].scope
+        assert scope is not None
 
         def done() -> None:
             for pending in batch:

@@ -124,18 +124,27 @@ class _Statement:
     server. The lock keeps a cancel request from reaching the connection once the
     statement is done (the connection may serve another caller by then)."""
 
-    __slots__ = ("cancelled", "conn", "lock")
+    __slots__ = ("cancelled", "conn", "lock", "sent")
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.conn: psycopg.Connection[Any] | None = None
         self.cancelled = False
+        self.sent = False
 
     def attach(self, conn: psycopg.Connection[Any]) -> bool:
         """In the worker thread, before the statement: False if it is not wanted."""
         with self.lock:
             self.conn = conn
-            return not self.cancelled
+            self.sent = not self.cancelled
+            return self.sent
+
+    def refuse(self) -> bool:
+        """In the Trio thread, once its caller gave up on it: it will not be sent from
+        now on; whether it was (it may be running, or have run)."""
+        with self.lock:
+            self.cancelled = True
+            return self.sent
 
     def detach(self) -> None:
         """In the worker thread, once the statement is done (waits for a cancel request
@@ -339,6 +348,8 @@ class PostgresEngine:
         or abandoned."""
         pool = self._pool
         if pool is None:
+            if finished is not None:
+                finished()
             raise StorageError(f"the PostgreSQL engine on {self._label} is closed")
         statement = _Statement()
         token = trio.lowlevel.current_trio_token() if finished is not None else None
@@ -370,8 +381,15 @@ class PostgresEngine:
                     run, limiter=self._limiter, abandon_on_cancel=True
                 )
             return await self._db_held(clock, run)
-        except trio.Cancelled:
-            trio.lowlevel.start_thread_soon(statement.cancel, _ignore)
+        except BaseException as exc:
+            if statement.refuse():
+                if isinstance(exc, trio.Cancelled):
+                    trio.lowlevel.start_thread_soon(statement.cancel, _ignore)
+            elif finished is not None:
+                # Never sent, and never will be (a cancel while waiting for the limiter
+                # or a connection: the worker thread may not even have started): no
+                # statement is out. (The worker, if any, calls it again: harmless.)
+                finished()
             raise
         finally:
             del inflight[id(statement)]
