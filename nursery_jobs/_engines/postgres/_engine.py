@@ -3,7 +3,8 @@ is a host of one cluster; PostgreSQL is the only coordinator.
 
 - An object runs on the host holding its lease (``owner``, ``epoch``, ``lease_until`` on
   its ``nj_objects`` row); its state is a working copy (``_pg_copy``) whose commits ship
-  as fenced transactions (``_pg_ops.ship``).
+  as fenced transactions (``_pg_ops.ship``); ships of different objects that arrive while
+  one is out share the next round trip (``_pg_batch``, group commit).
 - The timer reads a local alarm index: the alarms of the objects this host holds. The
   serve task claims due objects nobody holds (``_pg_ops.claim``), renews the leases,
   releases evicted objects, ships the flight list and runs forwarded calls
