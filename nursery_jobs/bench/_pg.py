@@ -5,7 +5,8 @@ Figures (each the median and range of ``runs`` runs, the runs interleaved so tha
 from other work on the machine spreads over every figure): the ceiling (claim+delete of
 no-op jobs in batches of 100 over one connection); dispatch on one host, one object and
 100 objects; one, two and three host processes on 300 objects, with the CPU each process
-and the server used; pushes per call and batched; cross-host call latency; activation of
+and the server used; pushes per call and batched, and 100 callers pushing into 100
+objects at once (group commit); cross-host call latency; activation of
 an object with 100 jobs and 100 KV rows; failover after a SIGKILL.
 """
 
@@ -43,6 +44,9 @@ MANY_OBJECTS = 100
 TARGET_DISPATCH_PER_S = 10_000
 TARGET_VS_CEILING = 0.3
 TARGET_CALL_P50_MS = 3.0
+# Issue 26: 100 callers pushing into 100 objects, one push per call, on one host.
+CONCURRENT_CALLERS = 100
+TARGET_CONCURRENT_PUSH_PER_S = 10_000
 _TABLES = "nj_objects, nj_rows, nj_crashes, nj_calls, nj_hosts"
 
 
@@ -229,6 +233,35 @@ async def _pushes(dsn: str, per_call: int, batched: int) -> dict[str, float]:
         await obj.push_batched(batched)
         t2 = time.perf_counter()
     return {"per_call_per_s": per_call / (t1 - t0), "batched_per_s": batched / (t2 - t1)}
+
+
+async def concurrent_pushes(dsn: str, callers: int, per_caller: int) -> dict[str, float]:
+    """``callers`` tasks, each pushing ``per_caller`` jobs into its own object, one push
+    per stub call (each durable in PostgreSQL when its call returns): the ships of
+    different objects share round trips (group commit, issue 26)."""
+    engine = PostgresEngine(dsn)
+    async with nj.open_runtime(engine, env=HostBench("A")) as rt:
+        stubs = [rt.get(PgBenchObject, f"c{i}") for i in range(callers)]
+        for stub in stubs:
+            await stub.ping()  # activation is not a push
+        before = engine.ship_statistics()
+
+        async def caller(stub: Any) -> None:
+            for i in range(per_caller):
+                await stub.push_one(i)
+
+        t0, cpu0, trio0 = time.perf_counter(), time.process_time(), time.thread_time()
+        async with trio.open_nursery() as nursery:
+            for stub in stubs:
+                nursery.start_soon(caller, stub)
+        elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+        trio_cpu = time.thread_time() - trio0  # the Trio thread's share of ``cpu``
+        after = engine.ship_statistics()
+    pushes = callers * per_caller
+    trips = after.round_trips - before.round_trips
+    return {"per_s": pushes / elapsed, "cpu_us": cpu / pushes * 1e6,
+            "trio_cpu_us": trio_cpu / pushes * 1e6,
+            "ships_per_round_trip": (after.ships - before.ships) / trips if trips else 0.0}
 
 
 async def _activation(dsn: str, objects: int) -> dict[str, float]:
@@ -430,7 +463,9 @@ FIGURES = (
     "hosts_1_host_cpu", "hosts_2_host_cpu", "hosts_3_host_cpu",
     "hosts_1_server_cpu", "hosts_2_server_cpu", "hosts_3_server_cpu",
     "hosts_1_other_cpu", "hosts_2_other_cpu", "hosts_3_other_cpu",
-    "push_per_call_per_s", "push_batched_per_s", "call_p50_ms", "call_p99_ms",
+    "push_per_call_per_s", "push_batched_per_s", "push_concurrent_per_s",
+    "push_concurrent_cpu_us", "push_concurrent_trio_cpu_us",
+    "push_concurrent_ships_per_round_trip", "call_p50_ms", "call_p99_ms",
     "activation_p50_ms", "activation_p99_ms", "failover_first_s", "failover_all_s",
 )
 
@@ -441,6 +476,8 @@ class Settings:
     def __init__(self, n: int, runs: int, quick: bool, lease_ttl: float) -> None:
         self.n, self.runs, self.quick, self.lease_ttl = n, runs, quick, lease_ttl
         self.push_per_call = min(n, 50 if quick else 2000)
+        self.push_callers = CONCURRENT_CALLERS
+        self.push_per_caller = 2 if quick else 100
         self.call_samples = 20 if quick else 300
         self.activations = 3 if quick else 20
         self.failover_objects = 3 if quick else 10
@@ -479,6 +516,12 @@ def _one_run(
     pushes = measure("pushes", lambda: trio.run(_pushes, dsn, s.push_per_call, s.n))
     out["push_per_call_per_s"] = pushes["per_call_per_s"]
     out["push_batched_per_s"] = pushes["batched_per_s"]
+    many = measure(f"pushes, {s.push_callers} callers", lambda: trio.run(
+        concurrent_pushes, dsn, s.push_callers, s.push_per_caller))
+    out["push_concurrent_per_s"] = many["per_s"]
+    out["push_concurrent_cpu_us"] = many["cpu_us"]
+    out["push_concurrent_trio_cpu_us"] = many["trio_cpu_us"]
+    out["push_concurrent_ships_per_round_trip"] = many["ships_per_round_trip"]
     call = measure("cross-host calls", lambda: call_latency(dsn, s.call_samples))
     out["call_p50_ms"], out["call_p99_ms"] = call["p50_ms"], call["p99_ms"]
     act = measure("activation", lambda: trio.run(_activation, dsn, s.activations))
@@ -492,7 +535,7 @@ def run(dsn: str, s: Settings, progress_enabled: bool) -> dict[str, Any]:
     """Every figure, ``s.runs`` times, on a database created for the run and dropped."""
     import psycopg
 
-    progress = Progress(s.runs * 10, progress_enabled)  # the measurements of _one_run
+    progress = Progress(s.runs * 11, progress_enabled)  # the measurements of _one_run
     load_start = _load()
     runs: list[dict[str, float]] = []
     with fresh_database(dsn) as db:
@@ -515,6 +558,8 @@ def run(dsn: str, s: Settings, progress_enabled: bool) -> dict[str, Any]:
                                         med("dispatch_100_objects_vs_ceiling"))
         >= TARGET_VS_CEILING,
         "call p50 <= 3 ms": med("call_p50_ms") <= TARGET_CALL_P50_MS,
+        "100 callers push >= 10,000/s": med("push_concurrent_per_s")
+        >= TARGET_CONCURRENT_PUSH_PER_S,
         "failover <= lease_ttl + 1 s": med("failover_all_s") <= s.lease_ttl + 1.0,
     }
     return {
@@ -567,6 +612,11 @@ def render(report: dict[str, Any]) -> str:
         cpu_rows(f"hosts_{count}", "each host")
     row("push, one push per stub call", "push_per_call_per_s", unit="/s")
     row("push, batched in one storage.transaction()", "push_batched_per_s", unit="/s")
+    row(f"push, {CONCURRENT_CALLERS} callers into {CONCURRENT_CALLERS} objects (one push per"
+        " call)", "push_concurrent_per_s", unit="/s")
+    row("  host CPU per push (all threads)", "push_concurrent_cpu_us", ".0f", " µs")
+    row("  of which the Trio thread", "push_concurrent_trio_cpu_us", ".0f", " µs")
+    row("  ships per round trip (group commit)", "push_concurrent_ships_per_round_trip", ".1f")
     row("cross-host call p50", "call_p50_ms", ".2f", " ms")
     row("cross-host call p99", "call_p99_ms", ".2f", " ms")
     row("activation, 100 jobs + 100 KV rows, p50", "activation_p50_ms", ".2f", " ms")

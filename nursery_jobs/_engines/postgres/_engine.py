@@ -3,7 +3,8 @@ is a host of one cluster; PostgreSQL is the only coordinator.
 
 - An object runs on the host holding its lease (``owner``, ``epoch``, ``lease_until`` on
   its ``nj_objects`` row); its state is a working copy (``_pg_copy``) whose commits ship
-  as fenced transactions (``_pg_ops.ship``).
+  as fenced transactions (``_pg_ops.ship``); ships of different objects that arrive while
+  one is out share the next round trip (``_pg_batch``, group commit).
 - The timer reads a local alarm index: the alarms of the objects this host holds. The
   serve task claims due objects nobody holds (``_pg_ops.claim``), renews the leases,
   releases evicted objects, ships the flight list and runs forwarded calls
@@ -44,6 +45,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from nursery_jobs import _clock
 from nursery_jobs._engines.base import EngineSite
 from nursery_jobs._engines.postgres import _ops as ops
+from nursery_jobs._engines.postgres._batch import ShipBatcher, ShipStatistics
 from nursery_jobs._engines.postgres._calls import POLL, CallRouter, channel
 from nursery_jobs._engines.postgres._copy import (
     SHIPPED,
@@ -123,18 +125,27 @@ class _Statement:
     server. The lock keeps a cancel request from reaching the connection once the
     statement is done (the connection may serve another caller by then)."""
 
-    __slots__ = ("cancelled", "conn", "lock")
+    __slots__ = ("cancelled", "conn", "lock", "sent")
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.conn: psycopg.Connection[Any] | None = None
         self.cancelled = False
+        self.sent = False
 
     def attach(self, conn: psycopg.Connection[Any]) -> bool:
         """In the worker thread, before the statement: False if it is not wanted."""
         with self.lock:
             self.conn = conn
-            return not self.cancelled
+            self.sent = not self.cancelled
+            return self.sent
+
+    def refuse(self) -> bool:
+        """In the Trio thread, once its caller gave up on it: it will not be sent from
+        now on; whether it was (it may be running, or have run)."""
+        with self.lock:
+            self.cancelled = True
+            return self.sent
 
     def detach(self) -> None:
         """In the worker thread, once the statement is done (waits for a cancel request
@@ -230,6 +241,8 @@ class PostgresEngine:
         self._alarm_heap: list[tuple[float, Key]] = []
         # Per object, the end of its last ship abandoned by a cancelled caller (see _ship).
         self._ships_out: dict[Key, trio.Event] = {}
+        # Group commit: ships of many objects share round trips (issue 26).
+        self._batcher = ShipBatcher(self._ship_batch)
         self._classes: dict[str, str] = {}
         # Namespaces whose alarms this host claims (its runtime resolves them), and
         # those it does not: namespace -> when (Trio time) to look at it again.
@@ -327,13 +340,17 @@ class PostgresEngine:
         self._alarm_heap.clear()
 
     async def _db(self, fn: Callable[..., T], *args: Any,
-                  finished: trio.Event | None = None) -> T:
+                  finished: Callable[[], object] | None = None) -> T:
         """Run ``fn(conn, *args)`` on a pooled connection in a worker thread. Where the
         caller is cancelled meanwhile, the statement is cancelled on the server and the
         caller does not wait for it (whether it took effect is unknown to the caller:
-        every caller handles that as it handles a lost answer)."""
+        every caller handles that as it handles a lost answer). ``finished`` is called
+        in the Trio thread once the worker thread is done with the statement, answered
+        or abandoned."""
         pool = self._pool
         if pool is None:
+            if finished is not None:
+                finished()
             raise StorageError(f"the PostgreSQL engine on {self._label} is closed")
         statement = _Statement()
         token = trio.lowlevel.current_trio_token() if finished is not None else None
@@ -351,7 +368,7 @@ class PostgresEngine:
                 if token is not None and finished is not None:
                     # (the caller may be gone: this thread was abandoned)
                     with contextlib.suppress(trio.RunFinishedError):
-                        token.run_sync_soon(finished.set)
+                        token.run_sync_soon(finished)
 
         inflight = self._inflight
         if not inflight:
@@ -365,8 +382,15 @@ class PostgresEngine:
                     run, limiter=self._limiter, abandon_on_cancel=True
                 )
             return await self._db_held(clock, run)
-        except trio.Cancelled:
-            trio.lowlevel.start_thread_soon(statement.cancel, _ignore)
+        except BaseException as exc:
+            if statement.refuse():
+                if isinstance(exc, trio.Cancelled):
+                    trio.lowlevel.start_thread_soon(statement.cancel, _ignore)
+            elif finished is not None:
+                # Never sent, and never will be (a cancel while waiting for the limiter
+                # or a connection: the worker thread may not even have started): no
+                # statement is out. (The worker, if any, calls it again: harmless.)
+                finished()
             raise
         finally:
             del inflight[id(statement)]
@@ -549,8 +573,7 @@ class PostgresEngine:
         self._ships_out[key] = finished = trio.Event()
         sent = lease_clock()
         try:
-            shipped = await self._db(ops.ship, self.host_id, self.lease_ttl, change,
-                                     finished=finished)
+            shipped = await self._batcher.ship(change, finished)
         except psycopg.Error as exc:
             raise StorageError(
                 f"cannot ship the writes of {key[0]}/{key[1]} to PostgreSQL"
@@ -572,6 +595,20 @@ class PostgresEngine:
                     self._releases.append((key[0], key[1], change.epoch))
                     self._release_event.set()
         return shipped
+
+    async def _ship_batch(self, changes: list[Change], finished: Callable[[], object]
+                          ) -> list[str]:
+        """One round trip of the ship batcher: a lone change as ``ops.ship``, several
+        as ``ops.ship_many`` (one statement: each object's fence, each its outcome)."""
+        if len(changes) == 1:
+            return [await self._db(ops.ship, self.host_id, self.lease_ttl, changes[0],
+                                   finished=finished)]
+        return await self._db(ops.ship_many, self.host_id, self.lease_ttl, changes,
+                              finished=finished)
+
+    def ship_statistics(self) -> ShipStatistics:
+        """Ships sent by this host so far, and the round trips that carried them."""
+        return self._batcher.statistics()
 
     def _local_alarm(self, state: PgObject, time: float | None, retry: int) -> None:
         if self._active.get(state.key) is not state:

@@ -185,6 +185,106 @@ def ship(conn: Conn, me: str, ttl: float, change: Change) -> str:
     return FENCED if stored is None else STALE
 
 
+# Many objects' ships in one statement (group commit, issue 26): ``s`` numbers the
+# changes; ``fence`` is ``_SHIP``'s fence for each of them at once (an object whose
+# lease or base is gone is simply not in it); rows, alarms and crash tokens are written
+# for the objects in ``fence`` only. The last SELECT tells, per change, the version
+# written, or (the snapshot from before the fence) a lost lease from a lost base.
+_SHIP_MANY = """
+WITH s AS (
+    SELECT * FROM unnest(%(i)s::int[], %(ns)s::text[], %(oid)s::text[], %(epoch)s::bigint[],
+        %(version)s::bigint[], %(unsure)s::bigint[], %(set_alarm)s::bool[],
+        %(time)s::float8[], %(retry)s::int[], %(clear)s::bool[])
+        AS s(i, ns, oid, epoch, version, unsure, set_alarm, time, retry, clear)
+), fence AS (
+    UPDATE nj_objects o SET
+        alarm_time = CASE WHEN s.set_alarm THEN s.time ELSE o.alarm_time END,
+        alarm_retry = CASE WHEN s.set_alarm THEN s.retry ELSE o.alarm_retry END,
+        lease_until = greatest(o.lease_until, now() + make_interval(secs => %(ttl)s)),
+        version = o.version + 1
+    FROM s
+    WHERE o.namespace = s.ns AND o.object_id = s.oid AND o.owner = %(me)s
+        AND o.epoch = s.epoch AND o.version BETWEEN s.version AND s.version + s.unsure
+    RETURNING s.i, s.ns, s.oid, s.clear, o.version
+), deleted AS (
+    DELETE FROM nj_rows r
+    USING fence f, unnest(%(di)s::int[], %(dt)s::text[], %(dk)s::text[]) AS d(i, tbl, key)
+    WHERE d.i = f.i AND r.namespace = f.ns AND r.object_id = f.oid
+        AND r.tbl = d.tbl AND r.key = d.key
+), upserted AS (
+    INSERT INTO nj_rows (namespace, object_id, tbl, key, data)
+    SELECT f.ns, f.oid, u.tbl, u.key, u.data
+    FROM fence f JOIN unnest(%(ui)s::int[], %(ut)s::text[], %(uk)s::text[], %(ud)s::text[])
+        AS u(i, tbl, key, data) ON u.i = f.i
+    ON CONFLICT (namespace, object_id, tbl, key) DO UPDATE SET data = excluded.data
+), crashes AS (
+    DELETE FROM nj_crashes c USING fence f
+    WHERE f.clear AND c.namespace = f.ns AND c.object_id = f.oid
+)
+SELECT s.i, f.version, o.version
+FROM s LEFT JOIN fence f ON f.i = s.i
+    LEFT JOIN nj_objects o ON o.namespace = s.ns AND o.object_id = s.oid
+        AND o.owner = %(me)s AND o.epoch = s.epoch
+"""
+# A batch that deadlocks with another of the host's own multi-row statements (a renewal,
+# a release: their row order is the planner's) is retried this many times; the one
+# PostgreSQL aborts has written nothing.
+SHIP_MANY_DEADLOCK_RETRIES = 3
+DEADLOCK = "40P01"  # SQLSTATE deadlock_detected
+
+
+def ship_many(conn: Conn, me: str, ttl: float, changes: list[Change]) -> list[str]:
+    """``ship`` for several objects at once (each at most once), in one statement and
+    one transaction: each object's fence is checked as ``ship`` checks it, and refuses
+    that object's change alone (FENCED or STALE for it; the others are written). Sets
+    ``shipped_version`` of each change written; returns the outcomes in order."""
+    params: dict[str, Any] = {
+        "me": me, "ttl": ttl, "i": [], "ns": [], "oid": [], "epoch": [], "version": [],
+        "unsure": [], "set_alarm": [], "time": [], "retry": [], "clear": [],
+        "di": [], "dt": [], "dk": [], "ui": [], "ut": [], "uk": [], "ud": [],
+    }
+    # In key order: row locks taken in one order by every batch of every host.
+    order = sorted(range(len(changes)),
+                   key=lambda n: (changes[n].namespace, changes[n].object_id))
+    for n in order:
+        change = changes[n]
+        alarm = change.alarm
+        params["i"].append(n)
+        params["ns"].append(change.namespace)
+        params["oid"].append(change.object_id)
+        params["epoch"].append(change.epoch)
+        params["version"].append(change.version)
+        params["unsure"].append(change.unsure)
+        params["set_alarm"].append(alarm is not None)
+        params["time"].append(None if alarm is None else alarm[0])
+        params["retry"].append(0 if alarm is None else alarm[1])
+        params["clear"].append(change.clear_crashes)
+        for tbl, key in change.deletes:
+            params["di"].append(n)
+            params["dt"].append(tbl)
+            params["dk"].append(key)
+        for tbl, key, data in change.upserts:
+            params["ui"].append(n)
+            params["ut"].append(tbl)
+            params["uk"].append(key)
+            params["ud"].append(data)
+    for attempt in range(SHIP_MANY_DEADLOCK_RETRIES + 1):
+        try:
+            rows = conn.execute(_SHIP_MANY, params).fetchall()
+            break
+        except Exception as exc:  # (psycopg is optional: its error is known by SQLSTATE)
+            if getattr(exc, "sqlstate", None) != DEADLOCK or attempt == SHIP_MANY_DEADLOCK_RETRIES:
+                raise
+    outcomes = [FENCED] * len(changes)
+    for n, written, stored in rows:
+        if written is not None:
+            changes[n].shipped_version = int(written)
+            outcomes[n] = SHIPPED
+        elif stored is not None:
+            outcomes[n] = STALE
+    return outcomes
+
+
 def claim(
     conn: Conn, me: str, ttl: float, now: float, limit: int, served: list[str],
     skipped: list[str],
@@ -262,6 +362,7 @@ def renew(
     so that any host — this one too, whose claims skip its own rows — claims their
     alarms.
     """
+    leases = sorted(leases)  # row locks in key order, as ``ship_many`` takes them
     with conn.transaction():
         conn.execute(
             "INSERT INTO nj_hosts (host_id) VALUES (%s)"
@@ -286,6 +387,7 @@ def renew(
 
 def release(conn: Conn, me: str, leases: list[tuple[str, str, int]]) -> None:
     """Give up leases (at the epochs given: a lease taken again since stays)."""
+    leases = sorted(leases)  # row locks in key order, as ``ship_many`` takes them
     rows = conn.execute(
         "UPDATE nj_objects o SET owner = NULL, lease_until = NULL"
         " FROM unnest(%s::text[], %s::text[], %s::bigint[]) AS r(ns, oid, epoch)"
