@@ -17,6 +17,7 @@ psycopg = pytest.importorskip("psycopg")  # the postgres extra; CI installs it (
 
 import nursery_jobs as nj
 from nursery_jobs._codec import encode_call
+from nursery_jobs._engines.postgres import _calls as calls
 from nursery_jobs._engines.postgres._calls import channel
 from nursery_jobs._engines.postgres._engine import PostgresEngine
 
@@ -151,3 +152,22 @@ async def test_cancelling_the_caller_leaves_the_running_call_to_finish_once(
         assert await a.get(Echo, "e").read() == 2
         # The next call is served as before.
         assert await b.get(Echo, "e").bump() == 3
+
+
+@pytest.mark.parametrize(("state", "result"), [
+    ("ok", None), ("ok", '"a b  c"'), ("ok", ""), ("error", "QUJD"), ("moved", None),
+    ("ok", '"' + "é" * 3_000 + '"'),
+])
+def test_an_answer_that_fits_travels_in_its_notification(state: str, result: str | None) -> None:
+    note = calls.answer_note(42, state, result)
+    assert len(note.encode()) < 8_000
+    assert calls._read_answer(note) == (42, (state, result))
+
+
+def test_a_big_answer_is_left_in_the_row() -> None:
+    note = calls.answer_note(42, "ok", '"' + "é" * 4_000 + '"')  # 8,002 bytes
+    assert note == "r42"
+    assert calls._read_answer(note) == (42, None)
+    assert calls._read_answer("c42") is None
+    assert calls.announced_call("c42") == 42
+    assert calls.announced_call("a42 ok -") is None
