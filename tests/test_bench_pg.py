@@ -50,6 +50,18 @@ def test_quick_postgres_bench_reports_every_figure(capsys: pytest.CaptureFixture
     assert _bench_databases(dsn) <= before
 
 
+def test_postgres_bench_measures_only_the_calls_when_asked(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    dsn = server_dsn()
+    assert main(["--engine", "postgres", "--dsn", dsn, "--quick", "--calls-only",
+                 "--runs", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "cross-host call p50" in out and "cross-host call p99" in out
+    assert "dispatch" not in out and "failover" not in out
+    assert "targets: call p50 <= 3 ms: " in out
+
+
 def test_postgres_bench_needs_a_server_address(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("NJ_POSTGRES_DSN", raising=False)
     with pytest.raises(SystemExit) as exc:
