@@ -888,9 +888,15 @@ class PostgresEngine:
         while not self._stopping.is_set():
             try:
                 with psycopg.connect(self.dsn, autocommit=True) as conn:
-                    # (it takes calls: committed as the pool's statements are — with
-                    # synchronous_commit on, each take waited ~3 ms for a WAL flush)
+                    # It takes calls: committed as the pool's statements are (with the
+                    # server's synchronous_commit on, each take waited ~3 ms for a WAL
+                    # flush), and bounded as they are (a take stuck on a lock would hold
+                    # up every notification; it fails, and this reconnects and polls).
                     conn.execute(f"SET synchronous_commit = {self._commit}")
+                    for setting, share in (("lock_timeout", LOCK_TIMEOUT_SHARE),
+                                           ("statement_timeout", STATEMENT_TIMEOUT_SHARE)):
+                        ms = max(1, math.ceil(self.lease_ttl * share * 1000))
+                        conn.execute(f"SET {setting} = {ms}")
                     conn.execute("LISTEN nj_alarm")
                     conn.execute(f'LISTEN "{mine}"')
                     token.run_sync_soon(self._notified, "", "listening")
