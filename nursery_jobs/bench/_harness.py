@@ -393,6 +393,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="postgres: a smoke test with tiny N (not figures to quote)")
     parser.add_argument("--lease-ttl", type=float, default=None,
                         help="postgres: lease_ttl of the failover hosts (default 2 s)")
+    parser.add_argument("--calls-only", action="store_true",
+                        help="postgres: measure only the cross-host call latency")
     parser.add_argument("--dir", type=Path, default=None,
                         help="sqlite: where to put the databases (default: the temp dir)")
     parser.add_argument("--no-peers", action="store_true", help="sqlite: skip the peers")
@@ -421,11 +423,12 @@ def main(argv: list[str] | None = None) -> int:
         from ._pg import main as pg_main
 
         return pg_main(args.dsn, args.n, args.runs, args.quick, args.lease_ttl, args.json,
-                       parser.error)
+                       parser.error, calls_only=args.calls_only)
     if args.runs is not None and not args.objects:
         parser.error("--runs applies to --engine postgres or --objects only")
     for given, option in ((args.lease_ttl, "--lease-ttl"),
-                          (args.quick or None, "--quick")):
+                          (args.quick or None, "--quick"),
+                          (args.calls_only or None, "--calls-only")):
         if given is not None:
             parser.error(f"{option} applies to --engine postgres only")
     n = 20_000 if args.n is None else args.n

@@ -4,6 +4,15 @@ local stub call and answers the same way. Arguments and results go through the p
 codec, in the envelope every engine's stub call copies through (``_codec.encode_call``,
 ``encode_result``); an exception raised by the call travels pickled (an ``RpcError``
 naming it when it cannot).
+
+Three round trips carry a call (issue 26): the caller's insert + notify; the owner's take,
+run by its listening thread on its own connection in the moment it hears of the call (no
+hop to a worker thread); the owner's answer + notify, whose notification carries the
+answer itself when it fits (under ``NOTE_MAX`` bytes). The answer is written to the row
+all the same, so a caller that misses the notification finds it there (its check every
+``CHECK_INTERVAL``); the caller deletes the rows of answers it read from notifications
+in batches (``tidy``, ``TIDY_DELAY`` after the first), off the path of its calls. A big
+answer is only in the row, and the caller collects it (a fourth round trip).
 """
 
 from __future__ import annotations
@@ -13,7 +22,7 @@ import hashlib
 import logging
 import pickle
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 import trio
 
@@ -54,6 +63,18 @@ def _transport_error(label: str, target: str, exc: Exception, *, sent: bool) -> 
     return RpcError(f"{label}: lost touch with PostgreSQL while host {target} had the call;"
                     f" it may or may not have run ({describe_error(exc)})")
 POLL: Final = -1  # (on the incoming channel) look for calls whose notification was missed
+# A notification's payload must be under 8,000 bytes: an answer note longer than this
+# (a big result) says only which row holds the answer.
+NOTE_MAX: Final = 7_900
+# The rows of answers read from notifications are deleted in one statement this long after
+# the first of them (off the path of any call: that statement cost a call ~0.5 ms when it
+# rode in the next call's insert).
+TIDY_DELAY: Final = 0.5
+# Answers that arrived with no caller waiting (early, or for an abandoned wait) kept at most.
+EARLY_MAX: Final = 1_000
+ABANDONED_MAX: Final = 10_000
+
+Answer = tuple[str, str | None]  # (state, result text)
 
 Db = Callable[..., Awaitable[Any]]
 
@@ -61,6 +82,48 @@ Db = Callable[..., Awaitable[Any]]
 def channel(host_id: str) -> str:
     """The notification channel of a host (calls to it, answers to its calls)."""
     return "nj_h_" + hashlib.sha256(host_id.encode()).hexdigest()[:24]
+
+
+class TakenCall(NamedTuple):
+    """A call row this host took (``pending`` -> ``running``): it runs it, once."""
+
+    call_id: int
+    caller: str
+    namespace: str
+    object_id: str
+    class_path: str
+    name: str
+    payload: str
+
+
+def answer_note(call_id: int, state: str, result: str | None) -> str:
+    """The notification that answers call ``call_id``: ``a<id> <state> -`` (no result) or
+    ``a<id> <state> =<result>`` where it fits in a notification, else ``r<id>`` (the answer
+    is in the row)."""
+    note = f"a{call_id} {state} " + ("-" if result is None else "=" + result)
+    if len(note) * 4 < NOTE_MAX or len(note.encode()) < NOTE_MAX:
+        return note
+    return f"r{call_id}"
+
+
+def _read_answer(note: str) -> tuple[int, Answer | None] | None:
+    """``(call_id, answer)`` from an answer notification (``answer`` None: it is in the
+    row), or None where ``note`` is none."""
+    kind = note[:1]
+    if kind == "r":
+        return (int(note[1:]), None) if note[1:].isdigit() else None
+    if kind != "a":
+        return None
+    head, _, rest = note.partition(" ")
+    state, _, tail = rest.partition(" ")
+    if not head[1:].isdigit() or state not in _DONE or tail[:1] not in ("-", "="):
+        return None
+    return int(head[1:]), (state, None if tail == "-" else tail[1:])
+
+
+def announced_call(note: str) -> int | None:
+    """The id of the call a notification on a host's channel announces (``c<id>``)."""
+    return int(note[1:]) if note[:1] == "c" and note[1:].isdigit() else None
 
 
 # -- statements (worker threads) -------------------------------------------------------
@@ -73,6 +136,10 @@ def _send(conn: Conn, me: str, target: str, namespace: str, object_id: str,
         (target, me, namespace, object_id, class_path, name, payload, channel(target)),
     ).fetchone()
     return int(call_id)
+
+
+def _forget(conn: Conn, spent: list[int]) -> None:
+    conn.execute("DELETE FROM nj_calls WHERE id = ANY(%s::bigint[])", (spent,))
 
 
 def _check(conn: Conn, call_id: int, namespace: str, object_id: str,
@@ -99,20 +166,22 @@ def _collect(conn: Conn, call_id: int) -> tuple[str, str | None] | None:
     return None if row is None else (str(row[0]), row[1])
 
 
-def _take(conn: Conn, me: str, call_id: int) -> tuple[Any, ...] | None:
-    row = conn.execute(
-        "UPDATE nj_calls SET state = 'running' WHERE id = %s AND target = %s"
+def take(conn: Conn, me: str, call_ids: list[int]) -> list[TakenCall]:
+    """Take the calls ``call_ids`` to host ``me`` that are still pending (one statement;
+    the listening thread runs it on its own connection). Blocks."""
+    return [TakenCall(int(row[0]), *row[1:]) for row in conn.execute(
+        "UPDATE nj_calls SET state = 'running' WHERE id = ANY(%s::bigint[]) AND target = %s"
         " AND state = 'pending'"
-        " RETURNING caller, namespace, object_id, class_path, name, payload", (call_id, me),
-    ).fetchone()
-    return None if row is None else tuple(row)
+        " RETURNING id, caller, namespace, object_id, class_path, name, payload",
+        (call_ids, me),
+    )]
 
 
 def _answer(conn: Conn, call_id: int, caller: str, state: str, result: str | None) -> None:
     conn.execute(
         "WITH a AS (UPDATE nj_calls SET state = %s, result = %s WHERE id = %s RETURNING id)"
-        " SELECT pg_notify(%s, 'r' || id) FROM a",
-        (state, result, call_id, channel(caller)),
+        " SELECT pg_notify(%s, %s) FROM a",
+        (state, result, call_id, channel(caller), answer_note(call_id, state, result)),
     )
 
 
@@ -149,17 +218,61 @@ class CallRouter:
         self._db = db
         self._holds = holds  # (namespace, object_id): does this host hold the lease?
         self._waiting: dict[int, trio.Event] = {}
-        # Answers that arrived before their caller was waiting (a fast owner answers
-        # while the caller's insert is still returning from its thread).
-        self._early: set[int] = set()
-        self.incoming_send, self._incoming = trio.open_memory_channel[int](1_000_000)
+        # Answers heard (None: it is in the row) and not yet read by their caller; also
+        # those that arrived before their caller was waiting (a fast owner answers while
+        # the caller's insert is still returning from its thread). Oldest first.
+        self._answers: dict[int, Answer | None] = {}
+        # Calls whose caller stopped waiting while they ran: their answers are spent.
+        self._abandoned: set[int] = set()
+        # Rows of answers read from notifications, to delete (``tidy``).
+        self._spent: list[int] = []
+        self._spent_wake = trio.Event()
+        # Read by the listening thread: while calls are served, it takes them itself.
+        self.serving = False
+        self.incoming_send, self._incoming = trio.open_memory_channel[int | TakenCall](
+            1_000_000)
 
-    def answered(self, call_id: int) -> None:
+    def heard(self, note: str) -> None:
+        """A notification on this host's channel other than a call: an answer."""
+        read = _read_answer(note)
+        if read is None:
+            return
+        call_id, answer = read
+        if call_id in self._abandoned:
+            self._abandoned.discard(call_id)
+            self._spend(call_id)
+            return
+        if call_id not in self._waiting:
+            while len(self._answers) >= EARLY_MAX:  # (a lost one is read from its row)
+                del self._answers[next(iter(self._answers))]
+        self._answers[call_id] = answer
         event = self._waiting.get(call_id)
         if event is not None:
             event.set()
-        elif len(self._early) < 100_000:
-            self._early.add(call_id)
+
+    def taken(self, calls: list[TakenCall]) -> None:
+        """Calls the listening thread took: run them."""
+        for call in calls:
+            self.incoming_send.send_nowait(call)
+
+    def _spend(self, call_id: int) -> None:
+        self._spent.append(call_id)
+        self._spent_wake.set()
+
+    async def tidy(self) -> None:
+        """Delete the rows of answers read from notifications, in one statement
+        ``TIDY_DELAY`` after the first of them. Runs until cancelled."""
+        while True:
+            await self._spent_wake.wait()
+            await trio.sleep(TIDY_DELAY)
+            self._spent_wake = trio.Event()
+            spent, self._spent = self._spent, []
+            if not spent:
+                continue
+            try:
+                await self._db(_forget, spent)
+            except Exception as exc:  # (the sweep deletes them in time)
+                logger.debug("cannot delete %d answered call rows: %s", len(spent), exc)
 
     async def forward(
         self, target: str, cls: type[DurableObject], object_id: str, name: str,
@@ -190,8 +303,7 @@ class CallRouter:
             raise _transport_error(label, target, exc, sent=False) from exc
         event = trio.Event()
         self._waiting[call_id] = event
-        if call_id in self._early:
-            self._early.discard(call_id)
+        if call_id in self._answers:
             event.set()
         retry = False
         try:
@@ -220,22 +332,23 @@ class CallRouter:
         except BaseException:
             # Cancelled (or failed): withdraw the call if it has not started; one
             # already running runs on (cancelling the caller cancels the wait only).
-            with trio.move_on_after(2, shield=True):
-                try:
-                    await self._db(_withdraw, call_id)
-                except Exception:
-                    logger.debug("could not withdraw call %s", call_id, exc_info=True)
+            await self._abandon(call_id)
             raise
         finally:
             self._waiting.pop(call_id, None)
         if retry:
+            self._answers.pop(call_id, None)
             return await again(name, *args, **kwargs)
-        try:
-            answer = await self._db(_collect, call_id)
-        except Exception as exc:
-            raise _transport_error(label, target, exc, sent=True) from exc
-        if answer is None:
-            raise RpcError(f"{label}: the answer of host {target} was lost")
+        answer = self._answers.pop(call_id, None)
+        if answer is not None:
+            self._spend(call_id)
+        else:
+            try:
+                answer = await self._db(_collect, call_id)
+            except Exception as exc:
+                raise _transport_error(label, target, exc, sent=True) from exc
+            if answer is None:
+                raise RpcError(f"{label}: the answer of host {target} was lost")
         state, result = answer
         if state == "ok":
             return decode_payload(result)
@@ -243,14 +356,36 @@ class CallRouter:
             return await again(name, *args, **kwargs)
         raise _load_error(result, label)
 
+    async def _abandon(self, call_id: int) -> None:
+        """The caller stopped waiting: withdraw the call if it has not started, or
+        mark its answer spent (now, or when it comes)."""
+        withdrawn = None
+        with trio.move_on_after(2, shield=True):
+            try:
+                withdrawn = await self._db(_withdraw, call_id)
+            except Exception:
+                logger.debug("could not withdraw call %s", call_id, exc_info=True)
+        if withdrawn is False:  # running or answered: the sweep would wait 10 minutes
+            if call_id in self._answers:
+                del self._answers[call_id]
+                self._spend(call_id)
+            elif len(self._abandoned) < ABANDONED_MAX:
+                self._abandoned.add(call_id)
+
     async def serve(self, site: EngineSite, classes: dict[str, str]) -> None:
         """Run the calls forwarded to this host, each in a task of its own."""
-        async with trio.open_nursery() as nursery:
-            async for call_id in self._incoming:
-                if call_id == POLL:
-                    nursery.start_soon(self._poll_logged)
-                else:
-                    nursery.start_soon(self._run, site, classes, call_id)
+        self.serving = True
+        try:
+            async with trio.open_nursery() as nursery:
+                async for item in self._incoming:
+                    if isinstance(item, TakenCall):
+                        nursery.start_soon(self._run, site, classes, item)
+                    elif item == POLL:
+                        nursery.start_soon(self._poll_logged)
+                    else:
+                        nursery.start_soon(self._take_and_run, site, classes, item)
+        finally:
+            self.serving = False
 
     async def _poll_logged(self) -> None:
         try:
@@ -263,15 +398,18 @@ class CallRouter:
         for call_id in await self._db(_pending, self._me):
             self.incoming_send.send_nowait(call_id)
 
-    async def _run(self, site: EngineSite, classes: dict[str, str], call_id: int) -> None:
+    async def _take_and_run(self, site: EngineSite, classes: dict[str, str],
+                            call_id: int) -> None:
         try:
-            row = await self._db(_take, self._me, call_id)
+            calls = await self._db(take, self._me, [call_id])
         except Exception:
             logger.warning("cannot take forwarded call %s", call_id, exc_info=True)
             return
-        if row is None:
-            return  # withdrawn, or taken already
-        caller, namespace, object_id, class_path, name, payload = row
+        for call in calls:  # (none: withdrawn, or taken already)
+            await self._run(site, classes, call)
+
+    async def _run(self, site: EngineSite, classes: dict[str, str], call: TakenCall) -> None:
+        call_id, caller, namespace, object_id, class_path, name, payload = call
         classes.setdefault(namespace, class_path)
         label = f"{namespace}/{object_id}.{name}()"
         state, result = "ok", None

@@ -46,7 +46,7 @@ from nursery_jobs import _clock
 from nursery_jobs._engines.base import EngineSite
 from nursery_jobs._engines.postgres import _ops as ops
 from nursery_jobs._engines.postgres._batch import ShipBatcher, ShipStatistics
-from nursery_jobs._engines.postgres._calls import POLL, CallRouter, channel
+from nursery_jobs._engines.postgres._calls import POLL, CallRouter, announced_call, channel, take
 from nursery_jobs._engines.postgres._copy import (
     SHIPPED,
     STALE,
@@ -727,8 +727,8 @@ class PostgresEngine:
         self._listener.start()
         if self.client_only:
             # No lease, alarm, flight or write of its own: only answers to its calls
-            # (the listener) arrive.
-            await trio.sleep_forever()
+            # (the listener) arrive, and their rows are deleted.
+            await self._calls.tidy()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._renew_loop, site)
             nursery.start_soon(self._claim_loop, site)
@@ -736,6 +736,7 @@ class PostgresEngine:
             nursery.start_soon(self._release_loop)
             nursery.start_soon(self._ship_loop, site)
             nursery.start_soon(self._calls.serve, site, self._classes)
+            nursery.start_soon(self._calls.tidy)
             nursery.start_soon(self._watch_stalls, site)
 
     async def _watch_stalls(self, site: EngineSite) -> None:
@@ -924,12 +925,34 @@ class PostgresEngine:
         while not self._stopping.is_set():
             try:
                 with psycopg.connect(self.dsn, autocommit=True) as conn:
+                    # It takes calls: committed as the pool's statements are (with the
+                    # server's synchronous_commit on, each take waited ~3 ms for a WAL
+                    # flush), and bounded as they are (a take stuck on a lock would hold
+                    # up every notification; it fails, and this reconnects and polls).
+                    conn.execute(f"SET synchronous_commit = {self._commit}")
+                    for setting, share in (("lock_timeout", LOCK_TIMEOUT_SHARE),
+                                           ("statement_timeout", STATEMENT_TIMEOUT_SHARE)):
+                        ms = max(1, math.ceil(self.lease_ttl * share * 1000))
+                        conn.execute(f"SET {setting} = {ms}")
                     conn.execute("LISTEN nj_alarm")
                     conn.execute(f'LISTEN "{mine}"')
                     token.run_sync_soon(self._notified, "", "listening")
                     while not self._stopping.is_set():
-                        for note in conn.notifies(timeout=0.2):
-                            token.run_sync_soon(self._notified, note.channel, note.payload)
+                        calls = []
+                        for note in conn.notifies(timeout=0.2, stop_after=1):
+                            call_id = announced_call(note.payload) if note.channel == mine \
+                                else None
+                            if call_id is not None and self._calls.serving:
+                                calls.append(call_id)
+                            else:
+                                token.run_sync_soon(self._notified, note.channel,
+                                                    note.payload)
+                        if calls:
+                            # Taken here, on this connection, as soon as heard: a hop
+                            # to a worker thread and the pool would cost more than the
+                            # statement (issue 26).
+                            token.run_sync_soon(self._calls.taken,
+                                                take(conn, self.host_id, calls))
             except trio.RunFinishedError:
                 return
             except psycopg.Error as exc:
@@ -944,13 +967,11 @@ class PostgresEngine:
             if payload == "listening":  # (re)connected: calls sent meanwhile wait
                 self._calls.incoming_send.send_nowait(POLL)
             return
-        kind, call_id = payload[:1], payload[1:]
-        if not call_id.isdigit():
-            return
-        if kind == "c":
-            self._calls.incoming_send.send_nowait(int(call_id))
-        elif kind == "r":
-            self._calls.answered(int(call_id))
+        call_id = announced_call(payload)
+        if call_id is not None:
+            self._calls.incoming_send.send_nowait(call_id)
+        else:
+            self._calls.heard(payload)
 
 
 def _ignore(_: object) -> None:

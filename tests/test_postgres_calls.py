@@ -1,0 +1,173 @@
+"""Calls forwarded between hosts on PostgreSQL (DESIGN.md §9 "Calls across hosts"): how
+an answer comes back (small ones in the notification, big ones through the call row),
+what a missed notification costs (nothing but time: the row is polled), what cancelling
+the caller does (the wait ends; the running call runs on, once). Two runtimes in one
+process on a fresh database (``pg_dsn``); real time.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import pytest
+import trio
+from pg_support import eventually, sql
+
+psycopg = pytest.importorskip("psycopg")  # the postgres extra; CI installs it (dev)
+
+import nursery_jobs as nj
+from nursery_jobs._codec import encode_call
+from nursery_jobs._engines.postgres import _calls as calls
+from nursery_jobs._engines.postgres._calls import channel
+from nursery_jobs._engines.postgres._engine import PostgresEngine
+
+BIG = 20_000  # characters: over what a notification carries (8,000 bytes)
+
+
+class Echo(nj.DurableObject):
+    namespace = "tests.pg_calls.Echo"
+    started: ClassVar[trio.Event | None] = None
+
+    async def host_of(self) -> Any:
+        return self.ctx.env
+
+    async def text(self, size: int) -> str:
+        return "é" * size
+
+    async def nothing(self) -> None:
+        return None
+
+    async def fail(self, size: int) -> None:
+        raise KeyError("x" * size)
+
+    async def bump(self) -> int:
+        value = int(self.ctx.storage.get("n", 0)) + 1
+        self.ctx.storage.put("n", value)
+        return value
+
+    async def slow_bump(self, seconds: float) -> int:
+        if Echo.started is not None:
+            Echo.started.set()
+        await trio.sleep(seconds)
+        return await self.bump()
+
+    async def read(self) -> int:
+        return int(self.ctx.storage.get("n", 0))
+
+
+async def _rows_gone(dsn: str) -> None:
+    await eventually(lambda: sql(dsn, "SELECT count(*) FROM nj_calls")[0][0] == 0)
+
+
+async def test_small_and_big_answers_and_errors_arrive_and_leave_no_row(pg_dsn: str) -> None:
+    async with nj.open_runtime(PostgresEngine(pg_dsn), env="A") as a, \
+            nj.open_runtime(PostgresEngine(pg_dsn), env="B") as b:
+        assert await a.get(Echo, "e").host_of() == "A"
+        stub = b.get(Echo, "e")
+        assert await stub.host_of() == "A"
+        assert await stub.text(3) == "ééé"
+        assert await stub.text(BIG) == "é" * BIG  # through the row
+        assert await stub.nothing() is None
+        with pytest.raises(KeyError, match="xxx"):
+            await stub.fail(3)
+        with pytest.raises(KeyError) as big_error:
+            await stub.fail(BIG)
+        assert big_error.value.args == ("x" * BIG,)
+        # Every answered call row is deleted by its caller (not left to the sweep).
+        await _rows_gone(pg_dsn)
+
+
+async def test_a_missed_answer_notification_is_recovered_from_the_row(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The caller's listener loses every answer notification (a reconnect): its check of
+    the call row finds the answer there, and the call ran once."""
+    async with nj.open_runtime(PostgresEngine(pg_dsn), env="A") as a, \
+            nj.open_runtime(PostgresEngine(pg_dsn), env="B") as b:
+        assert await a.get(Echo, "e").bump() == 1
+        engine: Any = b.engine
+        mine = channel(engine.host_id)
+        notified = engine._notified
+
+        def deaf(chan: str, payload: str) -> None:
+            if chan == mine and not payload.startswith("c"):
+                return  # an answer to one of B's calls: lost
+            notified(chan, payload)
+
+        monkeypatch.setattr(engine, "_notified", deaf)
+        with trio.fail_after(10):
+            assert await b.get(Echo, "e").bump() == 2
+            assert await b.get(Echo, "e").text(3) == "ééé"
+            assert await b.get(Echo, "e").text(BIG) == "é" * BIG
+        assert await a.get(Echo, "e").read() == 2
+        await _rows_gone(pg_dsn)
+
+
+async def test_a_call_whose_notification_was_missed_is_found_by_polling(pg_dsn: str) -> None:
+    """A call row written without a notification (the holder's listener was
+    reconnecting) is taken by the holder's poll and run once."""
+    async with nj.open_runtime(PostgresEngine(pg_dsn, lease_ttl=1.0), env="A") as a, \
+            nj.open_runtime(PostgresEngine(pg_dsn, lease_ttl=1.0), env="B") as b:
+        assert await a.get(Echo, "e").bump() == 1
+        holder: Any = a.engine
+        caller: Any = b.engine
+        payload = encode_call((), {}, (), "tests.pg_calls.Echo/e.bump()")
+        sql(pg_dsn, "INSERT INTO nj_calls (target, caller, namespace, object_id, class_path,"
+            " name, payload) VALUES (%s, %s, %s, %s, %s, %s, %s)",
+            (holder.host_id, caller.host_id, Echo.namespace, "e",
+             f"{Echo.__module__}.{Echo.__qualname__}", "bump", payload))
+        await eventually(lambda: sql(pg_dsn, "SELECT state, result FROM nj_calls")
+                         in ([("ok", "2")], []))
+
+        async def ran() -> bool:
+            return await a.get(Echo, "e").read() == 2
+
+        await eventually(ran)
+        await trio.sleep(0.5)
+        assert await a.get(Echo, "e").read() == 2  # once
+
+
+async def test_cancelling_the_caller_leaves_the_running_call_to_finish_once(
+    pg_dsn: str,
+) -> None:
+    async with nj.open_runtime(PostgresEngine(pg_dsn), env="A") as a, \
+            nj.open_runtime(PostgresEngine(pg_dsn), env="B") as b:
+        assert await a.get(Echo, "e").bump() == 1
+        Echo.started = trio.Event()
+        try:
+            with trio.move_on_after(10) as scope:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(b.get(Echo, "e").slow_bump, 0.5)
+                    await Echo.started.wait()  # running on A
+                    nursery.cancel_scope.cancel(reason="the caller gives up")
+            assert not scope.cancelled_caught
+        finally:
+            Echo.started = None
+
+        async def bumped_once() -> bool:
+            return await a.get(Echo, "e").read() == 2
+
+        await eventually(bumped_once)
+        await trio.sleep(0.2)
+        assert await a.get(Echo, "e").read() == 2
+        # The next call is served as before.
+        assert await b.get(Echo, "e").bump() == 3
+
+
+@pytest.mark.parametrize(("state", "result"), [
+    ("ok", None), ("ok", '"a b  c"'), ("ok", ""), ("error", "QUJD"), ("moved", None),
+    ("ok", '"' + "é" * 3_000 + '"'),
+])
+def test_an_answer_that_fits_travels_in_its_notification(state: str, result: str | None) -> None:
+    note = calls.answer_note(42, state, result)
+    assert len(note.encode()) < 8_000
+    assert calls._read_answer(note) == (42, (state, result))
+
+
+def test_a_big_answer_is_left_in_the_row() -> None:
+    note = calls.answer_note(42, "ok", '"' + "é" * 4_000 + '"')  # 8,002 bytes
+    assert note == "r42"
+    assert calls._read_answer(note) == (42, None)
+    assert calls._read_answer("c42") is None
+    assert calls.announced_call("c42") == 42
+    assert calls.announced_call("a42 ok -") is None
