@@ -14,7 +14,7 @@ import pytest
 import trio
 
 import nursery_jobs as nj
-from nursery_jobs._engines.shared._engine import SharedEngine
+from nursery_jobs._engines.shared._engine import SHIP_INTERVAL, SharedEngine
 from nursery_jobs._errors import DataLayoutError
 
 STALE: list[Any] = []  # a storage handle kept past its object's life (test 4)
@@ -50,6 +50,19 @@ class Note(nj.DurableObject):
 
     async def on_job(self, ctx: nj.JobContext) -> None:
         return None
+
+    async def put_later(self, delay: float, hold: float = 0.0) -> None:
+        """A task of the object's own puts ``bg`` after ``delay``, in a transaction held
+        open ``hold`` seconds: a commit made outside calls and alarm runs."""
+
+        async def put() -> None:
+            await trio.sleep(delay)
+            async with self.ctx.turn():
+                with self.ctx.storage.transaction():
+                    self.ctx.storage.put("bg", "put")
+                    await trio.sleep(hold)
+
+        self.ctx.nursery.start_soon(put)
 
 
 async def test_objects_are_rows_of_one_database_and_come_back(tmp_path: Path) -> None:
@@ -185,6 +198,49 @@ async def test_an_alarm_an_active_object_moved_is_seen_before_it_ships(
         assert engine._unshipped == {}
     finally:
         engine.close()
+
+
+async def test_an_idle_runtime_does_not_look_for_commits_to_ship(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path,
+) -> None:
+    """The ship loop sleeps until a working copy captures a write (or an alarm or a
+    crash token changes): it once looked every 50 ms for as long as objects were
+    resident, 72,000 passes a virtual hour (a cron test across two days took minutes)."""
+    with trio.fail_after(3 * 3600):  # (virtual seconds)
+        async with nj.open_runtime(f"shared:{tmp_path / 'data'}", idle_timeout=86400.0
+                                   ) as rt:
+            engine = rt.engine
+            assert isinstance(engine, SharedEngine)
+            note = rt.get(Note, "n")
+            await note.put("v")
+            await note.later(nj.now() + 7200)  # a job an hour after the hour below
+            await trio.sleep(1)
+            before = engine.statistics()
+            await trio.sleep(3600)
+            after = engine.statistics()
+            assert rt.is_active(Note.namespace, "n")
+            assert after.ship_passes == before.ship_passes
+            assert after.ships == before.ships
+
+
+async def test_a_commit_outside_calls_ships_within_the_interval(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path,
+) -> None:
+    """A task the object started commits outside any call: its rows ship within
+    ``SHIP_INTERVAL`` of the commit, also when its transaction was open across a pass
+    of the ship loop (that pass could ship nothing of it)."""
+    with trio.fail_after(30):
+        async with nj.open_runtime(f"shared:{tmp_path / 'data'}") as rt:
+            engine = rt.engine
+            assert isinstance(engine, SharedEngine)
+            for hold, oid in ((0.0, "quick"), (1.0, "held")):
+                start = trio.current_time()
+                await rt.get(Note, oid).put_later(10.0, hold)
+                await trio.sleep_until(start + 10.0 + hold - 0.001)
+                assert engine.object_rows(Note.namespace, oid) == []  # not committed
+                await trio.sleep_until(start + 10.0 + hold + SHIP_INTERVAL + 0.001)
+                assert engine.object_rows(Note.namespace, oid) == [
+                    ("nj_kv", "bg", '["bg", "\\"put\\""]')]
 
 
 async def test_the_dashboard_refuses_the_shared_layout_rather_than_count_wrong(

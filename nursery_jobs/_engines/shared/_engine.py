@@ -25,6 +25,7 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Final
 
+import attrs
 import trio
 
 from nursery_jobs import _clock
@@ -63,6 +64,17 @@ CREATE TABLE IF NOT EXISTS nj_rows (
 """
 
 
+@attrs.frozen(kw_only=True)
+class SharedStatistics:
+    """What a shared layout's engine has done since it opened (``statistics()``)."""
+
+    ship_passes: int  # passes of the ship loop over the active objects
+    ships: int  # transactions that wrote an object's changes into the shared database
+    rows_shipped: int  # rows written or deleted by them
+    copies_built: int  # working copies deserialized from the image
+    copies_reused: int  # working copies taken from the pool
+
+
 class SharedEngine(CatalogEngine):
     """A data directory whose objects are rows of one shared database."""
 
@@ -73,12 +85,17 @@ class SharedEngine(CatalogEngine):
         self.path = Path(path).absolute()
         self._synchronous = synchronous
         self._lock_fd: int | None = None
-        self._pool = CopyPool()
+        # Set when an active object has something to ship (see ``serve``).
+        self._to_ship = trio.Event()
+        self._pool = CopyPool(self._wake_ship_loop)
         self._active: dict[Key, SharedObject] = {}
         # Alarms written by active objects and not shipped yet: the timer sees them
         # (``due``, ``next_alarm_after``, ``get_alarm``) before the shared database does.
         self._unshipped: dict[Key, tuple[float | None, int]] = {}
         self._conn: sqlite3.Connection | None = None
+        self._ship_passes = 0
+        self._ships = 0
+        self._rows_shipped = 0
 
     @property
     def label(self) -> str:
@@ -87,6 +104,15 @@ class SharedEngine(CatalogEngine):
     @property
     def database(self) -> Path:
         return self.path / "shared.sqlite3"
+
+    def statistics(self) -> SharedStatistics:
+        """Counts of ships and working copies since the engine opened. Does not
+        checkpoint."""
+        return SharedStatistics(
+            ship_passes=self._ship_passes, ships=self._ships,
+            rows_shipped=self._rows_shipped, copies_built=self._pool.built,
+            copies_reused=self._pool.reused,
+        )
 
     def open(self, now: float) -> None:
         if (self.path / "catalog.sqlite3").exists() or (self.path / "objects").is_dir():
@@ -141,18 +167,32 @@ class SharedEngine(CatalogEngine):
             self._lock_fd = None
 
     async def serve(self, site: EngineSite) -> None:
-        """Ship commits made outside calls and alarm runs, every ``SHIP_INTERVAL``."""
+        """Ship commits made outside calls and alarm runs within ``SHIP_INTERVAL``.
+
+        The loop sleeps until an active object has something to ship: a working copy
+        captured its first key since its last ship (``nj_captured()``, see
+        ``_object``), an alarm was written, crash tokens cleared. Then it looks every
+        ``SHIP_INTERVAL`` until nothing is left unshipped (a transaction still open
+        keeps its writes back until it commits, which captures nothing new)."""
         self._attach(site)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._serve_held)
             while True:
+                await self._to_ship.wait()
+                self._to_ship = trio.Event()
                 await trio.sleep(SHIP_INTERVAL)
+                self._ship_passes += 1
                 for state in [s for s in self._active.values() if s.changed]:
                     try:
                         await state.sync()
                     except StorageError as exc:
                         logger.warning("%s: shipping its commits failed (tried again in"
                                        " %.2f s): %s", state.label, SHIP_INTERVAL, exc)
+                if any(s.changed for s in self._active.values()):
+                    self._to_ship.set()
+
+    def _wake_ship_loop(self) -> None:
+        self._to_ship.set()
 
     # -- objects ----------------------------------------------------------------------
     async def open_object(self, namespace: str, object_id: str, class_path: str) -> SharedObject:
@@ -175,7 +215,7 @@ class SharedEngine(CatalogEngine):
             key, conn, self.get_alarm(namespace, object_id),
             self.catalog.crashes(namespace, object_id),
             ship=self._ship, on_close=self._closed, on_alarm=self._unshipped_alarm,
-            give_back=self._pool.give_back,
+            give_back=self._pool.give_back, to_ship=self._wake_ship_loop,
         )
         self._active[key] = state
         return state
@@ -231,6 +271,8 @@ class SharedEngine(CatalogEngine):
                 if change.clear_crashes:
                     self.catalog.clear_crashes(ns, oid)
                 conn.execute("COMMIT")
+                self._ships += 1
+                self._rows_shipped += len(change.upserts) + len(change.deletes)
             except BaseException:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
@@ -248,6 +290,7 @@ class SharedEngine(CatalogEngine):
     def _unshipped_alarm(self, state: PgObject, time: float | None, retry: int) -> None:
         if self._active.get(state.key) is state:
             self._unshipped[state.key] = (time, retry)
+            self._to_ship.set()
 
     def _closed(self, state: PgObject) -> None:
         if self._active.get(state.key) is state:

@@ -46,6 +46,17 @@ _WIPE: Final = (
     "DELETE FROM nj_changed", "COMMIT",
 )
 _IMAGE: list[bytes] = []
+# The engine's ship loop sleeps until a copy has something to ship: the first key
+# captured since the last ship (``nj_changed`` was empty) calls ``nj_captured()``, which
+# wakes it. (It looked every 50 ms for as long as objects were resident: 72,000 passes a
+# virtual hour, most of the time of the long-span tests, measured.) Once: the loop keeps
+# looking while a copy has anything unshipped, and a captured key stays until it ships.
+# ``LIMIT 2`` keeps the check O(1) in a transaction that captures thousands of keys.
+_FIRST_CAPTURE: Final = (
+    "CREATE TRIGGER nj_changed_first AFTER INSERT ON nj_changed"
+    " WHEN (SELECT count(*) FROM (SELECT 1 FROM nj_changed LIMIT 2)) = 1"
+    " BEGIN SELECT nj_captured(); END"
+)
 
 
 def new_copy() -> sqlite3.Connection:
@@ -71,6 +82,7 @@ def _build_image() -> bytes:
                 # ``nj_changed`` unqualified, which finds main's.
                 conn.execute(statement.replace("CREATE TEMP TRIGGER", "CREATE TRIGGER")
                              .replace(" ON main.", " ON "))
+        conn.execute(_FIRST_CAPTURE)
         return conn.serialize()
     finally:
         conn.close()
@@ -94,9 +106,12 @@ class CopyPool:
     survives.
     """
 
-    __slots__ = ("_returned", "built", "reused")
+    __slots__ = ("_captured", "_returned", "built", "reused")
 
-    def __init__(self) -> None:
+    def __init__(self, captured: Callable[[], None]) -> None:
+        # Called when a copy captures its first key since it last shipped (a new copy
+        # is given it as ``nj_captured()``, which its capture triggers call).
+        self._captured = captured
         self._returned: list[sqlite3.Connection] = []
         self.built = 0  # copies deserialized from the image
         self.reused = 0  # copies taken from the pool
@@ -112,6 +127,7 @@ class CopyPool:
         try:
             if kept is None:
                 self.built += 1
+                conn.create_function("nj_captured", 0, self._captured)
             else:
                 self.reused += 1
                 for statement in _WIPE:
@@ -174,7 +190,7 @@ class SharedObject(PgObject):
     PostgreSQL engine's working copy, shipped into the shared database, never fenced
     (the data directory's lock makes this runtime its only writer)."""
 
-    __slots__ = ("_give_back",)
+    __slots__ = ("_give_back", "_to_ship")
 
     def __init__(
         self, key: Key, conn: sqlite3.Connection, alarm: tuple[float, int] | None,
@@ -182,10 +198,17 @@ class SharedObject(PgObject):
         on_close: Callable[[PgObject], None],
         on_alarm: Callable[[PgObject, float | None, int], None],
         give_back: Callable[[sqlite3.Connection], None],
+        to_ship: Callable[[], None],
     ) -> None:
         super().__init__(key, 0, conn, alarm, tokens, ship=ship, on_close=on_close,
                          on_alarm=on_alarm)
         self._give_back = give_back
+        self._to_ship = to_ship  # wakes the ship loop (rows wake it through the copy)
+
+    def clear_crash_tokens(self) -> None:
+        super().clear_crash_tokens()
+        if self._clear_crashes:
+            self._to_ship()
 
     def close(self) -> None:
         if self._closed:
