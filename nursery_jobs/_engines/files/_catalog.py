@@ -14,6 +14,8 @@ import sqlite3
 from collections.abc import Iterable, Iterator
 from urllib.request import pathname2url
 
+import trio
+
 from nursery_jobs._engines._faults import GuardedConnection, fault_cause, fault_error
 from nursery_jobs._errors import ObjectIdError
 
@@ -177,10 +179,14 @@ class Catalog:
     Every method runs one or two statements inline and commits (autocommit).
     """
 
-    __slots__ = ("_conn", "migrated_created")
+    __slots__ = ("_conn", "migrated_created", "written")
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
+        # Set by every method that writes: the engine's checkpoint loop sleeps on it
+        # while the catalog is quiet (it looked every second, 176,000 passes over a
+        # test's two virtual days; see ``FilesEngine.serve``).
+        self.written = trio.Event()
         conn.executescript(_SCHEMA)
         columns = {row[1] for row in conn.execute("PRAGMA table_info(nj_objects)")}
         # Catalogs written before the ``created`` flag: the engine sets it for the rows
@@ -226,6 +232,7 @@ class Catalog:
     ) -> tuple[str, bool]:
         """Record an object (once); return its database file name and whether that
         file was created (its first open succeeded)."""
+        self.written.set()
         row = self._conn.execute(
             "SELECT file, class_path, created FROM nj_objects"
             " WHERE namespace = ? AND object_id = ?",
@@ -248,6 +255,7 @@ class Catalog:
 
     def mark_created(self, namespace: str, object_id: str) -> None:
         """The object's file exists now: from here on, its absence is a fault."""
+        self.written.set()
         self._conn.execute(
             "UPDATE nj_objects SET created = 1 WHERE namespace = ? AND object_id = ?",
             (namespace, object_id),
@@ -255,6 +263,7 @@ class Catalog:
 
     def mark_files_created(self, files: Iterable[str]) -> None:
         """Set the ``created`` flag of the rows whose file is among ``files``."""
+        self.written.set()
         self._conn.executemany(
             "UPDATE nj_objects SET created = 1 WHERE file = ?", [(file,) for file in files]
         )
@@ -269,6 +278,7 @@ class Catalog:
     ) -> None:
         """Register an object found on disk (its file exists: ``created``), with the
         alarm its earliest job implies; an alarm already set is only ever lowered."""
+        self.written.set()
         self._conn.execute(
             "INSERT INTO nj_objects (namespace, object_id, file, class_path, created_at,"
             " created) VALUES (?, ?, ?, ?, ?, 1) ON CONFLICT DO UPDATE SET created = 1",
@@ -283,6 +293,7 @@ class Catalog:
 
     def forget(self, namespace: str, object_id: str) -> None:
         """Remove an object's registry row and alarm."""
+        self.written.set()
         with self._conn:
             self._conn.execute("BEGIN")
             self._conn.execute(
@@ -296,6 +307,7 @@ class Catalog:
 
     def forget_file(self, file: str) -> None:
         """Remove the registry row and alarm of the object whose file is ``file``."""
+        self.written.set()
         row = self._conn.execute(
             "SELECT namespace, object_id FROM nj_objects WHERE file = ?", (file,)
         ).fetchone()
@@ -321,6 +333,7 @@ class Catalog:
         return None if row is None else (float(row[0]), int(row[1]))
 
     def set_alarm(self, namespace: str, object_id: str, time: float, retry: int = 0) -> None:
+        self.written.set()
         self._conn.execute(
             "INSERT INTO nj_alarms (namespace, object_id, time, retry) VALUES (?, ?, ?, ?)"
             " ON CONFLICT DO UPDATE SET time = excluded.time, retry = excluded.retry",
@@ -328,6 +341,7 @@ class Catalog:
         )
 
     def delete_alarm(self, namespace: str, object_id: str) -> None:
+        self.written.set()
         self._conn.execute(
             "DELETE FROM nj_alarms WHERE namespace = ? AND object_id = ?",
             (namespace, object_id),
@@ -352,6 +366,7 @@ class Catalog:
         """Store the work a dead process was doing (from its flight record) until each
         object handles it, and wake those objects now. An empty token only says an
         alarm run was in flight: it wakes the object and is not stored."""
+        self.written.set()
         with self._conn:
             self._conn.execute("BEGIN")
             self._conn.executemany(
@@ -374,6 +389,7 @@ class Catalog:
         ]
 
     def clear_crashes(self, namespace: str, object_id: str) -> None:
+        self.written.set()
         self._conn.execute(
             "DELETE FROM nj_crashes WHERE namespace = ? AND object_id = ?",
             (namespace, object_id),
