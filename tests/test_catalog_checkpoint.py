@@ -74,7 +74,7 @@ async def test_a_grown_wal_is_checkpointed_in_a_lull_then_the_loop_sleeps(
             assert len(checkpoints) >= 1
             await trio.sleep(30)  # (the opening's and the push's passes may each take one)
             time.sleep(0.3)  # noqa: ASYNC251
-            await trio.sleep(0)
+            await trio.lowlevel.checkpoint()
             done = len(checkpoints)
             await trio.sleep(3600)
             assert len(checkpoints) == done  # nothing written since: nothing to do

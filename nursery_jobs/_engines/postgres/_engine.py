@@ -232,6 +232,9 @@ class PostgresEngine:
         # last statement that took, renewed or shipped under it, plus LEASE_TRUST * ttl.
         self._trusted: dict[Key, float] = {}
         self._active: dict[Key, PgObject] = {}
+        # Set when an active object has something to ship (see ``_ship_loop``).
+        self._to_ship = trio.Event()
+        self._ship_passes = 0
         self._elsewhere: dict[Key, tuple[str, float]] = {}  # key -> (holder, hint expiry)
         self._alarms: dict[Key, tuple[float, int]] = {}  # the alarms of held objects
         # The same alarms as a heap of (time, key), for ``due`` and ``next_alarm_after``
@@ -457,12 +460,13 @@ class PostgresEngine:
             self._elsewhere[key] = (taken, trio.current_time() + OWNER_HINT_TTL)
             raise ObjectLeasedElsewhere(label, taken, self._forwarder(key, taken, class_path))
         try:
-            conn = load_copy(label, taken.rows)
+            conn = load_copy(label, taken.rows, captured=self._wake_ship_loop)
         except BaseException:
             self._releases.append((namespace, object_id, taken.epoch))
             self._release_event.set()
             raise
         state = PgObject(key, taken.epoch, conn, taken.alarm, taken.tokens, ship=self._ship,
+                         to_ship=self._wake_ship_loop,
                          on_close=self._state_closed, on_alarm=self._local_alarm,
                          admit=functools.partial(self._admit, key), version=taken.version)
         self._held[key] = taken.epoch
@@ -880,8 +884,18 @@ class PostgresEngine:
         return served
 
     async def _ship_loop(self, site: EngineSite) -> None:
+        """Ship commits made outside calls and alarm runs within ``SHIP_INTERVAL``.
+
+        Asleep until an active object has something to ship: a working copy captured
+        its first key since its last ship (``FIRST_CAPTURE``), an alarm was written,
+        crash tokens cleared. Then it looks every ``SHIP_INTERVAL`` until nothing is
+        left unshipped. (It looked every 50 ms while objects were resident: a test over
+        two virtual days took minutes, measured.)"""
         while True:
+            await self._to_ship.wait()
+            self._to_ship = trio.Event()
             await trio.sleep(SHIP_INTERVAL)
+            self._ship_passes += 1
             for state in [s for s in self._active.values() if s.changed]:
                 try:
                     await state.sync()
@@ -889,6 +903,16 @@ class PostgresEngine:
                     site.fenced(*state.key, reason=exc.reason)
                 except StorageError as exc:
                     logger.warning("%s", exc)
+            if any(s.changed for s in self._active.values()):
+                self._to_ship.set()
+
+    def _wake_ship_loop(self) -> None:
+        self._to_ship.set()
+
+    def ship_loop_passes(self) -> int:
+        """Passes of the background ship loop so far (it sleeps while nothing waits to
+        ship). Does not checkpoint."""
+        return self._ship_passes
 
     async def _flight_loop(self) -> None:
         while True:

@@ -24,7 +24,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Final
 
 from nursery_jobs._engines._schema import prepare
-from nursery_jobs._engines.postgres._copy import Change, PgObject, WorkingCopy, load_rows
+from nursery_jobs._engines.postgres._copy import (
+    FIRST_CAPTURE,
+    Change,
+    PgObject,
+    WorkingCopy,
+    load_rows,
+)
 from nursery_jobs._engines.postgres._schema import ROW_TABLES, capture_sql
 
 Key = tuple[str, str]
@@ -46,17 +52,6 @@ _WIPE: Final = (
     "DELETE FROM nj_changed", "COMMIT",
 )
 _IMAGE: list[bytes] = []
-# The engine's ship loop sleeps until a copy has something to ship: the first key
-# captured since the last ship (``nj_changed`` was empty) calls ``nj_captured()``, which
-# wakes it. (It looked every 50 ms for as long as objects were resident: 72,000 passes a
-# virtual hour, most of the time of the long-span tests, measured.) Once: the loop keeps
-# looking while a copy has anything unshipped, and a captured key stays until it ships.
-# ``LIMIT 2`` keeps the check O(1) in a transaction that captures thousands of keys.
-_FIRST_CAPTURE: Final = (
-    "CREATE TRIGGER nj_changed_first AFTER INSERT ON nj_changed"
-    " WHEN (SELECT count(*) FROM (SELECT 1 FROM nj_changed LIMIT 2)) = 1"
-    " BEGIN SELECT nj_captured(); END"
-)
 
 
 def new_copy() -> sqlite3.Connection:
@@ -82,7 +77,7 @@ def _build_image() -> bytes:
                 # ``nj_changed`` unqualified, which finds main's.
                 conn.execute(statement.replace("CREATE TEMP TRIGGER", "CREATE TRIGGER")
                              .replace(" ON main.", " ON "))
-        conn.execute(_FIRST_CAPTURE)
+        conn.execute(FIRST_CAPTURE.format(temp=""))
         return conn.serialize()
     finally:
         conn.close()
@@ -190,7 +185,7 @@ class SharedObject(PgObject):
     PostgreSQL engine's working copy, shipped into the shared database, never fenced
     (the data directory's lock makes this runtime its only writer)."""
 
-    __slots__ = ("_give_back", "_to_ship")
+    __slots__ = ("_give_back",)
 
     def __init__(
         self, key: Key, conn: sqlite3.Connection, alarm: tuple[float, int] | None,
@@ -201,14 +196,8 @@ class SharedObject(PgObject):
         to_ship: Callable[[], None],
     ) -> None:
         super().__init__(key, 0, conn, alarm, tokens, ship=ship, on_close=on_close,
-                         on_alarm=on_alarm)
+                         on_alarm=on_alarm, to_ship=to_ship)
         self._give_back = give_back
-        self._to_ship = to_ship  # wakes the ship loop (rows wake it through the copy)
-
-    def clear_crash_tokens(self) -> None:
-        super().clear_crash_tokens()
-        if self._clear_crashes:
-            self._to_ship()
 
     def close(self) -> None:
         if self._closed:
