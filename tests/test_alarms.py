@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 import trio
-from conftest import EPOCH
+from conftest import EPOCH, engine
 
 import nursery_jobs as nj
+from nursery_jobs._core._host import ObjectHost
 
 # A generous virtual-time bound: under autojump a hang jumps here and fails the test.
 HANG = 100_000
@@ -361,3 +362,60 @@ async def test_an_alarm_run_in_flight_at_a_death_wakes_its_object_at_reopen(
             await trio.sleep(40)
     assert alarms(log, "o") == [(EPOCH + 5, FIRST)]
     assert alarms(log, "p") == [(EPOCH + 30, FIRST)]
+
+
+class Counted(nj.DurableObject):
+    """Counts its activations and logs its alarm runs into ``ctx.env`` (a Burst)."""
+
+    namespace = "tests.test_alarms.Counted"
+
+    async def on_start(self) -> None:
+        self.ctx.env.starts[self.ctx.id] = self.ctx.env.starts.get(self.ctx.id, 0) + 1
+
+    async def arm(self, when: float) -> None:
+        self.ctx.storage.set_alarm(when)
+
+    async def alarm(self, info: nj.AlarmInfo) -> None:
+        self.ctx.env.runs.setdefault(self.ctx.id, []).append((nj.now(), info))
+
+
+class Burst:
+    def __init__(self) -> None:
+        self.starts: dict[str, int] = {}
+        self.runs: dict[str, list[tuple[float, nj.AlarmInfo]]] = {}
+
+
+async def test_a_burst_of_due_alarms_activates_each_object_once(
+    on_every_engine: str, autojump_clock: trio.testing.MockClock,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Far more objects due at once than may stay resident (issue 26: 5,000 overdue
+    # objects with max_active 2,048 took ~6 activations each). An object activated to
+    # run its due alarm runs it before it can be evicted for room, so each object is
+    # activated exactly once: no other call or alarm wakes it, and after its run it is
+    # never needed again. Counted where hosts start (attempts that failed count too).
+    hosts: dict[str, int] = {}
+    run = ObjectHost.run
+
+    async def counted_run(self: ObjectHost, **kwargs: Any) -> None:
+        hosts[self.object_id] = hosts.get(self.object_id, 0) + 1
+        await run(self, **kwargs)
+
+    burst = Burst()
+    n = 300
+    times = {f"o{i:03d}": EPOCH + 100 + (i % 3) / 4 for i in range(n)}
+    async with nj.open_runtime(engine.location, env=burst, max_active=8) as rt:
+        # (The deadline covers the body only: on files, the runtime's exit may wait for
+        # a catalog checkpoint in a worker thread, and the MockClock then jumps to it.)
+        with trio.fail_after(HANG):
+            for object_id, when in times.items():
+                await rt.get(Counted, object_id).arm(when)
+            await trio.sleep(90)  # every object left memory (idle_timeout 60 s)
+            assert rt.statistics().active_objects == 0
+            burst.starts.clear()
+            monkeypatch.setattr(ObjectHost, "run", counted_run)
+            await trio.sleep(20)
+            assert rt.statistics().pending_alarms == 0
+    assert burst.runs == {object_id: [(when, FIRST)] for object_id, when in times.items()}
+    assert burst.starts == dict.fromkeys(times, 1)
+    assert hosts == dict.fromkeys(times, 1)
