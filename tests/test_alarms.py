@@ -3,6 +3,7 @@ eviction and restarts, retries with backoff, and many objects at once."""
 
 from __future__ import annotations
 
+import collections
 import datetime as dt
 import random
 import time
@@ -377,23 +378,28 @@ class Counted(nj.DurableObject):
 
     async def alarm(self, info: nj.AlarmInfo) -> None:
         self.ctx.env.runs.setdefault(self.ctx.id, []).append((nj.now(), info))
+        await trio.sleep(self.ctx.env.work)
 
 
 class Burst:
-    def __init__(self) -> None:
+    def __init__(self, work: float) -> None:
+        self.work = work  # how long each alarm run takes
         self.starts: dict[str, int] = {}
         self.runs: dict[str, list[tuple[float, nj.AlarmInfo]]] = {}
 
 
+@pytest.mark.parametrize("work", [0, 1])
 async def test_a_burst_of_due_alarms_activates_each_object_once(
     on_every_engine: str, autojump_clock: trio.testing.MockClock,
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, work: float,
 ) -> None:
     # Far more objects due at once than may stay resident (issue 26: 5,000 overdue
     # objects with max_active 2,048 took ~6 activations each). An object activated to
     # run its due alarm runs it before it can be evicted for room, so each object is
     # activated exactly once: no other call or alarm wakes it, and after its run it is
     # never needed again. Counted where hosts start (attempts that failed count too).
+    # With ``work``, each run takes a second: the alarm runs (64 at a time) fill
+    # max_active with busy objects, and eviction reaches objects just started.
     hosts: dict[str, int] = {}
     run = ObjectHost.run
 
@@ -401,7 +407,7 @@ async def test_a_burst_of_due_alarms_activates_each_object_once(
         hosts[self.object_id] = hosts.get(self.object_id, 0) + 1
         await run(self, **kwargs)
 
-    burst = Burst()
+    burst = Burst(work)
     n = 300
     times = {f"o{i:03d}": EPOCH + 100 + (i % 3) / 4 for i in range(n)}
     async with nj.open_runtime(engine.location, env=burst, max_active=8) as rt:
@@ -416,6 +422,16 @@ async def test_a_burst_of_due_alarms_activates_each_object_once(
             monkeypatch.setattr(ObjectHost, "run", counted_run)
             await trio.sleep(20)
             assert rt.statistics().pending_alarms == 0
-    assert burst.runs == {object_id: [(when, FIRST)] for object_id, when in times.items()}
+    if work:
+        # 64 alarm runs at a time (the runtime's bound), a second each: none early,
+        # in five waves, in due order.
+        assert burst.runs.keys() == times.keys()
+        assert all(len(runs) == 1 for runs in burst.runs.values())
+        ran = sorted((runs[0][0], times[oid]) for oid, runs in burst.runs.items())
+        assert [due for _at, due in ran] == sorted(times.values())
+        waves = collections.Counter(at - EPOCH for at, _due in ran)
+        assert sorted(waves.items()) == [(100, 64), (101, 64), (102, 64), (103, 64), (104, 44)]
+    else:
+        assert burst.runs == {oid: [(when, FIRST)] for oid, when in times.items()}
     assert burst.starts == dict.fromkeys(times, 1)
     assert hosts == dict.fromkeys(times, 1)

@@ -319,7 +319,7 @@ class Runtime:
                 break
             if host.doze_pending or host.leaving:
                 n -= 1
-            elif host.serving and not host.busy:
+            elif host.evictable:
                 if self.dormant_after is None or not host.doze_now():
                     host.evict("evicted: max_active (the open-file limit)")
                 n -= 1
@@ -331,6 +331,7 @@ class Runtime:
     ) -> ObjectHost:
         """Return the object's ready host, starting it (and ``on_start``) if needed."""
         key = (namespace, object_id)
+        started: ObjectHost | None = None  # the host this task started, if any
         while True:
             if self._closing or self._nursery is None:
                 raise RuntimeClosedError(
@@ -345,7 +346,9 @@ class Runtime:
                     await self._nursery.start(host.run)
                 except BaseException as exc:
                     host.error = exc
+                    host.handed_over = True  # (nobody is left to take it)
                     raise
+                started = host
                 # Not returned as it is: a stalled loop (a job holding the Trio thread
                 # past idle_timeout) may have evicted it before this task resumed, and
                 # its nursery would refuse the alarm run (found by benchmarks/timers.py,
@@ -355,6 +358,10 @@ class Runtime:
                 self._hosts.move_to_end(key)
                 if key in self._open:
                     self._open.move_to_end(key)
+                if host is started:
+                    # Taken: the caller's call or alarm run holds it from here, with no
+                    # checkpoint between (``ObjectHost.call``, ``run_alarm``).
+                    host.handed_over = True
                 return host
             if host.phase is Phase.STARTING:
                 await host.ready.wait()
@@ -375,7 +382,9 @@ class Runtime:
         for host in self._hosts.values():  # least recently used first
             if excess == 0:
                 break
-            if host.serving and not host.busy:
+            if host.leaving or host.phase is Phase.CLOSING:
+                excess -= 1  # on its way out already
+            elif host.evictable:
                 host.evict("evicted: max_active")
                 excess -= 1
 
