@@ -84,8 +84,24 @@ async def fire(loc: str, n: int) -> float:
     return time.perf_counter() - start
 
 
+def count_activations() -> list[int]:
+    """Count objects' activations (host starts, failed ones included) from now on."""
+    from nursery_jobs._core._host import ObjectHost
+
+    count, run = [0], ObjectHost.run
+
+    async def counted(self: ObjectHost, **kwargs: object) -> None:
+        count[0] += 1
+        await run(self, **kwargs)  # type: ignore[arg-type]
+
+    ObjectHost.run = counted  # type: ignore[method-assign]
+    return count
+
+
 def child(phase: str, loc: str, n: int, concurrency: int) -> None:
-    """One phase in this (fresh) process; prints seconds of wall and CPU time."""
+    """One phase in this (fresh) process; prints seconds of wall and CPU time, and
+    activations per object."""
+    activations = count_activations()
     cpu = time.process_time()
     if phase == "create":
         wall = trio.run(create, loc, n, concurrency)
@@ -93,7 +109,8 @@ def child(phase: str, loc: str, n: int, concurrency: int) -> None:
         offset = 7200.0
         _clock.set_wall_clock(lambda: time.time() + offset)
         wall = trio.run(fire, loc, n)
-    print(json.dumps({"wall": wall, "cpu": time.process_time() - cpu}))
+    print(json.dumps({"wall": wall, "cpu": time.process_time() - cpu,
+                      "activations": activations[0] / n}))
 
 
 def run_phase(phase: str, loc: str, n: int, concurrency: int) -> dict[str, float]:
@@ -108,7 +125,8 @@ def run_phase(phase: str, loc: str, n: int, concurrency: int) -> dict[str, float
 def summary(n: int, runs: list[dict[str, float]]) -> dict[str, float]:
     rates = sorted(n / r["wall"] for r in runs)
     return {"per_s": statistics.median(rates), "min": rates[0], "max": rates[-1],
-            "cpu_s_per_1k": statistics.median(1000 * r["cpu"] / n for r in runs)}
+            "cpu_s_per_1k": statistics.median(1000 * r["cpu"] / n for r in runs),
+            "activations": statistics.median(r["activations"] for r in runs)}
 
 
 def main() -> None:
@@ -144,7 +162,8 @@ def main() -> None:
                 print(f"{layout:8} {n:>7} create {c['per_s']:>7,.0f}/s ({c['min']:,.0f}-"
                       f"{c['max']:,.0f}; cpu {c['cpu_s_per_1k']:.2f} s/1k)   cold fire"
                       f" {f['per_s']:>7,.0f}/s ({f['min']:,.0f}-{f['max']:,.0f}; cpu"
-                      f" {f['cpu_s_per_1k']:.2f} s/1k)", flush=True)
+                      f" {f['cpu_s_per_1k']:.2f} s/1k; {f['activations']:.2f} activations"
+                      " per object)", flush=True)
     if args.json:
         print(json.dumps(rows, indent=1))
 
