@@ -56,6 +56,9 @@ Durability = Literal["normal", "full"]
 _SYNCHRONOUS: Final = {"normal": "NORMAL", "full": "FULL"}
 # Alarm runs (activation included) allowed at once across the runtime.
 _MAX_CONCURRENT_ALARMS: Final = 64
+# Alarm deliveries in flight at once (``Timer``): enough that alarm runs never wait
+# for one, few enough that a read of the alarm index stays small however many are due.
+_MAX_DELIVERIES: Final = 4 * _MAX_CONCURRENT_ALARMS
 # How often the memory watchdog samples the probe (when memory_limit is set).
 MEMORY_CHECK_INTERVAL: Final = 0.1
 
@@ -225,7 +228,7 @@ class Runtime:
         self.events = EventBus()
         self.metrics = Metrics(self.events)
         self.http_url: str | None = None  # where the dashboard listens (open_runtime http=)
-        self.timer = Timer(engine, self._deliver)
+        self.timer = Timer(engine, self._deliver, max_inflight=_MAX_DELIVERIES)
         self._hosts: OrderedDict[Key, ObjectHost] = OrderedDict()
         # The hosts whose database is open (or opening), least recently used first.
         self._open: OrderedDict[Key, ObjectHost] = OrderedDict()
