@@ -133,6 +133,7 @@ def test_the_objects_rows_create_fire_and_weigh_each_layout(tmp_path: Path) -> N
             assert row[phase]["per_s"] > 0 and row[phase]["cpu_s_per_1k"] > 0
             assert row["floor"][phase]["per_s"] > 0
         assert row["resident"] == 30  # every object created is still in memory
+        assert row["fire"]["activations"] == 1.0  # each object once
         assert math.isfinite(row["rss_per_resident"]) and math.isfinite(row["rss_per_dormant"])
     text = "\n".join(render_objects(rows))
     assert "files" in text and "shared" in text and "B/dormant" in text

@@ -133,6 +133,7 @@ class ObjectHost:
         "flight",
         "for_alarm",
         "for_turn",
+        "handed_over",
         "instance",
         "key",
         "memory_mark",
@@ -161,6 +162,12 @@ class ObjectHost:
         # Activated by a task holding an object's turn (``Runtime.open_slot``).
         self.for_turn = for_turn
         self.phase = Phase.STARTING
+        # Whether the task that activated it has taken it (``Runtime._activate``). Until
+        # then the runtime does not ask it to leave or doze for room: started, it waits
+        # for that task to resume and begin its call or alarm run, and evicted in
+        # between it would only be activated again (issue 26: a burst of due alarms
+        # took ~6 activations per object).
+        self.handed_over = False
         self.ready = trio.Event()
         self.closed = trio.Event()
         self.error: BaseException | None = None
@@ -446,7 +453,7 @@ class ObjectHost:
             self._leave("destroyed")
 
     def _leave(self, reason: str) -> None:
-        if self.phase in SERVING:
+        if self.phase is Phase.ACTIVE or self.phase is Phase.DOZING:  # (once: LEAVING stays)
             self._to(Phase.LEAVING)
             self._idle_scope.cancel(reason=reason)
 
@@ -464,6 +471,13 @@ class ObjectHost:
     def serving(self) -> bool:
         """Whether it serves calls and alarms (active, dozing or leaving once idle)."""
         return self.phase in SERVING
+
+    @property
+    def evictable(self) -> bool:
+        """Whether the runtime may ask it to leave or doze for room: serving and not
+        asked yet, idle, and taken by the task that activated it (``handed_over``)."""
+        return (self._busy == 0 and self.handed_over
+                and (self.phase is Phase.ACTIVE or self.phase is Phase.DOZING))
 
     @property
     def running_alarm_work(self) -> bool:

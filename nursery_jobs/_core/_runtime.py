@@ -56,6 +56,9 @@ Durability = Literal["normal", "full"]
 _SYNCHRONOUS: Final = {"normal": "NORMAL", "full": "FULL"}
 # Alarm runs (activation included) allowed at once across the runtime.
 _MAX_CONCURRENT_ALARMS: Final = 64
+# Alarm deliveries in flight at once (``Timer``): enough that alarm runs never wait
+# for one, few enough that a read of the alarm index stays small however many are due.
+_MAX_DELIVERIES: Final = 4 * _MAX_CONCURRENT_ALARMS
 # How often the memory watchdog samples the probe (when memory_limit is set).
 MEMORY_CHECK_INTERVAL: Final = 0.1
 
@@ -225,7 +228,7 @@ class Runtime:
         self.events = EventBus()
         self.metrics = Metrics(self.events)
         self.http_url: str | None = None  # where the dashboard listens (open_runtime http=)
-        self.timer = Timer(engine, self._deliver)
+        self.timer = Timer(engine, self._deliver, max_inflight=_MAX_DELIVERIES)
         self._hosts: OrderedDict[Key, ObjectHost] = OrderedDict()
         # The hosts whose database is open (or opening), least recently used first.
         self._open: OrderedDict[Key, ObjectHost] = OrderedDict()
@@ -319,7 +322,7 @@ class Runtime:
                 break
             if host.doze_pending or host.leaving:
                 n -= 1
-            elif host.serving and not host.busy:
+            elif host.evictable:
                 if self.dormant_after is None or not host.doze_now():
                     host.evict("evicted: max_active (the open-file limit)")
                 n -= 1
@@ -331,6 +334,7 @@ class Runtime:
     ) -> ObjectHost:
         """Return the object's ready host, starting it (and ``on_start``) if needed."""
         key = (namespace, object_id)
+        started: ObjectHost | None = None  # the host this task started, if any
         while True:
             if self._closing or self._nursery is None:
                 raise RuntimeClosedError(
@@ -345,7 +349,9 @@ class Runtime:
                     await self._nursery.start(host.run)
                 except BaseException as exc:
                     host.error = exc
+                    host.handed_over = True  # (nobody is left to take it)
                     raise
+                started = host
                 # Not returned as it is: a stalled loop (a job holding the Trio thread
                 # past idle_timeout) may have evicted it before this task resumed, and
                 # its nursery would refuse the alarm run (found by benchmarks/timers.py,
@@ -355,6 +361,10 @@ class Runtime:
                 self._hosts.move_to_end(key)
                 if key in self._open:
                     self._open.move_to_end(key)
+                if host is started:
+                    # Taken: the caller's call or alarm run holds it from here, with no
+                    # checkpoint between (``ObjectHost.call``, ``run_alarm``).
+                    host.handed_over = True
                 return host
             if host.phase is Phase.STARTING:
                 await host.ready.wait()
@@ -375,7 +385,9 @@ class Runtime:
         for host in self._hosts.values():  # least recently used first
             if excess == 0:
                 break
-            if host.serving and not host.busy:
+            if host.leaving or host.phase is Phase.CLOSING:
+                excess -= 1  # on its way out already
+            elif host.evictable:
                 host.evict("evicted: max_active")
                 excess -= 1
 
