@@ -37,9 +37,9 @@ def _pinned_epoch(request: pytest.FixtureRequest) -> Iterator[None]:
 # reason, and under CI they fail instead (pg_support.server_dsn). NJ_TEST_ENGINES picks
 # engines explicitly (e.g. "memory,files" for a quick run). The shared layout
 # (``shared:<dir>``, opt-in) runs them with NJ_TEST_ENGINES=shared; by default it runs
-# tests/test_shared_layout.py and the SIGKILL campaigns of tests/test_crash.py only: on the
-# suites of long virtual spans it is ~10x slower than the others (a Berlin cron across a
-# daylight-saving change: 70 s), which would take CI past its 10 minutes.
+# tests/test_shared_layout.py and the SIGKILL campaigns of tests/test_crash.py only (its
+# long-span slowness, a ship loop that looked every 50 ms, is fixed: another engine param
+# would add ~8% CPU to CI, not yet taken).
 # A test session started in the background of a non-interactive shell (``cmd &``)
 # inherits SIGINT ignored (POSIX), and so would every worker it starts: Python then
 # installs no KeyboardInterrupt handler, and the Ctrl-C tests would hang or lose it.
