@@ -130,17 +130,20 @@ class EventBus:
 
     def emit(
         self, type: str, namespace: str, object_id: str, *,
-        _log: tuple[int, str, tuple[Any, ...]] | None = None, **data: Any,
+        _log: tuple[int, str, tuple[Any, ...]] | None = None,
+        _exc_info: BaseException | None = None, **data: Any,
     ) -> None:
         """Publish an event. Does not checkpoint and never blocks.
 
         The event is also the incident's one log record: ``_log=(level, format, args)``
         words it (the library's own call sites), else it is logged as its type and data.
+        ``_exc_info``: an error whose traceback the record carries (a fault of ours).
         """
         if _log is not None:
             level, message, args = _log
             if logger.isEnabledFor(level):
-                logger.log(level, message, *args, extra={"nj_event": type})
+                logger.log(level, message, *args, exc_info=_exc_info,
+                           extra={"nj_event": type})
         else:
             level = logging.WARNING if type in _WARNING_TYPES else logging.DEBUG
             if logger.isEnabledFor(level):

@@ -15,6 +15,7 @@ from conftest import EPOCH, engine
 
 import nursery_jobs as nj
 from nursery_jobs._core._host import ObjectHost
+from nursery_jobs._core._runtime import Runtime
 
 # A generous virtual-time bound: under autojump a hang jumps here and fails the test.
 HANG = 100_000
@@ -467,3 +468,36 @@ async def test_reads_of_the_alarm_index_stay_small_however_many_alarms_are_due(
         # says "the timer now serves this alarm" — so it reads once per ~2 objects,
         # each read still at most 256 rows: ~40 rows per alarm measured.)
         assert sum(rows for _limit, rows in reads) <= 3 * n  # (2 * n measured)
+
+
+async def test_an_activation_that_fails_unexpectedly_is_reported_and_retried(
+    autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A fault of our own while activating an object for its alarm (not a database that
+    will not open, not ``on_start`` raising: those are reported where they happen) was
+    swallowed by the delivery; it hid the eviction bug of issue 26. It is an
+    ``alarm:retry`` naming the error now, and the alarm runs at its backoff."""
+    log: list[Any] = []
+    real_open_slot = Runtime.open_slot
+    broken = [True]
+
+    async def open_slot(self: Runtime, host: ObjectHost, *, for_turn: bool = False) -> None:
+        if host.for_alarm and broken and host.object_id == "a":
+            broken.clear()
+            raise AssertionError("a bug of ours")
+        await real_open_slot(self, host, for_turn=for_turn)
+
+    monkeypatch.setattr(Runtime, "open_slot", open_slot)
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(env=log, idle_timeout=1.0) as rt:
+            retries: list[nj.Event] = []
+            rt.events.add_listener(
+                lambda e: retries.append(e) if e.type == "alarm:retry" else None)
+            await rt.get(Alarmed, "a").arm(EPOCH + 10)
+            await trio.sleep(100)
+            assert [(e.time, e.data["retry"], e.data["delay"]) for e in retries] == [
+                (EPOCH + 10, 1, 2.0)]
+            assert "AssertionError" in retries[0].data["error"]
+            assert "a bug of ours" in retries[0].data["error"]
+            assert [entry[:3] for entry in log if entry[0] == "alarm"] == [
+                ("alarm", "a", EPOCH + 12)]

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
+from background_writes import put_later
 from pg_support import sql
 
 psycopg = pytest.importorskip("psycopg")  # the postgres extra; CI installs it (dev)
@@ -31,15 +32,7 @@ class Note(nj.DurableObject):
     async def put_later(self, delay: float, hold: float = 0.0) -> None:
         """A task of the object's own puts ``bg`` after ``delay``, in a transaction held
         open ``hold`` seconds: a commit made outside calls and alarm runs."""
-
-        async def put() -> None:
-            await trio.sleep(delay)
-            async with self.ctx.turn():
-                with self.ctx.storage.transaction():
-                    self.ctx.storage.put("bg", "put")
-                    await trio.sleep(hold)
-
-        self.ctx.nursery.start_soon(put)
+        put_later(self.ctx, delay, hold)
 
 
 def stored_keys(dsn: str, object_id: str) -> list[Any]:

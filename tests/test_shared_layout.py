@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import trio
+from background_writes import put_later
 
 import nursery_jobs as nj
 from nursery_jobs._engines.shared._engine import SHIP_INTERVAL, SharedEngine
@@ -54,15 +55,7 @@ class Note(nj.DurableObject):
     async def put_later(self, delay: float, hold: float = 0.0) -> None:
         """A task of the object's own puts ``bg`` after ``delay``, in a transaction held
         open ``hold`` seconds: a commit made outside calls and alarm runs."""
-
-        async def put() -> None:
-            await trio.sleep(delay)
-            async with self.ctx.turn():
-                with self.ctx.storage.transaction():
-                    self.ctx.storage.put("bg", "put")
-                    await trio.sleep(hold)
-
-        self.ctx.nursery.start_soon(put)
+        put_later(self.ctx, delay, hold)
 
 
 async def test_objects_are_rows_of_one_database_and_come_back(tmp_path: Path) -> None:

@@ -203,10 +203,12 @@ class ObjectAlarm:
 
 
 def retry_unreachable(
-    engine: Engine, events: EventBus, namespace: str, object_id: str, event: str, why: str
+    engine: Engine, events: EventBus, namespace: str, object_id: str, event: str, why: str,
+    *, error: BaseException | None = None,
 ) -> None:
     """An alarm is due but its object cannot be activated (no class, a database that
-    will not open): try again with backoff, never drop it — its jobs are still there."""
+    will not open, a fault of ours: ``error``, whose traceback the log record carries):
+    try again with backoff, never drop it — its jobs are still there."""
     alarm = engine.get_alarm(namespace, object_id)
     if alarm is None:
         return
@@ -215,7 +217,7 @@ def retry_unreachable(
     assert delay is not None
     events.emit(event, namespace, object_id, retry=retry + 1, delay=delay, error=why,
                 _log=(logging.ERROR, "alarm of %s/%s is due but %s; retrying in %.0f s",
-                      (namespace, object_id, why, delay)))
+                      (namespace, object_id, why, delay)), _exc_info=error)
     engine.set_alarm(namespace, object_id, _clock.now() + delay, retry + 1)
 
 

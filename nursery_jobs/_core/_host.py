@@ -144,6 +144,7 @@ class ObjectHost:
         "reset_cause",
         "scope",
         "site",
+        "start_reported",
         "state",
         "transactions",
         "turns",
@@ -171,6 +172,9 @@ class ObjectHost:
         self.ready = trio.Event()
         self.closed = trio.Event()
         self.error: BaseException | None = None
+        # A failed start for an alarm that ``run`` reported and re-timed the alarm for
+        # (its database would not open, on_start raised); any other is a fault of ours.
+        self.start_reported = False
         self.instance: DurableObject | None = None
         self.ctx: ObjectContext | None = None
         self.state: ObjectState | None = None
@@ -210,6 +214,7 @@ class ObjectHost:
                 if self.for_alarm:
                     retry_unreachable(site.engine, site.events, self.namespace,
                                       self.object_id, "alarm:retry", f"it cannot be opened: {exc}")
+                    self.start_reported = True
                 raise
             self.alarm = ObjectAlarm(state, site.timer, site.events, self.namespace,
                                      self.object_id)
@@ -233,6 +238,7 @@ class ObjectHost:
                             # The alarm that activated us retries by the policy the
                             # object's __init__ chose (a Lifecycle's, say).
                             self.alarm.failed(exc, self.alarm.retry)
+                            self.start_reported = True
                         nursery.cancel_scope.cancel(reason="on_start failed")
                     else:
                         self._to(Phase.ACTIVE)

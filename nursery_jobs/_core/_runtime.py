@@ -46,6 +46,7 @@ from nursery_jobs._errors import (
     RpcError,
     RuntimeClosedError,
     lone_interrupt,
+    safe_repr,
 )
 from nursery_jobs._events import Event, EventBus
 from nursery_jobs._policy import Limit
@@ -188,6 +189,16 @@ class TracedStub(Stub):
         assert tracing is not None
         with tracing.call_span(self._ns, self._id, name):
             return await super().call(name, *args, **kwargs)
+
+
+class _StartFailed(Exception):
+    """An object activated for its alarm failed to start (``Runtime._activate``) and
+    the failure was reported where it happened (``ObjectHost.start_reported``, or the
+    call that started it). Carries the start's error."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(error)
+        self.error = error
 
 
 class Runtime:
@@ -350,6 +361,8 @@ class Runtime:
                 except BaseException as exc:
                     host.error = exc
                     host.handed_over = True  # (nobody is left to take it)
+                    if for_alarm and host.start_reported and isinstance(exc, Exception):
+                        raise _StartFailed(exc) from exc
                     raise
                 started = host
                 # Not returned as it is: a stalled loop (a job holding the Trio thread
@@ -369,6 +382,10 @@ class Runtime:
             if host.phase is Phase.STARTING:
                 await host.ready.wait()
                 if host.error is not None:
+                    if for_alarm and isinstance(host.error, Exception):
+                        # Another task's start (a call's: the timer delivers one alarm
+                        # of an object at a time), whose caller got the error.
+                        raise _StartFailed(host.error) from host.error
                     raise host.error
             else:
                 await host.closed.wait()
@@ -520,10 +537,20 @@ class Runtime:
                 return
             try:
                 host = await self._activate(cls, namespace, object_id, for_alarm=True)
-            except RuntimeClosedError:
-                return  # shutting down: the alarm stays as it is for the next run
-            except Exception:
-                return  # the host re-timed its alarm (ObjectHost.run)
+            except (RuntimeClosedError, _StartFailed):
+                # Shutting down: the alarm stays as it is for the next run. A failed
+                # start was reported where it failed: ObjectHost.run re-timed the alarm
+                # (its database would not open, or on_start raised), or the call that
+                # started the object got the error.
+                return
+            except Exception as exc:
+                # Anything else is a fault of ours (an AssertionError here once hid the
+                # eviction churn of issue 26): said, with its traceback, and retried.
+                retry_unreachable(
+                    self.engine, self.events, namespace, object_id, "alarm:retry",
+                    f"its activation raised {safe_repr(exc)}", error=exc,
+                )
+                return
             await host.run_alarm()
 
     async def _stop_on(
