@@ -27,6 +27,7 @@ from nursery_jobs._core._object import AlarmInfo, DurableObject, ObjectContext, 
 from nursery_jobs._core._storage import Storage
 from nursery_jobs._core._transactions import ObjectTransactions
 from nursery_jobs._core._turns import SlowTurns, TurnGate, call_chain, method_turn
+from nursery_jobs._engines.base import RELEASED
 from nursery_jobs._errors import (
     AlarmOwnedError,
     ObjectFencedError,
@@ -413,6 +414,13 @@ class ObjectHost:
         if self.state is not None:
             self.state.close()
             self.state = None
+            # Its parts let go of the connection now: the instance, its capabilities
+            # and this host refer to one another, and only the cycle collector would
+            # free them (a pooled working copy waits for that: ``CopyPool``).
+            if self.transactions is not None:
+                self.transactions.release(RELEASED)
+            if self.ctx is not None:
+                self.ctx.storage.release(RELEASED)
         self.site.host_closed(self)
         if self._destroy:
             self.site.engine.destroy_object(self.namespace, self.object_id)

@@ -63,6 +63,11 @@ class Storage:
         # Cursors ``execute`` handed out that are still alive (see ``keeps_connection``).
         self._cursors: weakref.WeakSet[sqlite3.Cursor] = weakref.WeakSet()
 
+    def release(self, stand_in: sqlite3.Connection) -> None:
+        """The object left memory: hold ``stand_in`` in place of its connection."""
+        self._conn = stand_in
+        self._db = None
+
     # -- SQL --------------------------------------------------------------------
     @property
     def conn(self) -> sqlite3.Connection:

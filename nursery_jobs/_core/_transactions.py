@@ -72,6 +72,9 @@ class StagedWrites(Protocol):
     def leave_savepoint(self, *, undone: bool) -> None:
         """It ended: released, or rolled back (``undone``)."""
 
+    def release(self, stand_in: sqlite3.Connection) -> None:
+        """The object left memory: hold ``stand_in`` in place of its connection."""
+
 
 class BlockWatcher(Protocol):
     """What must be undone in memory when a ``storage.transaction()`` rolls back (the
@@ -82,6 +85,9 @@ class BlockWatcher(Protocol):
 
     def undo(self, mark: object) -> None:
         """The block rolled back: what it did in memory goes too."""
+
+    def release(self, stand_in: sqlite3.Connection) -> None:
+        """The object left memory: hold ``stand_in`` in place of its connection."""
 
 
 class ObjectTransactions:
@@ -104,6 +110,15 @@ class ObjectTransactions:
         self._user_savepoints = 0
         self.staged: StagedWrites | None = None
         self.blocks: BlockWatcher | None = None
+
+    def release(self, stand_in: sqlite3.Connection) -> None:
+        """The object left memory: this and what hangs on it (the staged writes, the
+        block watcher) hold ``stand_in`` in place of its connection from now on."""
+        self.conn = stand_in
+        if self.staged is not None:
+            self.staged.release(stand_in)
+        if self.blocks is not None:
+            self.blocks.release(stand_in)
 
     # -- reads and writes -----------------------------------------------------------------
     def check_read(self) -> None:

@@ -38,6 +38,19 @@ class FlightSlot(Protocol):
     def clear(self) -> None: ...
 
 
+def _released() -> sqlite3.Connection:
+    conn = sqlite3.connect(":memory:")
+    conn.close()
+    return conn
+
+
+# What an object's parts hold in place of its connection once it left memory (a closed
+# connection: a late use raises ``sqlite3.ProgrammingError``, as a closed file's does).
+# They let go of the real one at once, so that the shared layout can hand its working
+# copy to the next object without waiting for the cycle collector (``CopyPool``).
+RELEASED: sqlite3.Connection = _released()
+
+
 class ObjectState(Protocol):
     """One active object's state, as its engine opened it."""
 

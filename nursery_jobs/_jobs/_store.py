@@ -204,6 +204,11 @@ class JobStore:
         self.disabled = bool(self.table.meta(_ALARMS_DISABLED))
         self._read_paused()
 
+    def release(self, stand_in: sqlite3.Connection) -> None:
+        """The object left memory: hold ``stand_in`` in place of its connection."""
+        self.conn = stand_in
+        self.table.release(stand_in)
+
     def writing(self) -> AbstractContextManager[None]:
         """``with store.writing():`` one transaction for the writes in the block — or,
         inside the group or a user block, part of that transaction. (Not a generator:

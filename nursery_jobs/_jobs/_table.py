@@ -206,6 +206,10 @@ class JobTable:
         self._finished = []
         self._in_savepoint = None
 
+    def release(self, stand_in: sqlite3.Connection) -> None:
+        """The object left memory: hold ``stand_in`` in place of its connection."""
+        self._conn = stand_in
+
     # -- reads ----------------------------------------------------------------------
     def owner_of(self, job_id: str) -> str | None:
         row = self.conn.execute("SELECT owner FROM nj_jobs WHERE id = ?", (job_id,)).fetchone()

@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Final
 
 from nursery_jobs._engines._schema import prepare
+from nursery_jobs._engines.base import RELEASED
 from nursery_jobs._engines.postgres._copy import (
     FIRST_CAPTURE,
     Change,
@@ -206,5 +207,6 @@ class SharedObject(PgObject):
         conn = self.conn
         if conn.in_transaction:
             conn.execute("ROLLBACK")
+        self.conn = RELEASED  # (before the pool counts who still refers to the copy)
         self._give_back(conn)
         self._on_close(self)
