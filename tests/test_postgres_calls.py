@@ -127,6 +127,41 @@ async def test_a_call_whose_notification_was_missed_is_found_by_polling(pg_dsn: 
         assert await a.get(Echo, "e").read() == 2  # once
 
 
+@pytest.mark.parametrize("path", ["listener", "poll"])
+async def test_a_take_whose_answer_was_lost_still_runs_the_call_once(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch, path: str,
+) -> None:
+    """The holder's take of a call commits, but its connection drops before the answer
+    comes back (it cannot tell whether the take landed): the row is ``running``, and
+    only this host may run it. It looks again once reconnected and runs it, once; the
+    caller gets its answer (it waited for as long as the holder lived)."""
+    import nursery_jobs._engines.postgres._engine as pg_engine
+
+    lost: list[list[int]] = []
+    real_take = calls.take
+
+    def take_then_lose(conn: Any, me: str, call_ids: list[int]) -> Any:
+        taken = real_take(conn, me, call_ids)
+        if not lost:
+            lost.append(call_ids)
+            raise psycopg.OperationalError("the connection was lost (test)")
+        return taken
+
+    async with nj.open_runtime(PostgresEngine(pg_dsn, lease_ttl=1.0), env="A") as a, \
+            nj.open_runtime(PostgresEngine(pg_dsn, lease_ttl=1.0), env="B") as b:
+        assert await a.get(Echo, "e").bump() == 1
+        if path == "listener":  # the listening thread takes the call it hears of
+            monkeypatch.setattr(pg_engine, "take", take_then_lose)
+        else:  # a poll takes it (its notification was missed)
+            monkeypatch.setattr(calls, "take", take_then_lose)
+            monkeypatch.setattr(a.engine._calls, "serving", False)  # (not the listener)
+        with trio.fail_after(15):
+            assert await b.get(Echo, "e").bump() == 2
+        assert lost
+        await trio.sleep(0.5)
+        assert await a.get(Echo, "e").read() == 2  # once
+
+
 async def test_cancelling_the_caller_leaves_the_running_call_to_finish_once(
     pg_dsn: str,
 ) -> None:

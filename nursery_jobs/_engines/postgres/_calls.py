@@ -13,6 +13,11 @@ all the same, so a caller that misses the notification finds it there (its check
 ``CHECK_INTERVAL``); the caller deletes the rows of answers it read from notifications
 in batches (``tidy``, ``TIDY_DELAY`` after the first), off the path of its calls. A big
 answer is only in the row, and the caller collects it (a fourth round trip).
+
+Only the host a call is sent to takes it. A take that fails may still have landed (the
+connection dropped after the commit): the call is then ``running`` and nobody runs it,
+so the caller would wait for as long as that host lives. The host remembers those calls
+and its next poll runs the ones it finds running, once (``CallRouter.take_failed``).
 """
 
 from __future__ import annotations
@@ -177,6 +182,16 @@ def take(conn: Conn, me: str, call_ids: list[int]) -> list[TakenCall]:
     )]
 
 
+def _taken(conn: Conn, me: str, call_ids: list[int]) -> list[TakenCall]:
+    """The calls ``call_ids`` to host ``me`` that are running: taken by a take of this
+    host whose outcome it never learned (``CallRouter.take_failed``). Blocks."""
+    return [TakenCall(int(row[0]), *row[1:]) for row in conn.execute(
+        "SELECT id, caller, namespace, object_id, class_path, name, payload FROM nj_calls"
+        " WHERE id = ANY(%s::bigint[]) AND target = %s AND state = 'running'",
+        (call_ids, me),
+    )]
+
+
 def _answer(conn: Conn, call_id: int, caller: str, state: str, result: str | None) -> None:
     conn.execute(
         "WITH a AS (UPDATE nj_calls SET state = %s, result = %s WHERE id = %s RETURNING id)"
@@ -224,6 +239,10 @@ class CallRouter:
         self._answers: dict[int, Answer | None] = {}
         # Calls whose caller stopped waiting while they ran: their answers are spent.
         self._abandoned: set[int] = set()
+        # Calls a take of this host may have taken: the take failed, so whether it landed
+        # is unknown. Only this host takes calls sent to it, so one that did is running
+        # and nobody runs it: the next poll looks (``poll``) and runs those, once.
+        self._unsure: set[int] = set()
         # Rows of answers read from notifications, to delete (``tidy``).
         self._spent: list[int] = []
         self._spent_wake = trio.Event()
@@ -254,6 +273,11 @@ class CallRouter:
         """Calls the listening thread took: run them."""
         for call in calls:
             self.incoming_send.send_nowait(call)
+
+    def take_failed(self, call_ids: list[int]) -> None:
+        """A take of ``call_ids`` failed: it may have landed (see ``_unsure``). The
+        caller asks for a poll (the listening thread polls when it has reconnected)."""
+        self._unsure.update(call_ids)
 
     def _spend(self, call_id: int) -> None:
         self._spent.append(call_id)
@@ -392,18 +416,39 @@ class CallRouter:
             await self.poll()
         except Exception as exc:
             logger.warning("cannot look for forwarded calls: %s", exc)
+            if self._unsure:  # (calls may be waiting for this host alone)
+                await trio.sleep(CHECK_INTERVAL)
+                self.incoming_send.send_nowait(POLL)
 
     async def poll(self) -> None:
-        """Pick up calls whose notification was missed (a reconnecting listener)."""
+        """Pick up calls whose notification was missed (a reconnecting listener), and
+        run those a failed take of this host took after all (``_unsure``)."""
         for call_id in await self._db(_pending, self._me):
+            self._unsure.discard(call_id)  # (no take landed: it is taken now)
             self.incoming_send.send_nowait(call_id)
+        if not self._unsure:
+            return
+        # Taken out before the query, so that a poll running meanwhile cannot run
+        # them too; put back if it fails.
+        unsure, self._unsure = self._unsure, set()
+        try:
+            found = await self._db(_taken, self._me, sorted(unsure))
+        except BaseException:
+            self._unsure |= unsure
+            raise
+        for call in found:
+            self.incoming_send.send_nowait(call)
 
     async def _take_and_run(self, site: EngineSite, classes: dict[str, str],
                             call_id: int) -> None:
         try:
             calls = await self._db(take, self._me, [call_id])
         except Exception:
-            logger.warning("cannot take forwarded call %s", call_id, exc_info=True)
+            logger.warning("cannot take forwarded call %s; looking again in %.0f s",
+                           call_id, CHECK_INTERVAL, exc_info=True)
+            self.take_failed([call_id])
+            await trio.sleep(CHECK_INTERVAL)
+            self.incoming_send.send_nowait(POLL)
             return
         for call in calls:  # (none: withdrawn, or taken already)
             await self._run(site, classes, call)

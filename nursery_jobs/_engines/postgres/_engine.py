@@ -975,8 +975,14 @@ class PostgresEngine:
                             # Taken here, on this connection, as soon as heard: a hop
                             # to a worker thread and the pool would cost more than the
                             # statement (issue 26).
-                            token.run_sync_soon(self._calls.taken,
-                                                take(conn, self.host_id, calls))
+                            try:
+                                taken = take(conn, self.host_id, calls)
+                            except psycopg.Error:
+                                # It may have landed; the poll after reconnecting
+                                # looks (``CallRouter.take_failed``).
+                                token.run_sync_soon(self._calls.take_failed, calls)
+                                raise
+                            token.run_sync_soon(self._calls.taken, taken)
             except trio.RunFinishedError:
                 return
             except psycopg.Error as exc:
