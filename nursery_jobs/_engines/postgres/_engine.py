@@ -468,7 +468,8 @@ class PostgresEngine:
         state = PgObject(key, taken.epoch, conn, taken.alarm, taken.tokens, ship=self._ship,
                          to_ship=self._wake_ship_loop,
                          on_close=self._state_closed, on_alarm=self._local_alarm,
-                         admit=functools.partial(self._admit, key), version=taken.version)
+                         admit=functools.partial(self._admit, key, taken.epoch),
+                         version=taken.version)
         self._held[key] = taken.epoch
         self._trust(key, sent)
         self._active[key] = state
@@ -542,27 +543,34 @@ class PostgresEngine:
         if until > self._trusted.get(key, -math.inf):
             self._trusted[key] = until
 
-    def _admit(self, key: Key) -> None:
-        """Before a job of ``key`` starts: is the lease known to hold? A host that was
-        paused (SIGSTOP, a stalled loop, a partition) past its lease may find, when it
-        runs again, jobs due on objects another host has taken since; the fence refuses
-        their writes, but the jobs must not even start (their external effects would
-        run twice). So the object is dropped here as fenced, before its renewal could
-        tell; if the lease did hold, the object is simply activated again."""
-        if lease_clock() < self._trusted.get(key, -math.inf):
+    def _admit(self, key: Key, epoch: int) -> None:
+        """Before a job or a call of ``key`` starts on its copy opened under lease
+        ``epoch``: is that lease known to hold? A host that was paused (SIGSTOP, a
+        stalled loop, a partition) past its lease may find, when it runs again, jobs due
+        on objects another host has taken since; the fence refuses their writes, but the
+        jobs must not even start (their external effects would run twice). So the object
+        is dropped here as fenced, before its renewal could tell; if the lease did hold,
+        the object is simply activated again. The lease must be the copy's own: this
+        host's claim may have taken the object again meanwhile (a newer epoch, trusted)
+        while the copy of the lapsed one is still open."""
+        if self._held.get(key) == epoch and lease_clock() < self._trusted.get(key, -math.inf):
             return
-        epoch = self._held.get(key)
-        # Not "taken over": a lone host whose renewals PostgreSQL did not answer in time
-        # (a foreign lock, an outage) lands here too (issue 22 #4).
-        reason = (f"this host's lease on it was not renewed within lease_ttl"
-                  f" ({self.lease_ttl} s: PostgreSQL slow or out of reach, or this host"
-                  " paused); another host may take it over")
+        held = self._held.get(key)
+        if held is not None and held != epoch:
+            reason = (f"this host's lease on it (epoch {epoch}) lapsed and the object was"
+                      f" taken again since (epoch {held}); its copy of the lapsed lease is"
+                      " dropped")
+        else:
+            # Not "taken over": a lone host whose renewals PostgreSQL did not answer in
+            # time (a foreign lock, an outage) lands here too (issue 22 #4).
+            reason = (f"this host's lease on it was not renewed within lease_ttl"
+                      f" ({self.lease_ttl} s: PostgreSQL slow or out of reach, or this"
+                      " host paused); another host may take it over")
         if self._site is not None and key in self._active:
             self._site.fenced(*key, reason=reason)
         raise ObjectFencedError(
-            f"{key[0]}/{key[1]}: this host's lease on the object (epoch {epoch}) was not"
-            f" renewed within lease_ttl ({self.lease_ttl} s); another host may hold it"
-            " now, so no job of it starts here", reason=reason,
+            f"{key[0]}/{key[1]}: {reason}; so no job or call of it starts on that copy",
+            reason=reason,
         )
 
     async def _ship(self, change: Change) -> str:
@@ -706,8 +714,11 @@ class PostgresEngine:
 
     # -- the flight list -------------------------------------------------------------
     def acquire_flight(self, namespace: str, object_id: str) -> _Flight:
+        key = (namespace, object_id)
+        state = self._active.get(key)  # (the copy the alarm run runs on)
+        epoch = -1 if state is None else state.epoch
         slot = _Flight([namespace, object_id, "", 0.0], self._flight_changed,
-                       functools.partial(self._admit, (namespace, object_id)))
+                       functools.partial(self._admit, key, epoch))
         self._flights[id(slot)] = slot.entry
         return slot
 
