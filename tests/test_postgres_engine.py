@@ -264,6 +264,22 @@ async def test_a_copy_opened_under_a_lapsed_lease_is_not_admitted_after_a_new_cl
                 a.acquire_flight(NS, "o").record("job-1", NOW)
 
 
+async def test_renewals_hold_the_lease_while_the_call_poll_fails(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each renewal also looks for forwarded calls; a failure of that look must not
+    throw the renewal away (it did: the lease lapsed here, and the object with it)."""
+    async def failing_poll() -> None:
+        raise psycopg.OperationalError("the poll failed (test)")
+
+    with opened(pg_dsn, lease_ttl=1.0) as a:
+        monkeypatch.setattr(a._calls, "poll", failing_poll)
+        async with serving(a, Site()):
+            state = await a.open_object(NS, "o", CP)
+            await trio.sleep(2.5)  # 2.5 lease_ttl: the lease holds only if renewed
+            state.admit()
+
+
 async def test_a_dead_hosts_running_job_becomes_a_crash_token(pg_dsn: str) -> None:
     with opened(pg_dsn) as a, opened(pg_dsn) as b:
         async with serving(a, Site()):

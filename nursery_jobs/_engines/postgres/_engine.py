@@ -800,7 +800,6 @@ class PostgresEngine:
             try:
                 held = await self._db(ops.renew, self.host_id, self.lease_ttl,
                                       list(before.items()))
-                await self._calls.poll()
             except psycopg.Error as exc:
                 logger.warning("cannot renew the leases of host %s: %s", self.host_id, exc)
                 continue
@@ -812,6 +811,12 @@ class PostgresEngine:
             for key, epoch in held.items():
                 if self._held.get(key) == epoch:
                     self._trust(key, sent)
+            # Calls whose notification was missed, and those a failed take may have
+            # taken (after the renewal is applied: a poll that fails must not undo it).
+            try:
+                await self._calls.poll()
+            except psycopg.Error as exc:
+                logger.warning("cannot look for forwarded calls on %s: %s", self._label, exc)
 
     async def _lease_sleep(self, seconds: float) -> None:
         """Sleep ``seconds`` of real time: leases end on the server's clock. (Under a
