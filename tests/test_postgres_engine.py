@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -17,6 +18,7 @@ psycopg = pytest.importorskip("psycopg")  # the postgres extra; CI installs it (
 
 import nursery_jobs as nj
 from nursery_jobs._core._location import engine_for
+from nursery_jobs._engines.postgres import _ops as pg_ops
 from nursery_jobs._engines.postgres._engine import PostgresEngine
 from nursery_jobs._errors import EngineError, ObjectFencedError, ObjectLeasedElsewhere, StorageError
 from nursery_jobs._events import EventBus
@@ -262,6 +264,43 @@ async def test_a_copy_opened_under_a_lapsed_lease_is_not_admitted_after_a_new_cl
                 old.admit()
             with pytest.raises(ObjectFencedError):
                 a.acquire_flight(NS, "o").record("job-1", NOW)
+
+
+async def test_a_claim_answered_after_a_newer_take_leaves_the_newer_lease(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The claim loop claims a due object (epoch 2) while an activation on this host
+    takes it (epoch 3); the claim's answer comes back last. The engine keeps epoch 3:
+    the copy opened under it is admitted (the stale answer made it look lapsed, and
+    its jobs did not run: a flaky lifecycle test on PostgreSQL under CI load)."""
+    with opened(pg_dsn) as b:
+        state = await b.open_object(NS, "o", CP)
+        state.write_alarm(nj.now() - 1, 0)
+        await state.sync()
+        state.close()  # released: epoch 1, due, nobody's
+    claimed, answer, answered = threading.Event(), threading.Event(), threading.Event()
+    real_claim = pg_ops.claim
+
+    def slow_answer(*args: Any) -> Any:
+        result = real_claim(*args)
+        if result[0] and not claimed.is_set():  # (the first that claimed something)
+            claimed.set()
+            answer.wait(10)
+            answered.set()
+        return result
+
+    monkeypatch.setattr(pg_ops, "claim", slow_answer)
+    with opened(pg_dsn) as a:
+        async with serving(a, Site()):
+            await trio.to_thread.run_sync(claimed.wait, 10)
+            assert sql(pg_dsn, "SELECT epoch FROM nj_objects") == [(2,)]
+            state = await a.open_object(NS, "o", CP)
+            assert state.epoch == 3
+            answer.set()
+            await trio.to_thread.run_sync(answered.wait, 10)
+            await trio.sleep(0.2)  # (the claim loop applies the answer)
+            assert a._held.get((NS, "o")) == 3
+            state.admit()
 
 
 async def test_renewals_hold_the_lease_while_the_call_poll_fails(

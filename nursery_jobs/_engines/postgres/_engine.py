@@ -852,6 +852,10 @@ class PostgresEngine:
                 claimed, next_time = [], None
             for c in claimed:
                 key = (c.namespace, c.object_id)
+                if c.epoch <= self._held.get(key, -1):
+                    # Taken again meanwhile, by this host's own activation (a take
+                    # bumps the epoch): the newer lease stands, with its alarm.
+                    continue
                 self._held[key] = c.epoch
                 self._trust(key, sent)
                 self._index_alarm(key, c.alarm)
