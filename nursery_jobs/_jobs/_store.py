@@ -205,9 +205,9 @@ class JobStore:
         self._read_paused()
 
     def release(self, stand_in: sqlite3.Connection) -> None:
-        """The object left memory: hold ``stand_in`` in place of its connection."""
+        """The object left memory: hold ``stand_in`` in place of its connection. (Its
+        table is the transactions' staged writes: released with them.)"""
         self.conn = stand_in
-        self.table.release(stand_in)
 
     def writing(self) -> AbstractContextManager[None]:
         """``with store.writing():`` one transaction for the writes in the block — or,

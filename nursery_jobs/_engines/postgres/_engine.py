@@ -470,8 +470,7 @@ class PostgresEngine:
                          on_close=self._state_closed, on_alarm=self._local_alarm,
                          admit=functools.partial(self._admit, key, taken.epoch),
                          version=taken.version)
-        self._held[key] = taken.epoch
-        self._trust(key, sent)
+        self._hold(key, taken.epoch, sent)
         self._active[key] = state
         if taken.alarm is None:
             self._alarms.pop(key, None)
@@ -535,6 +534,17 @@ class PostgresEngine:
         self._held.pop(key, None)
         self._trusted.pop(key, None)
         self._alarms.pop(key, None)
+
+    def _hold(self, key: Key, epoch: int, sent: float) -> bool:
+        """A statement sent at ``sent`` took the lease on ``key`` at ``epoch`` (a take
+        or a claim): hold and trust it, unless a newer one of this host's is held
+        already — the answers of its takes and claims come back in any order, and an
+        older one set back would make the live copy look lapsed (``_admit``)."""
+        if epoch <= self._held.get(key, -1):
+            return False
+        self._held[key] = epoch
+        self._trust(key, sent)
+        return True
 
     def _trust(self, key: Key, sent: float) -> None:
         """A statement sent at ``sent`` took or extended the lease on ``key``: the
@@ -852,12 +862,8 @@ class PostgresEngine:
                 claimed, next_time = [], None
             for c in claimed:
                 key = (c.namespace, c.object_id)
-                if c.epoch <= self._held.get(key, -1):
-                    # Taken again meanwhile, by this host's own activation (a take
-                    # bumps the epoch): the newer lease stands, with its alarm.
-                    continue
-                self._held[key] = c.epoch
-                self._trust(key, sent)
+                if not self._hold(key, c.epoch, sent):
+                    continue  # (taken again meanwhile by an activation: its alarm stands)
                 self._index_alarm(key, c.alarm)
                 self._classes.setdefault(c.namespace, c.class_path)
             if claimed:
