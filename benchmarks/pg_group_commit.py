@@ -6,7 +6,8 @@ Run: NJ_POSTGRES_DSN=postgresql://... python benchmarks/pg_group_commit.py
          [--callers 100] [--per-caller 100] [--runs 3]
 
 Creates a database on that server, measures, drops it. Prints per run the pushes/s,
-the host's CPU per push (``time.process_time``) and, where the engine counts them, the
+the host's CPU per push (``time.process_time``), the server's (its backends for this
+database, from /proc/<pid>/stat) and, where the engine counts them, the
 ships per round trip; then the median and range. Uses only what every version of the
 engine has (``ship_statistics`` where it exists), so it measures before and after.
 """
@@ -24,7 +25,7 @@ import trio
 
 import nursery_jobs as nj
 from nursery_jobs._engines.postgres._engine import PostgresEngine
-from nursery_jobs.bench._pg import fresh_database
+from nursery_jobs.bench._pg import _dbname, _server_cpu, fresh_database
 from nursery_jobs.bench._pg_host import HostBench, PgBenchObject
 
 
@@ -41,16 +42,19 @@ async def _run(dsn: str, callers: int, per_caller: int, prefix: str) -> dict[str
             for i in range(per_caller):
                 await stub.push_one(i)
 
+        server0 = _server_cpu(_dbname(dsn))
         t0, cpu0, trio0 = time.perf_counter(), time.process_time(), time.thread_time()
         async with trio.open_nursery() as nursery:
             for stub in stubs:
                 nursery.start_soon(caller, stub)
         elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
         trio_cpu = time.thread_time() - trio0  # the Trio thread's share of ``cpu``
+        server = sum(c - server0.get(pid, 0.0)
+                     for pid, c in _server_cpu(_dbname(dsn)).items())
         after = engine.ship_statistics() if counted else None
     pushes = callers * per_caller
     out = {"per_s": pushes / elapsed, "cpu_us": cpu / pushes * 1e6,
-            "trio_cpu_us": trio_cpu / pushes * 1e6}
+            "trio_cpu_us": trio_cpu / pushes * 1e6, "server_cpu_us": server / pushes * 1e6}
     if before is not None and after is not None:
         out["ships_per_round_trip"] = (after.ships - before.ships) / max(
             1, after.round_trips - before.round_trips)

@@ -31,6 +31,7 @@ from typing import IO, Any
 
 import psycopg
 import trio
+from psycopg.conninfo import conninfo_to_dict
 
 import nursery_jobs as nj
 from nursery_jobs._engines.postgres._engine import PostgresEngine, _safe_label
@@ -238,8 +239,11 @@ async def _pushes(dsn: str, per_call: int, batched: int) -> dict[str, float]:
 async def concurrent_pushes(dsn: str, callers: int, per_caller: int) -> dict[str, float]:
     """``callers`` tasks, each pushing ``per_caller`` jobs into its own object, one push
     per stub call (each durable in PostgreSQL when its call returns): the ships of
-    different objects share round trips (group commit, issue 26)."""
+    different objects share round trips (group commit, issue 26). CPU per push: this
+    process's (all threads, and the Trio thread's share) and the server backends' of
+    this database (their /proc/<pid>/stat, 0 where there is no /proc)."""
     engine = PostgresEngine(dsn)
+    dbname = _dbname(dsn)
     async with nj.open_runtime(engine, env=HostBench("A")) as rt:
         stubs = [rt.get(PgBenchObject, f"c{i}") for i in range(callers)]
         for stub in stubs:
@@ -250,18 +254,25 @@ async def concurrent_pushes(dsn: str, callers: int, per_caller: int) -> dict[str
             for i in range(per_caller):
                 await stub.push_one(i)
 
+        server0 = _server_cpu(dbname)
         t0, cpu0, trio0 = time.perf_counter(), time.process_time(), time.thread_time()
         async with trio.open_nursery() as nursery:
             for stub in stubs:
                 nursery.start_soon(caller, stub)
         elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
         trio_cpu = time.thread_time() - trio0  # the Trio thread's share of ``cpu``
+        server = sum(c - server0.get(pid, 0.0) for pid, c in _server_cpu(dbname).items())
         after = engine.ship_statistics()
     pushes = callers * per_caller
     trips = after.round_trips - before.round_trips
     return {"per_s": pushes / elapsed, "cpu_us": cpu / pushes * 1e6,
             "trio_cpu_us": trio_cpu / pushes * 1e6,
+            "server_cpu_us": server / pushes * 1e6,
             "ships_per_round_trip": (after.ships - before.ships) / trips if trips else 0.0}
+
+
+def _dbname(dsn: str) -> str:
+    return str(conninfo_to_dict(dsn).get("dbname", ""))
 
 
 async def _activation(dsn: str, objects: int) -> dict[str, float]:
@@ -465,7 +476,8 @@ FIGURES = (
     "hosts_1_other_cpu", "hosts_2_other_cpu", "hosts_3_other_cpu",
     "push_per_call_per_s", "push_batched_per_s", "push_concurrent_per_s",
     "push_concurrent_cpu_us", "push_concurrent_trio_cpu_us",
-    "push_concurrent_ships_per_round_trip", "call_p50_ms", "call_p99_ms",
+    "push_concurrent_server_cpu_us", "push_concurrent_ships_per_round_trip",
+    "call_p50_ms", "call_p99_ms",
     "activation_p50_ms", "activation_p99_ms", "failover_first_s", "failover_all_s",
 )
 
@@ -526,6 +538,7 @@ def _one_run(
     out["push_concurrent_per_s"] = many["per_s"]
     out["push_concurrent_cpu_us"] = many["cpu_us"]
     out["push_concurrent_trio_cpu_us"] = many["trio_cpu_us"]
+    out["push_concurrent_server_cpu_us"] = many["server_cpu_us"]
     out["push_concurrent_ships_per_round_trip"] = many["ships_per_round_trip"]
     call = measure("cross-host calls", lambda: call_latency(dsn, s.call_samples))
     out["call_p50_ms"], out["call_p99_ms"] = call["p50_ms"], call["p99_ms"]
@@ -626,6 +639,8 @@ def render(report: dict[str, Any]) -> str:
         " call)", "push_concurrent_per_s", unit="/s")
     row("  host CPU per push (all threads)", "push_concurrent_cpu_us", ".0f", " µs")
     row("  of which the Trio thread", "push_concurrent_trio_cpu_us", ".0f", " µs")
+    row("  server CPU per push (this database's backends)", "push_concurrent_server_cpu_us",
+        ".0f", " µs")
     row("  ships per round trip (group commit)", "push_concurrent_ships_per_round_trip", ".1f")
     row("cross-host call p50", "call_p50_ms", ".2f", " ms")
     row("cross-host call p99", "call_p99_ms", ".2f", " ms")
