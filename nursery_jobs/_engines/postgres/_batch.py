@@ -49,18 +49,28 @@ class ShipStatistics:
 
 
 class _Pending:
-    __slots__ = ("abandoned", "batch", "change", "done", "error", "finished", "outcome",
-                 "scope")
+    __slots__ = ("abandoned", "batch", "change", "error", "finished", "outcome", "scope",
+                 "task")
 
     def __init__(self, change: Change, finished: trio.Event) -> None:
         self.change = change
         self.finished = finished  # set once no statement carrying it is out
-        self.done = trio.Event()  # set once its outcome (or error) is known
+        # The caller, parked until its outcome (or error) is known and it is rescheduled
+        # (no trio.Event per caller: its wait and set were ~5% of the Trio thread's CPU
+        # per push with 100 callers, measured).
+        self.task = trio.lowlevel.current_task()
         self.outcome: str | None = None
         self.error: BaseException | None = None
+        # Its caller left (cancelled) or was woken: nobody to wake. (A caller that left
+        # may stay queued until its ``_abandon``: ``_take`` passes it over.)
         self.abandoned = False
         self.batch: list[_Pending] | None = None
         self.scope: trio.CancelScope | None = None
+
+    def wake(self) -> None:
+        if not self.abandoned:
+            self.abandoned = True  # (woken once)
+            trio.lowlevel.reschedule(self.task)
 
 
 class ShipBatcher:
@@ -97,8 +107,13 @@ class ShipBatcher:
             return await self._ship_alone(change, finished)
         pending = _Pending(change, finished)
         self._queue.append(pending)
+
+        def abort(_: object) -> trio.lowlevel.Abort:
+            pending.abandoned = True  # not to be woken: it is leaving
+            return trio.lowlevel.Abort.SUCCEEDED
+
         try:
-            await pending.done.wait()
+            await trio.lowlevel.wait_task_rescheduled(abort)
         except BaseException:
             self._abandon(pending)
             raise
@@ -122,9 +137,9 @@ class ShipBatcher:
 
     def _abandon(self, pending: _Pending) -> None:
         """Its caller stops waiting (cancelled)."""
-        pending.abandoned = True
         if pending.batch is None:  # still queued: it will not ship
-            self._queue.remove(pending)
+            if pending in self._queue:  # (not where the run ended meanwhile)
+                self._queue.remove(pending)
             pending.finished.set()
         elif pending.scope is not None and all(p.abandoned for p in pending.batch):
             # Nobody waits for this round trip any more: cancel its statement on the
@@ -143,7 +158,9 @@ class ShipBatcher:
         keys: set[tuple[str, str]] = set()
         for pending in self._queue:
             key = (pending.change.namespace, pending.change.object_id)
-            if key in keys or len(batch) >= self._max_batch:
+            if pending.abandoned:  # (left, not yet out of the queue: ``_abandon`` takes it)
+                rest.append(pending)
+            elif key in keys or len(batch) >= self._max_batch:
                 rest.append(pending)
             else:
                 keys.add(key)
@@ -169,7 +186,8 @@ class ShipBatcher:
             if self._queue:  # (left by a run cut short: the Trio run is ending)
                 for pending in self._queue:
                     pending.error = StorageError("the Trio run ended before it shipped")
-                    pending.done.set()
+                    pending.finished.set()
+                    pending.wake()
                 self._queue = []
 
     async def _run_one(self, batch: list[_Pending]) -> None:
@@ -195,4 +213,4 @@ class ShipBatcher:
                 pending.outcome = outcomes[i]
             else:
                 pending.error = error
-            pending.done.set()
+            pending.wake()

@@ -148,13 +148,13 @@ WITH fence AS (
     RETURNING version
 ), deleted AS (
     DELETE FROM nj_rows WHERE EXISTS (SELECT FROM fence) AND ctid = ANY (ARRAY(
-        SELECT r.ctid FROM unnest(%(dt)s::text[], %(dk)s::text[]) AS d(tbl, key)
+        SELECT r.ctid FROM unnest(%(dt)b::text[], %(dk)b::text[]) AS d(tbl, key)
         CROSS JOIN LATERAL (SELECT ctid FROM nj_rows WHERE namespace = %(ns)s
             AND object_id = %(oid)s AND tbl = d.tbl AND key = d.key OFFSET 0) AS r))
 ), upserted AS (
     INSERT INTO nj_rows (namespace, object_id, tbl, key, data)
     SELECT %(ns)s, %(oid)s, u.tbl, u.key, u.data
-    FROM unnest(%(ut)s::text[], %(uk)s::text[], %(ud)s::text[]) AS u(tbl, key, data)
+    FROM unnest(%(ut)b::text[], %(uk)b::text[], %(ud)b::text[]) AS u(tbl, key, data)
     WHERE EXISTS (SELECT FROM fence)
     ON CONFLICT (namespace, object_id, tbl, key) DO UPDATE SET data = excluded.data
 ), crashes AS (
@@ -203,9 +203,9 @@ def ship(conn: Conn, me: str, ttl: float, change: Change) -> str:
 # the fence) a lost lease from a lost base.
 _SHIP_MANY = """
 WITH s AS (
-    SELECT * FROM unnest(%(i)s::int[], %(ns)s::text[], %(oid)s::text[], %(epoch)s::bigint[],
-        %(version)s::bigint[], %(unsure)s::bigint[], %(set_alarm)s::bool[],
-        %(time)s::float8[], %(retry)s::int[], %(clear)s::bool[])
+    SELECT * FROM unnest(%(i)b::int[], %(ns)b::text[], %(oid)b::text[], %(epoch)b::bigint[],
+        %(version)b::bigint[], %(unsure)b::bigint[], %(set_alarm)b::bool[],
+        %(time)b::float8[], %(retry)b::int[], %(clear)b::bool[])
         AS s(i, ns, oid, epoch, version, unsure, set_alarm, time, retry, clear)
 ), fence AS (
     UPDATE nj_objects o SET
@@ -220,14 +220,14 @@ WITH s AS (
 ), deleted AS (
     DELETE FROM nj_rows WHERE ctid = ANY (ARRAY(
         SELECT r.ctid FROM fence f
-        JOIN unnest(%(di)s::int[], %(dt)s::text[], %(dk)s::text[]) AS d(i, tbl, key)
+        JOIN unnest(%(di)b::int[], %(dt)b::text[], %(dk)b::text[]) AS d(i, tbl, key)
             ON d.i = f.i
         CROSS JOIN LATERAL (SELECT ctid FROM nj_rows WHERE namespace = f.ns
             AND object_id = f.oid AND tbl = d.tbl AND key = d.key OFFSET 0) AS r))
 ), upserted AS (
     INSERT INTO nj_rows (namespace, object_id, tbl, key, data)
     SELECT f.ns, f.oid, u.tbl, u.key, u.data
-    FROM fence f JOIN unnest(%(ui)s::int[], %(ut)s::text[], %(uk)s::text[], %(ud)s::text[])
+    FROM fence f JOIN unnest(%(ui)b::int[], %(ut)b::text[], %(uk)b::text[], %(ud)b::text[])
         AS u(i, tbl, key, data) ON u.i = f.i
     ON CONFLICT (namespace, object_id, tbl, key) DO UPDATE SET data = excluded.data
 ), crashes AS (
