@@ -6,7 +6,8 @@ from other work on the machine spreads over every figure): the ceiling (claim+de
 no-op jobs in batches of 100 over one connection); dispatch on one host, one object and
 100 objects; one, two and three host processes on 300 objects, with the CPU each process
 and the server used; pushes per call and batched, and 100 callers pushing into 100
-objects at once (group commit); cross-host call latency; activation of
+objects at once (group commit), with the host's and the server's CPU per push;
+cross-host call latency; activation of
 an object with 100 jobs and 100 KV rows; failover after a SIGKILL.
 """
 
