@@ -39,6 +39,7 @@ from nursery_jobs._jobs._table import BACKLOG_WINDOW, Cursor, JobRow
 
 if TYPE_CHECKING:
     from nursery_jobs._core._alarm import AlarmClaim
+    from nursery_jobs._engines.base import FlightSlot
     from nursery_jobs._jobs._lifecycle import Lifecycle
 
 logger = logging.getLogger("nursery_jobs")
@@ -56,11 +57,14 @@ _START: Final[Cursor] = (-(2**31), -math.inf, -1)
 class AlarmRun:
     """One alarm run in progress: what ``track_alarm_work`` attaches work to."""
 
-    __slots__ = ("active", "cancel", "epoch", "job", "lifecycle", "scope", "started", "time",
-                 "tracked")
+    __slots__ = ("active", "cancel", "epoch", "flight", "job", "lifecycle", "scope", "started",
+                 "time", "tracked")
 
-    def __init__(self, lifecycle: Lifecycle) -> None:
+    def __init__(self, lifecycle: Lifecycle, flight: FlightSlot | None) -> None:
         self.lifecycle = lifecycle
+        # The run's flight-record slot (the host holds one for the whole run): read
+        # once, not through the claim per job.
+        self.flight = flight
         self.epoch = _clock.epoch()  # nj.now() == epoch + trio.current_time()
         # trio.current_time() itself, two calls shorter (read twice per job).
         self.time = trio.lowlevel.current_clock().current_time
@@ -128,7 +132,7 @@ class AlarmRunner:
 
     async def __call__(self, info: Any) -> None:
         lc, store = self._lc, self._store
-        run = self._run = AlarmRun(lc)
+        run = self._run = AlarmRun(lc, self._claim.flight)
         token = current_run.set(run)
         try:
             now = _clock.now()
@@ -391,7 +395,7 @@ class AlarmRunner:
         started = run.epoch + clock
         # Record what runs before it runs, where a SIGKILL cannot erase it (a memory
         # write, not a commit): a death is then attributed to this job.
-        flight = self._claim.flight
+        flight = run.flight
         if flight is not None:
             flight.record(job.id, started)
         store.begin_run(row)  # the group transaction and the job's savepoint
