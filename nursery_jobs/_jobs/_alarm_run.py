@@ -263,10 +263,13 @@ class AlarmRunner:
                 # A push, reschedule or cancel may have changed the rows, perhaps ahead
                 # of the cursor (a higher-priority queue item, due now): read again from
                 # the top; ``ran`` keeps what already ran from running twice.
-                cursor, index = _START, len(batch)
+                cursor, batch, index = _START, [], 0
                 if read_at != -1:
                     now = _clock.now()
             if index == len(batch):
+                if batch:  # on from the last row read (made here, not per job)
+                    last = batch[-1]
+                    cursor = (-last.job.priority, last.job.time, last.seq)
                 batch = store.due_batch(now, cursor, _DUE_BATCH)
                 index, read_at = 0, store.version
                 if not batch:
@@ -274,7 +277,6 @@ class AlarmRunner:
             row = batch[index]
             index += 1
             job = row.job
-            cursor = (-job.priority, job.time, row.seq)
             if job.id in ran:
                 continue  # replaced or yielded during this run: it runs at the next alarm
             ran.add(job.id)
@@ -411,7 +413,9 @@ class AlarmRunner:
                 # (the run's scope is cancelled; this raises its Cancelled).
                 await trio.lowlevel.checkpoint()
             if job.timeout is None:
-                outcome = coerce_outcome(await on_job(ctx))
+                outcome = await on_job(ctx)
+                if outcome is not None:  # (None, most outcomes, needs no check)
+                    outcome = coerce_outcome(outcome)
             else:
                 outcome = coerce_outcome(await run_with_timeout(on_job, ctx, self._lc.label))
             if run.cancel is not None:
