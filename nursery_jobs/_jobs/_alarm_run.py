@@ -267,8 +267,14 @@ class AlarmRunner:
                 if read_at != -1:
                     now = _clock.now()
             if index == len(batch):
-                if batch:  # on from the last row read (made here, not per job)
-                    last = batch[-1]
+                if batch:  # (read at this version: a mutation would have emptied it)
+                    if len(batch) < _DUE_BATCH:
+                        # A short batch held every row due at ``now`` after the cursor;
+                        # what ran since changed only rows in ``ran``. Nothing is left
+                        # for this pass (a read that found nothing was two statements
+                        # of each alarm run).
+                        return False
+                    last = batch[-1]  # on from the last row read (made here, not per job)
                     cursor = (-last.job.priority, last.job.time, last.seq)
                 batch = store.due_batch(now, cursor, _DUE_BATCH)
                 index, read_at = 0, store.version
