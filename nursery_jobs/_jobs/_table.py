@@ -325,23 +325,23 @@ class JobTable:
         from ``running_since + hung_timeout``. The jobs of paused owners do not count."""
         if self.all_held:
             return None
-        exclusive = self.first_exclusive_time()
-        if exclusive is not None:
-            return exclusive
+        # The three times in one statement, each subquery on its own index: an alarm
+        # run asks twice (its fallback alarm, its re-arm), and three statements were
+        # six executes of every run.
         held, args = self._held, self._held_args
-        row = self.conn.execute(
-            "SELECT time FROM nj_jobs WHERE (singleflight = 0 OR running_since IS NULL)"
-            f"{held} ORDER BY time LIMIT 1", args
+        exclusive, ready, in_flight = self.conn.execute(
+            f"SELECT (SELECT MIN(time) FROM nj_jobs WHERE exclusive = 1{held}),"
+            " (SELECT time FROM nj_jobs WHERE (singleflight = 0 OR running_since IS NULL)"
+            f"{held} ORDER BY time LIMIT 1),"
+            " (SELECT MIN(MAX(time, running_since + hung_timeout)) FROM nj_jobs"
+            f" WHERE running_since IS NOT NULL AND singleflight = 1{held})",
+            args * 3,
         ).fetchone()
-        ready = None if row is None else float(row[0])
-        row = self.conn.execute(
-            "SELECT MIN(MAX(time, running_since + hung_timeout)) FROM nj_jobs"
-            f" WHERE running_since IS NOT NULL AND singleflight = 1{held}", args
-        ).fetchone()
-        in_flight = None if row[0] is None else float(row[0])
+        if exclusive is not None:
+            return float(exclusive)
         if ready is None:
-            return in_flight
-        return ready if in_flight is None else min(ready, in_flight)
+            return None if in_flight is None else float(in_flight)
+        return float(ready) if in_flight is None else float(min(ready, in_flight))
 
     # -- writes ---------------------------------------------------------------------
     def upsert(self, job: Job, payload_text: str | None, trace: str | None = None) -> None:
