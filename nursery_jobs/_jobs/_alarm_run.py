@@ -121,6 +121,9 @@ class AlarmRunner:
         self._watch_scope: trio.CancelScope | None = None
         self._watch_job: Job | None = None
         self._watch_deadline = math.inf
+        # The watch scope's deadline as set here (read per job: trio's property costs
+        # more than the comparison it serves).
+        self._scope_deadline = math.inf
         # The permits of the object's namespace (None: not limited, no cost per job).
         self._limit = lifecycle.claim.limit
         self._object_id = lifecycle.ctx.id
@@ -555,9 +558,10 @@ class AlarmRunner:
             # Made here, not in the task: jobs that never checkpoint would otherwise
             # each start a watchdog before the first one runs.
             self._watch_scope = trio.CancelScope(deadline=deadline)
+            self._scope_deadline = deadline
             self._lc.ctx.nursery.start_soon(self._slow_dispatch_watchdog)
-        elif deadline < scope.deadline:
-            scope.deadline = deadline
+        elif deadline < self._scope_deadline:
+            scope.deadline = self._scope_deadline = deadline
 
     def running_for(self) -> tuple[str, float] | None:
         """The job running now and how many seconds it has run (read from the alarm
@@ -594,3 +598,4 @@ class AlarmRunner:
                 return
             # Another job runs now: watch it.
             self._watch_scope = trio.CancelScope(deadline=self._watch_deadline)
+            self._scope_deadline = self._watch_deadline
