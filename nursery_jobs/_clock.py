@@ -123,8 +123,18 @@ def fresh_now() -> float:
     stale by the step (a ``delay=1`` pushed after a 5 s step back fired 6 s later,
     issue 22 #11); reading the wall clock costs well under a microsecond, a push
     hundreds. Does not checkpoint."""
-    reanchor()
-    return now()
+    # ``reanchor()`` then ``now()``, with one look-up of the anchor and one read of each
+    # clock (every push with a delay comes here: 1.07 -> 0.54 µs).
+    if _pinned is not None:
+        return _pinned + trio.current_time()
+    anchor = _anchor()
+    trio_now = trio.current_time()
+    if _may_reanchor(anchor):
+        measured = _wall_clock() - trio_now
+        drift = measured - anchor.epoch
+        if abs(drift) > DRIFT_THRESHOLD:
+            _move(anchor, measured, drift)
+    return anchor.epoch + trio_now
 
 
 def _may_reanchor(anchor: _Anchor) -> bool:
@@ -150,10 +160,15 @@ def reanchor() -> float | None:
     drift = measured - anchor.epoch
     if abs(drift) <= DRIFT_THRESHOLD:
         return None
+    _move(anchor, measured, drift)
+    return drift
+
+
+def _move(anchor: _Anchor, measured: float, drift: float) -> None:
+    """Move the anchor to ``measured`` and tell every ``run_anchor`` listener."""
     anchor.epoch = measured
     for listener in list(anchor.listeners):
         listener(drift)
-    return drift
 
 
 async def run_anchor(on_adjust: Callable[[float], object]) -> NoReturn:
@@ -209,15 +224,17 @@ def coerce_time(value: object, *, name: str = "time") -> float:
 
 def coerce_delay(value: object, *, name: str = "delay") -> float:
     """Return ``value`` (seconds or a ``timedelta``) as finite seconds >= 0."""
-    if isinstance(value, _dt.timedelta):
-        seconds = value.total_seconds()
-    elif isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TimeArgumentError(f"{name}: expected seconds or a timedelta, got {value!r}")
-    else:
-        try:
-            seconds = float(value)
-        except OverflowError:  # an int too large for a float
-            seconds = math.inf
+    kind = type(value)
+    seconds_of: object = value
+    if kind is not float and kind is not int:  # (most delays skip these tests)
+        if isinstance(value, _dt.timedelta):
+            seconds_of = value.total_seconds()
+        elif isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TimeArgumentError(f"{name}: expected seconds or a timedelta, got {value!r}")
+    try:
+        seconds = float(seconds_of)  # type: ignore[arg-type]
+    except OverflowError:  # an int too large for a float
+        seconds = math.inf
     if not math.isfinite(seconds) or seconds < 0:
         raise TimeArgumentError(f"{name}: {value!r} must be a finite number of seconds >= 0")
     return seconds

@@ -11,7 +11,10 @@ import sqlite3
 from typing import Any
 
 import pytest
+import trio
+import trio.testing
 
+import nursery_jobs as nj
 from nursery_jobs._engines._schema import prepare
 from nursery_jobs._jobs._alarm_run import _START
 from nursery_jobs._jobs._records import checked_job
@@ -115,3 +118,51 @@ def test_backlog_counts_read_a_bounded_window() -> None:
     table.hold(frozenset({"host"}))
     assert sorted(table.due_counts(NOW, window=6)) == [("a", 5), ("b", 1)]
     assert math.isfinite(NOW)
+
+
+class _Ran:
+    def __init__(self, expected: int) -> None:
+        self.payloads: list[Any] = []
+        self.expected = expected
+        self.all_ran = trio.Event()
+
+
+class _Reader(nj.DurableObject):
+    def __init__(self, ctx: nj.ObjectContext) -> None:
+        super().__init__(ctx)
+        self.lifecycle = nj.Lifecycle.install(self)
+        self.ran: _Ran = ctx.env
+
+    async def push_three(self) -> None:
+        with self.ctx.storage.transaction():
+            for i in range(3):
+                await self.lifecycle.jobs.push("f", payload=i)
+
+    async def on_job(self, ctx: nj.JobContext) -> None:
+        self.ran.payloads.append(ctx.job.payload)
+        if len(self.ran.payloads) == self.ran.expected:
+            self.ran.all_ran.set()
+
+
+async def test_an_alarm_run_reads_what_fits_one_batch_once(
+    monkeypatch: pytest.MonkeyPatch, autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A batch shorter than the run's batch size held every due job: the run does not
+    read again to find nothing (that read was two statements of every alarm run)."""
+    batches: list[int] = []
+    next_due = JobTable.next_due
+
+    def counted(self: JobTable, now: float, after: Cursor, limit: int = 1) -> list[JobRow]:
+        rows = next_due(self, now, after, limit)
+        batches.append(len(rows))
+        return rows
+
+    monkeypatch.setattr(JobTable, "next_due", counted)
+    ran = _Ran(3)
+    async with nj.open_runtime(None, env=ran) as rt:
+        await rt.get(_Reader, "r").push_three()
+        with trio.fail_after(60):
+            await ran.all_ran.wait()
+        await trio.sleep(1)  # (the run's end, and anything after it)
+    assert ran.payloads == [0, 1, 2]
+    assert batches == [3]

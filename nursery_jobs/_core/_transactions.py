@@ -29,6 +29,10 @@ if TYPE_CHECKING:
     from nursery_jobs._core._turns import TurnGate
 
 _JOB = "nj_job"
+# The job savepoint's statements, made once (a job that writes runs two of them).
+_SAVEPOINT_JOB = f"SAVEPOINT {_JOB}"
+_RELEASE_JOB = f"RELEASE {_JOB}"
+_ROLLBACK_TO_JOB = f"ROLLBACK TO {_JOB}"
 
 
 class atomic:  # (lower case: used as a function, ``with atomic(conn):``)
@@ -158,7 +162,7 @@ class ObjectTransactions:
     def _open_job_savepoint(self) -> None:
         if not self.conn.in_transaction:
             self.open_group()
-        self.conn.execute(f"SAVEPOINT {_JOB}")
+        self.conn.execute(_SAVEPOINT_JOB)
         self.job_savepoint = True
         if self.staged is not None:
             self.staged.enter_savepoint()
@@ -168,8 +172,8 @@ class ObjectTransactions:
         it first (``undo``)."""
         self.job_savepoint = False
         if undo:
-            self.conn.execute(f"ROLLBACK TO {_JOB}")
-        self.conn.execute(f"RELEASE {_JOB}")
+            self.conn.execute(_ROLLBACK_TO_JOB)
+        self.conn.execute(_RELEASE_JOB)
         if self.staged is not None:
             self.staged.leave_savepoint(undone=undo)
 

@@ -39,6 +39,7 @@ from nursery_jobs._jobs._table import BACKLOG_WINDOW, Cursor, JobRow
 
 if TYPE_CHECKING:
     from nursery_jobs._core._alarm import AlarmClaim
+    from nursery_jobs._engines.base import FlightSlot
     from nursery_jobs._jobs._lifecycle import Lifecycle
 
 logger = logging.getLogger("nursery_jobs")
@@ -56,11 +57,14 @@ _START: Final[Cursor] = (-(2**31), -math.inf, -1)
 class AlarmRun:
     """One alarm run in progress: what ``track_alarm_work`` attaches work to."""
 
-    __slots__ = ("active", "cancel", "epoch", "job", "lifecycle", "scope", "started", "time",
-                 "tracked")
+    __slots__ = ("active", "cancel", "epoch", "flight", "job", "lifecycle", "scope", "started",
+                 "time", "tracked")
 
-    def __init__(self, lifecycle: Lifecycle) -> None:
+    def __init__(self, lifecycle: Lifecycle, flight: FlightSlot | None) -> None:
         self.lifecycle = lifecycle
+        # The run's flight-record slot (the host holds one for the whole run): read
+        # once, not through the claim per job.
+        self.flight = flight
         self.epoch = _clock.epoch()  # nj.now() == epoch + trio.current_time()
         # trio.current_time() itself, two calls shorter (read twice per job).
         self.time = trio.lowlevel.current_clock().current_time
@@ -117,6 +121,9 @@ class AlarmRunner:
         self._watch_scope: trio.CancelScope | None = None
         self._watch_job: Job | None = None
         self._watch_deadline = math.inf
+        # The watch scope's deadline as set here (read per job: trio's property costs
+        # more than the comparison it serves).
+        self._scope_deadline = math.inf
         # The permits of the object's namespace (None: not limited, no cost per job).
         self._limit = lifecycle.claim.limit
         self._object_id = lifecycle.ctx.id
@@ -128,7 +135,7 @@ class AlarmRunner:
 
     async def __call__(self, info: Any) -> None:
         lc, store = self._lc, self._store
-        run = self._run = AlarmRun(lc)
+        run = self._run = AlarmRun(lc, self._claim.flight)
         token = current_run.set(run)
         try:
             now = _clock.now()
@@ -259,10 +266,19 @@ class AlarmRunner:
                 # A push, reschedule or cancel may have changed the rows, perhaps ahead
                 # of the cursor (a higher-priority queue item, due now): read again from
                 # the top; ``ran`` keeps what already ran from running twice.
-                cursor, index = _START, len(batch)
+                cursor, batch, index = _START, [], 0
                 if read_at != -1:
                     now = _clock.now()
             if index == len(batch):
+                if batch:  # (read at this version: a mutation would have emptied it)
+                    if len(batch) < _DUE_BATCH:
+                        # A short batch held every row due at ``now`` after the cursor;
+                        # what ran since changed only rows in ``ran``. Nothing is left
+                        # for this pass (a read that found nothing was two statements
+                        # of each alarm run).
+                        return False
+                    last = batch[-1]  # on from the last row read (made here, not per job)
+                    cursor = (-last.job.priority, last.job.time, last.seq)
                 batch = store.due_batch(now, cursor, _DUE_BATCH)
                 index, read_at = 0, store.version
                 if not batch:
@@ -270,7 +286,6 @@ class AlarmRunner:
             row = batch[index]
             index += 1
             job = row.job
-            cursor = (-job.priority, job.time, row.seq)
             if job.id in ran:
                 continue  # replaced or yielded during this run: it runs at the next alarm
             ran.add(job.id)
@@ -391,7 +406,7 @@ class AlarmRunner:
         started = run.epoch + clock
         # Record what runs before it runs, where a SIGKILL cannot erase it (a memory
         # write, not a commit): a death is then attributed to this job.
-        flight = self._claim.flight
+        flight = run.flight
         if flight is not None:
             flight.record(job.id, started)
         store.begin_run(row)  # the group transaction and the job's savepoint
@@ -407,7 +422,9 @@ class AlarmRunner:
                 # (the run's scope is cancelled; this raises its Cancelled).
                 await trio.lowlevel.checkpoint()
             if job.timeout is None:
-                outcome = coerce_outcome(await on_job(ctx))
+                outcome = await on_job(ctx)
+                if outcome is not None:  # (None, most outcomes, needs no check)
+                    outcome = coerce_outcome(outcome)
             else:
                 outcome = coerce_outcome(await run_with_timeout(on_job, ctx, self._lc.label))
             if run.cancel is not None:
@@ -541,9 +558,10 @@ class AlarmRunner:
             # Made here, not in the task: jobs that never checkpoint would otherwise
             # each start a watchdog before the first one runs.
             self._watch_scope = trio.CancelScope(deadline=deadline)
+            self._scope_deadline = deadline
             self._lc.ctx.nursery.start_soon(self._slow_dispatch_watchdog)
-        elif deadline < scope.deadline:
-            scope.deadline = deadline
+        elif deadline < self._scope_deadline:
+            scope.deadline = self._scope_deadline = deadline
 
     def running_for(self) -> tuple[str, float] | None:
         """The job running now and how many seconds it has run (read from the alarm
@@ -580,3 +598,4 @@ class AlarmRunner:
                 return
             # Another job runs now: watch it.
             self._watch_scope = trio.CancelScope(deadline=self._watch_deadline)
+            self._scope_deadline = self._watch_deadline

@@ -107,19 +107,27 @@ class JobRow:
         (seq, id, owner, fn, time, payload, max_attempts, base_delay, max_delay, jitter,
          singleflight, hung_timeout, exclusive, recovery_loop, created_at, attempts,
          running_since, crash_strikes, priority, timeout, give_up_on) = row
-        retry = (
-            DEFAULT_RETRY
-            if (max_attempts, base_delay, max_delay, jitter, give_up_on) == (3, 0.1, 3.0, 1, None)
-            else RetryOptions(max_attempts=max_attempts, base_delay=base_delay,
-                              max_delay=max_delay, jitter=bool(jitter),
-                              give_up_on=() if give_up_on is None else json.loads(give_up_on))
-        )
+        if (max_attempts == 3 and base_delay == 0.1 and max_delay == 3.0 and jitter == 1
+                and give_up_on is None):
+            retry = DEFAULT_RETRY  # (the default's fields, compared without a tuple)
+        else:
+            retry = RetryOptions(max_attempts=max_attempts, base_delay=base_delay,
+                                 max_delay=max_delay, jitter=bool(jitter),
+                                 give_up_on=() if give_up_on is None else json.loads(give_up_on))
         # A row of our own table was checked when it was pushed (1.2 µs -> 0.5 µs, ~5%
-        # of dispatch).
+        # of dispatch). Flags are stored as 0/1: ``!= 0`` is ``bool()`` without a call.
         job = checked_job(id, owner, fn, time, decode_payload(payload), retry,
-                          bool(singleflight), hung_timeout, bool(exclusive),
-                          bool(recovery_loop), created_at, priority, timeout)
-        return cls(seq, job, attempts, running_since, crash_strikes)
+                          singleflight != 0, hung_timeout, exclusive != 0,
+                          recovery_loop != 0, created_at, priority, timeout)
+        # Built without attrs' __init__ (every due row is read here: 1.24 -> 1.05 µs a
+        # row with the lines above, best of 15).
+        job_row = _new_row(cls)
+        job_row.seq, job_row.job, job_row.attempts = seq, job, attempts
+        job_row.running_since, job_row.crash_strikes = running_since, crash_strikes
+        return job_row
+
+
+_new_row = object.__new__
 
 
 class JobTable:
@@ -317,23 +325,23 @@ class JobTable:
         from ``running_since + hung_timeout``. The jobs of paused owners do not count."""
         if self.all_held:
             return None
-        exclusive = self.first_exclusive_time()
-        if exclusive is not None:
-            return exclusive
+        # The three times in one statement, each subquery on its own index: an alarm
+        # run asks twice (its fallback alarm, its re-arm), and three statements were
+        # six executes of every run.
         held, args = self._held, self._held_args
-        row = self.conn.execute(
-            "SELECT time FROM nj_jobs WHERE (singleflight = 0 OR running_since IS NULL)"
-            f"{held} ORDER BY time LIMIT 1", args
+        exclusive, ready, in_flight = self.conn.execute(
+            f"SELECT (SELECT MIN(time) FROM nj_jobs WHERE exclusive = 1{held}),"
+            " (SELECT time FROM nj_jobs WHERE (singleflight = 0 OR running_since IS NULL)"
+            f"{held} ORDER BY time LIMIT 1),"
+            " (SELECT MIN(MAX(time, running_since + hung_timeout)) FROM nj_jobs"
+            f" WHERE running_since IS NOT NULL AND singleflight = 1{held})",
+            args * 3,
         ).fetchone()
-        ready = None if row is None else float(row[0])
-        row = self.conn.execute(
-            "SELECT MIN(MAX(time, running_since + hung_timeout)) FROM nj_jobs"
-            f" WHERE running_since IS NOT NULL AND singleflight = 1{held}", args
-        ).fetchone()
-        in_flight = None if row[0] is None else float(row[0])
+        if exclusive is not None:
+            return float(exclusive)
         if ready is None:
-            return in_flight
-        return ready if in_flight is None else min(ready, in_flight)
+            return None if in_flight is None else float(in_flight)
+        return float(ready) if in_flight is None else float(min(ready, in_flight))
 
     # -- writes ---------------------------------------------------------------------
     def upsert(self, job: Job, payload_text: str | None, trace: str | None = None) -> None:

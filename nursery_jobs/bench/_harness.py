@@ -149,14 +149,20 @@ class _Bench:
 async def _pushes(path: Path, n: int, durability: Durability) -> dict[str, float]:
     async with nj.open_runtime(path, env=_Bench(), durability=durability) as rt:
         obj = rt.get(BenchObject, "pushes")
+        c0 = time.process_time()
         each = await obj.push_each(min(n, 5000))
+        c1 = time.process_time()
         batched = await obj.push_batched(n)
-    return {"push_per_call_per_s": min(n, 5000) / each, "push_batched_per_s": n / batched}
+        c2 = time.process_time()
+    return {"push_per_call_per_s": min(n, 5000) / each, "push_batched_per_s": n / batched,
+            "push_per_call_cpu_us": (c1 - c0) / min(n, 5000) * 1e6,
+            "push_batched_cpu_us": (c2 - c1) / n * 1e6}
 
 
 async def _dispatch(
     path: Path, objects: int, n: int, durability: Durability, fn: str = "noop"
-) -> float:
+) -> tuple[float, float]:
+    """Jobs/s (wall clock) and the process's CPU µs per job, from the starting gun."""
     bench = _Bench()
     per_object = n // objects
     bench.target = per_object * objects
@@ -164,10 +170,11 @@ async def _dispatch(
         for i in range(objects):
             await rt.get(BenchObject, f"o{i}").fill(per_object, fn)
         await trio.sleep(0.05)  # every object's alarm run is now parked on its gate job
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         bench.go.set()
         await bench.done.wait()
-        return bench.target / (time.perf_counter() - t0)
+        return (bench.target / (time.perf_counter() - t0),
+                (time.process_time() - c0) / bench.target * 1e6)
 
 
 async def _latency(path: Path, samples: int, delay: float | None) -> dict[str, float]:
@@ -191,10 +198,11 @@ def ours(directory: Path, n: int, progress: Progress) -> dict[str, Any]:
             _pushes, directory / f"nj-push-{durability}", n, durability)
         progress.step(f"nursery_jobs pushes ({durability})")
         for objects in (1, 100):
-            out[f"dispatch_{objects}x_{durability}_per_s"] = trio.run(
+            key = f"dispatch_{objects}x_{durability}"
+            out[f"{key}_per_s"], out[f"{key}_cpu_us"] = trio.run(
                 _dispatch, directory / f"nj-{objects}-{durability}", objects, n, durability)
             progress.step(f"nursery_jobs dispatch {objects} object(s) ({durability})")
-    out["dispatch_1x_kv_normal_per_s"] = trio.run(
+    out["dispatch_1x_kv_normal_per_s"], out["dispatch_1x_kv_normal_cpu_us"] = trio.run(
         _dispatch, directory / "nj-kv-normal", 1, n, "normal", "kv")
     progress.step("nursery_jobs dispatch, a KV write per job (normal)")
     out["latency_now"] = trio.run(_latency, directory / "nj-latency", 200, None)
@@ -294,16 +302,20 @@ def render(report: dict[str, Any]) -> str:
     ours_ = report["ours"]
     lines = [f"nursery_jobs {report['nursery_jobs']} dispatch benchmark — N = {report['n']:,},"
              f" Python {report['python']}, one disk, SQLite WAL", ""]
-    head = f"{'what':<48}{'normal':>12}{'full':>12}{'vs ceiling':>12}{'vs floor':>10}"
+    # cpu/op: the process's CPU time per push or job (normal), steadier than the rates
+    # on a shared machine.
+    head = (f"{'what':<48}{'normal':>12}{'full':>12}{'vs ceiling':>12}{'vs floor':>10}"
+            f"{'cpu/op':>10}")
     lines += [head, "-" * len(head)]
     ceil, floor = report["ceiling"], report["floor"]
 
     def row(label: str, normal: float, full: float | None, ceiling_value: float | None,
-            floor_value: float | None = None) -> None:
+            floor_value: float | None = None, cpu_us: float | None = None) -> None:
         ratio = "" if ceiling_value is None else f"{normal / ceiling_value:.0%}"
         of_floor = "" if floor_value is None else f"{normal / floor_value:.0%}"
+        cpu = "" if cpu_us is None else f"{cpu_us:.1f}µs"
         lines.append(f"{label:<48}{_fmt_rate(normal):>12}{_fmt_rate(full):>12}{ratio:>12}"
-                     f"{of_floor:>10}")
+                     f"{of_floor:>10}{cpu:>10}")
 
     normal = ceil["normal"]
     enqueue_1, drain_1 = normal["per_job_enqueue_per_s"], normal["per_job_drain_per_s"]
@@ -323,15 +335,20 @@ def render(report: dict[str, Any]) -> str:
     row("floor, our SQL: dispatch, a KV write a job", floor["kv_drain_per_s"], None, drain)
     pushes = ours_["pushes_normal"], ours_["pushes_full"]
     row("nursery_jobs: push, one durable push per call", pushes[0]["push_per_call_per_s"],
-        pushes[1]["push_per_call_per_s"], enqueue_1, floor["push_per_call_per_s"])
+        pushes[1]["push_per_call_per_s"], enqueue_1, floor["push_per_call_per_s"],
+        pushes[0].get("push_per_call_cpu_us"))
     row("nursery_jobs: push, batched in a transaction", pushes[0]["push_batched_per_s"],
-        pushes[1]["push_batched_per_s"], enqueue, floor["push_batched_per_s"])
+        pushes[1]["push_batched_per_s"], enqueue, floor["push_batched_per_s"],
+        pushes[0].get("push_batched_cpu_us"))
     row("nursery_jobs: dispatch, 1 object x N", ours_["dispatch_1x_normal_per_s"],
-        ours_["dispatch_1x_full_per_s"], drain, floor["drain_per_s"])
+        ours_["dispatch_1x_full_per_s"], drain, floor["drain_per_s"],
+        ours_.get("dispatch_1x_normal_cpu_us"))
     row("nursery_jobs: dispatch, 100 objects x N/100", ours_["dispatch_100x_normal_per_s"],
-        ours_["dispatch_100x_full_per_s"], drain, floor["drain_per_s"])
+        ours_["dispatch_100x_full_per_s"], drain, floor["drain_per_s"],
+        ours_.get("dispatch_100x_normal_cpu_us"))
     row("nursery_jobs: dispatch, 1 object, a KV write a job",
-        ours_["dispatch_1x_kv_normal_per_s"], None, drain, floor["kv_drain_per_s"])
+        ours_["dispatch_1x_kv_normal_per_s"], None, drain, floor["kv_drain_per_s"],
+        ours_.get("dispatch_1x_kv_normal_cpu_us"))
     now, timer = ours_["latency_now"], ours_["latency_timer_100ms"]
     lines += ["", f"latency of a job pushed for now (idle runtime): p50 {now['p50_ms']:.3f} ms,"
               f" p99 {now['p99_ms']:.3f} ms ({now['samples']} samples)",
