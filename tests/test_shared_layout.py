@@ -294,3 +294,27 @@ def test_the_cli_refuses_the_shared_layout_in_one_line(
     assert code == 2
     assert err.count("\n") == 1 and "no operator faces yet" in err, err
     assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+async def test_by_default_idle_objects_past_the_pool_leave_and_hand_their_copies_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With ``max_active=None`` the shared layout keeps as many idle objects resident as
+    its pool holds copies (not the 2,048 open databases of a data directory): past
+    that, each new object evicts the least recently used idle one and takes its working
+    copy, rather than building one (~650 us of statement compiles on first use, issue
+    26). A files runtime keeps its own default."""
+    monkeypatch.setattr(SharedEngine, "default_max_active", 4)
+    with trio.fail_after(30):
+        async with nj.open_runtime(f"shared:{tmp_path / 'data'}") as rt:
+            engine = rt.engine
+            assert isinstance(engine, SharedEngine)
+            assert rt.max_active == 4
+            for i in range(10):
+                await rt.get(Note, f"n{i}").put(f"{i}'s")
+            assert len(rt.active_objects()) <= 5  # (one may still be on its way out)
+            assert engine._pool.built <= 5
+            assert engine._pool.reused >= 5
+            assert await rt.get(Note, "n0").get() == "0's"  # evicted, and back
+    async with nj.open_runtime(tmp_path / "files") as rt:
+        assert rt.max_active > 4

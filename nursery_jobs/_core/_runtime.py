@@ -231,7 +231,11 @@ class Runtime:
         self.dormancy = trio.Lock()
         # Unbounded would run out of file descriptors: by default keep resident what
         # the open-file limit allows (two per object, a margin for everything else).
-        self.max_active = default_max_active() if max_active is None else max_active
+        # An engine may keep fewer (``Engine.default_max_active``: the shared layout's).
+        engine_bound: int | None = getattr(engine, "default_max_active", None)
+        self.max_active = (max_active if max_active is not None
+                           else engine_bound if engine_bound is not None
+                           else default_max_active())
         # With dormancy on, that default bound counts open databases only: a dormant
         # object holds no file descriptor (see _evict_over_limit).
         self._bounds_open = max_active is None and dormant_after is not None
