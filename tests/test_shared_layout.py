@@ -16,6 +16,7 @@ from background_writes import put_later
 
 import nursery_jobs as nj
 from nursery_jobs._engines.shared._engine import SHIP_INTERVAL, SharedEngine
+from nursery_jobs._engines.shared._object import SharedObject
 from nursery_jobs._errors import DataLayoutError
 
 STALE: list[Any] = []  # a storage handle kept past its object's life (test 4)
@@ -318,3 +319,43 @@ async def test_by_default_idle_objects_past_the_pool_leave_and_hand_their_copies
             assert await rt.get(Note, "n0").get() == "0's"  # evicted, and back
     async with nj.open_runtime(tmp_path / "files") as rt:
         assert rt.max_active > 4
+
+
+async def test_the_ship_loop_looks_only_at_objects_that_noted_something(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path,
+) -> None:
+    """The ship loop looks at the objects whose copies captured a write (or that wrote
+    an alarm), not at every resident one (issue 26: with 2,048 resident, 3,000 creates
+    made 175,000 looks). Loading an object's rows into a pooled copy, and wiping the
+    copy first, ship nothing and wake nothing."""
+    with trio.fail_after(600):  # (virtual seconds)
+        async with nj.open_runtime(f"shared:{tmp_path / 'data'}", max_active=1,
+                                   idle_timeout=86400.0) as rt:
+            engine = rt.engine
+            assert isinstance(engine, SharedEngine)
+            await rt.get(Note, "a").put("a's")
+            await rt.get(Note, "b").put("b's")
+            await trio.sleep(1)
+            before = engine.statistics()
+            for name in "abab":  # each activation wipes the other's copy, loads its rows
+                assert await rt.get(Note, name).get() == f"{name}'s"
+            await trio.sleep(1)
+            after = engine.statistics()
+            assert after.copies_reused >= before.copies_reused + 4
+            assert (after.ship_passes, after.ships) == (before.ship_passes, before.ships)
+            rt.max_active = 8
+            for name in "cde":
+                await rt.get(Note, name).put(f"{name}'s")
+            await trio.sleep(1)
+            assert len(rt.active_objects()) >= 4
+            looked: list[object] = []
+            changed = SharedObject.changed
+            SharedObject.changed = property(  # type: ignore[method-assign]
+                lambda self: looked.append(self) or changed.fget(self))
+            try:
+                await rt.get(Note, "b").put_later(1.0)  # a commit outside calls
+                await trio.sleep(1.0 + 2 * SHIP_INTERVAL)
+            finally:
+                SharedObject.changed = changed  # type: ignore[method-assign]
+            assert engine.object_rows(Note.namespace, "b")[0][:2] == ("nj_kv", "bg")
+            assert {getattr(s, "label", None) for s in looked} <= {f"{Note.namespace}/b"}
