@@ -289,6 +289,14 @@ class PgObject:
                 was written.
             StorageError: PostgreSQL could not be reached (the changes ship next time).
         """
+        if not self._lock.locked() and (self._closed or (
+                self.conn.total_changes == self._shipped_changes
+                and self._pending_alarm is None and not self._clear_crashes)):
+            # Nothing written since the last take, and no ship in flight that the
+            # caller's commits may ride in: nothing to wait for, no lock to take (a
+            # create syncs 3-4 times, an eviction once more; ~2 of 3 find nothing).
+            await trio.lowlevel.checkpoint()
+            return
         # What is committed now is taken before the lock (a checkpoint): a job may open
         # its group meanwhile, and the caller's commit (the output gate's, just before)
         # would then wait for that group — after the caller was told it was durable.
