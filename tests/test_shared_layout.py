@@ -394,3 +394,26 @@ async def test_a_sync_with_nothing_new_still_waits_for_a_ship_in_flight() -> Non
     finally:
         state.close()
         pool.close()
+
+
+async def test_a_new_object_is_registered_by_its_first_ship(tmp_path: Path) -> None:
+    """A new object reads nothing more of the shared database (it holds nothing of an
+    unregistered object) and is registered by its first ship, in that transaction: a
+    create commits once (issue 26). One that never writes leaves nothing behind; one
+    that writes is there, with its rows, for the next runtime."""
+    with trio.fail_after(30):
+        async with nj.open_runtime(f"shared:{tmp_path / 'data'}") as rt:
+            engine = rt.engine
+            assert isinstance(engine, SharedEngine)
+            assert engine._conn is not None
+            writes = engine._conn.total_changes
+            assert await rt.get(Note, "reader").get() is None
+            assert engine._conn.total_changes == writes  # nothing written for it
+            await rt.get(Note, "writer").put("w's")
+            registered = engine._conn.execute(
+                "SELECT namespace, object_id FROM nj_objects ORDER BY object_id").fetchall()
+            assert registered == [(Note.namespace, "writer")]
+            assert engine.statistics().ships == 1
+        async with nj.open_runtime(f"shared:{tmp_path / 'data'}") as rt:
+            assert await rt.get(Note, "writer").get() == "w's"
+            assert await rt.get(Note, "reader").get() is None

@@ -226,7 +226,7 @@ class SharedObject(PgObject):
     PostgreSQL engine's working copy, shipped into the shared database, never fenced
     (the data directory's lock makes this runtime its only writer)."""
 
-    __slots__ = ("_give_back", "_note")
+    __slots__ = ("_give_back", "_note", "unregistered")
 
     def __init__(
         self, key: Key, conn: SharedCopy, alarm: tuple[float, int] | None,
@@ -240,6 +240,9 @@ class SharedObject(PgObject):
                          on_alarm=on_alarm, to_ship=self._noted)
         self._give_back = give_back
         self._note = note  # this object has something to ship (the engine's ship loop)
+        # (class path, time) of an object not in the registry yet: its next ship
+        # registers it (``SharedEngine.open_object``).
+        self.unregistered: tuple[str, float] | None = None
         conn.capture.owner = self
 
     def _noted(self) -> None:
