@@ -417,3 +417,36 @@ async def test_a_new_object_is_registered_by_its_first_ship(tmp_path: Path) -> N
         async with nj.open_runtime(f"shared:{tmp_path / 'data'}") as rt:
             assert await rt.get(Note, "writer").get() == "w's"
             assert await rt.get(Note, "reader").get() is None
+
+
+async def test_a_sync_cancelled_while_it_waits_for_a_ship_in_flight_keeps_its_change() -> None:
+    """A sync takes what is committed, then waits for the ship in flight; cancelled in
+    that wait, what it took ships with the next sync (it was dropped: the copy forgot
+    those keys, and nothing shipped them until they changed again)."""
+    release = trio.Event()
+    shipped: list[list[str]] = []
+
+    async def ship(change: Any) -> str:
+        await release.wait()
+        shipped.append(sorted(key for _tbl, key, _data in change.upserts))
+        return "shipped"
+
+    pool = CopyPool(lambda state: None)
+    conn = pool.take("t/o", [])
+    state = SharedObject(("t", "o"), conn, None, [], ship=ship, on_close=lambda s: None,
+                         on_alarm=lambda *a: None, give_back=pool.give_back,
+                         note=lambda s: None)
+    try:
+        conn.execute("INSERT INTO nj_kv (key, value) VALUES ('first', '1')")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(state.sync)
+            await trio.testing.wait_all_tasks_blocked()
+            conn.execute("INSERT INTO nj_kv (key, value) VALUES ('second', '2')")
+            with trio.move_on_after(0.05):
+                await state.sync()  # takes 'second', waits for the lock, is cancelled
+            release.set()
+        await state.sync()
+        assert shipped == [["first"], ["second"]]
+    finally:
+        state.close()
+        pool.close()

@@ -297,49 +297,71 @@ class PgObject:
             # create syncs 3-4 times, an eviction once more; ~2 of 3 find nothing).
             await trio.lowlevel.checkpoint()
             return
-        # What is committed now is taken before the lock (a checkpoint): a job may open
-        # its group meanwhile, and the caller's commit (the output gate's, just before)
-        # would then wait for that group — after the caller was told it was durable.
+        # What is committed now is taken before the lock: a job may open its group
+        # while this task waits for the lock, and the caller's commit (the output
+        # gate's, just before) would then wait for that group — after the caller was
+        # told it was durable.
         change = self._take()
-        async with self._lock:  # one ship at a time, in the order they were taken
-            if self._closed:
+        # One ship at a time, in the order they were taken. A free lock is taken
+        # without a schedule point of its own (every path below checkpoints: one
+        # scheduler pass fewer per ship, of ~13 a create). A taken change goes back
+        # if the wait for the lock is cancelled (it was lost: nothing shipped it).
+        try:
+            self._lock.acquire_nowait()
+        except trio.WouldBlock:
+            try:
+                await self._lock.acquire()
+            except BaseException:
                 if change is not None:
                     self._restore(change)
-                return
-            if change is None:
-                change = self._take()
-            if change is None:
-                # Nothing, or a transaction is open (the alarm run's group, a user block):
-                # only what is committed ships, with the next sync after that commit.
-                await trio.lowlevel.checkpoint()
-                return
-            change.version, change.unsure = self.version, self._unsure
-            try:
-                shipped = await self._ship(change)
-            except BaseException:
-                # Not known to have shipped (out of reach, or the caller cancelled the
-                # statement): it ships again with the next sync, which accepts the base
-                # it may have made. (Refusing that base as STALE reloaded the object and
-                # failed the next caller's writes with ObjectFencedError "lost its last
-                # commits" after a mere cancelled call.)
-                self._restore(change)
-                self._unsure += 1
                 raise
-            if shipped == SHIPPED:
-                self.version, self._unsure = change.shipped_version, 0
-                return
-            if shipped == STALE:
-                raise ObjectFencedError(
-                    f"{self.label}: PostgreSQL no longer holds the state this host's"
-                    f" writes build on (version {self.version}: it lost its last commits,"
-                    " as a server crash does under durability='normal'); this host's"
-                    " writes were refused and the object reloads from what PostgreSQL"
-                    " holds", reason=STALE_REASON,
-                )
+        try:
+            await self._ship_taken(change)
+        finally:
+            self._lock.release()
+
+    async def _ship_taken(self, change: Change | None) -> None:
+        """``sync`` under the lock: ship ``change`` (or what is committed now).
+        Checkpoints."""
+        if self._closed:
+            if change is not None:
+                self._restore(change)
+            await trio.lowlevel.checkpoint()
+            return
+        if change is None:
+            change = self._take()
+        if change is None:
+            # Nothing, or a transaction is open (the alarm run's group, a user block):
+            # only what is committed ships, with the next sync after that commit.
+            await trio.lowlevel.checkpoint()
+            return
+        change.version, change.unsure = self.version, self._unsure
+        try:
+            shipped = await self._ship(change)
+        except BaseException:
+            # Not known to have shipped (out of reach, or the caller cancelled the
+            # statement): it ships again with the next sync, which accepts the base
+            # it may have made. (Refusing that base as STALE reloaded the object and
+            # failed the next caller's writes with ObjectFencedError "lost its last
+            # commits" after a mere cancelled call.)
+            self._restore(change)
+            self._unsure += 1
+            raise
+        if shipped == SHIPPED:
+            self.version, self._unsure = change.shipped_version, 0
+            return
+        if shipped == STALE:
             raise ObjectFencedError(
-                f"{self.label}: another host took the object over (lease epoch"
-                f" {self.epoch} is gone); this host's writes were refused"
+                f"{self.label}: PostgreSQL no longer holds the state this host's"
+                f" writes build on (version {self.version}: it lost its last commits,"
+                " as a server crash does under durability='normal'); this host's"
+                " writes were refused and the object reloads from what PostgreSQL"
+                " holds", reason=STALE_REASON,
             )
+        raise ObjectFencedError(
+            f"{self.label}: another host took the object over (lease epoch"
+            f" {self.epoch} is gone); this host's writes were refused"
+        )
 
     def close(self) -> None:
         if self._closed:
