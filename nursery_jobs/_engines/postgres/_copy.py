@@ -225,6 +225,14 @@ class PgObject:
             or self._pending_alarm is not None or self._clear_crashes
         )
 
+    @property
+    def settled(self) -> bool:
+        """Nothing written since the last take, and no ship in flight (that the
+        caller's commits may ride in): ``sync`` has nothing to do. No query."""
+        return not self._lock.locked() and (self._closed or (
+            self.conn.total_changes == self._shipped_changes
+            and self._pending_alarm is None and not self._clear_crashes))
+
     def write_alarm(self, time: float | None, retry: int) -> None:
         self._pending_alarm = (time, retry)
         self._on_alarm_cb(self, time, retry)
@@ -289,12 +297,9 @@ class PgObject:
                 was written.
             StorageError: PostgreSQL could not be reached (the changes ship next time).
         """
-        if not self._lock.locked() and (self._closed or (
-                self.conn.total_changes == self._shipped_changes
-                and self._pending_alarm is None and not self._clear_crashes)):
-            # Nothing written since the last take, and no ship in flight that the
-            # caller's commits may ride in: nothing to wait for, no lock to take (a
-            # create syncs 3-4 times, an eviction once more; ~2 of 3 find nothing).
+        if self.settled:
+            # Nothing to wait for, no lock to take (13.0 -> 4.5 us; of a create's 3
+            # syncs, 2 found nothing).
             await trio.lowlevel.checkpoint()
             return
         # What is committed now is taken before the lock: a job may open its group
