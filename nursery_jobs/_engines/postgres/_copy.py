@@ -142,25 +142,33 @@ def load_rows(conn: sqlite3.Connection, label: str, rows: list[tuple[str, str]])
         StorageError: a row of a table the object schema does not have.
         ValueError, sqlite3.Error: a row that is not one of its table's.
     """
-    grouped: dict[str, list[list[object]]] = defaultdict(list)
-    for tbl, data in rows:
-        grouped[tbl].append(json.loads(data))
     conn.execute("BEGIN")
     try:
-        for tbl, values in grouped.items():
-            table = TABLES_BY_NAME.get(tbl)
-            if table is None:
-                raise StorageError(f"{label}: stored rows of unknown table {tbl!r}")
-            width = len(table.columns)
-            # A row stored by an older object schema lacks the columns added since (at
-            # the end, each NULL by default).
-            conn.executemany(
-                table.insert, [row + [None] * (width - len(row)) for row in values]
-            )
+        insert_rows(conn, label, rows)
     except BaseException:
         conn.execute("ROLLBACK")
         raise
     conn.execute("COMMIT")
+
+
+def insert_rows(conn: sqlite3.Connection, label: str, rows: list[tuple[str, str]]) -> None:
+    """``load_rows`` in the caller's transaction.
+
+    Raises:
+        StorageError: a row of a table the object schema does not have.
+        ValueError, sqlite3.Error: a row that is not one of its table's.
+    """
+    grouped: dict[str, list[list[object]]] = defaultdict(list)
+    for tbl, data in rows:
+        grouped[tbl].append(json.loads(data))
+    for tbl, values in grouped.items():
+        table = TABLES_BY_NAME.get(tbl)
+        if table is None:
+            raise StorageError(f"{label}: stored rows of unknown table {tbl!r}")
+        width = len(table.columns)
+        # A row stored by an older object schema lacks the columns added since (at the
+        # end, each NULL by default).
+        conn.executemany(table.insert, [row + [None] * (width - len(row)) for row in values])
 
 
 class PgObject:

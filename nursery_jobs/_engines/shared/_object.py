@@ -30,7 +30,7 @@ from nursery_jobs._engines.postgres._copy import (
     Change,
     PgObject,
     WorkingCopy,
-    load_rows,
+    insert_rows,
 )
 from nursery_jobs._engines.postgres._schema import ROW_TABLES, capture_sql
 
@@ -68,17 +68,29 @@ def new_copy() -> SharedCopy:
     return conn
 
 
-def _wipe(conn: sqlite3.Connection) -> None:
-    """Delete every row of a copy, in the tables that hold any (``_WIPE_LOOK``)."""
-    held = conn.execute(_WIPE_LOOK).fetchone()
-    if not any(held):
+def _fill(conn: sqlite3.Connection, label: str, rows: list[tuple[str, str]], *,
+          wipe: bool) -> None:
+    """Make a copy hold ``rows`` ((table, JSON row)) and nothing else, with nothing
+    captured: delete (``wipe``: a pooled copy) from the tables that hold rows
+    (``_WIPE_LOOK``), insert ``rows``, forget the keys both captured — in one
+    transaction (the wipe and the load each in its own, with ``nj_changed`` cleared
+    after each, took ~39 us for one job's row against ~16, measured).
+
+    Raises:
+        StorageError: a row of a table the object schema lacks (nothing changed).
+    """
+    held = conn.execute(_WIPE_LOOK).fetchone() if wipe else None
+    if not rows and (held is None or not any(held)):
         return
     conn.execute("BEGIN")
     try:
-        for statement, rows in zip(_WIPE[:-1], held, strict=False):
-            if rows:
-                conn.execute(statement)
-        conn.execute(_WIPE[-1])  # (last: the deletes' capture triggers write it)
+        if held is not None:
+            for statement, found in zip(_WIPE[:-1], held, strict=False):
+                if found:
+                    conn.execute(statement)
+        if rows:
+            insert_rows(conn, label, rows)
+        conn.execute(_WIPE[-1])  # (last: the capture triggers wrote it)
     except BaseException:
         conn.execute("ROLLBACK")
         raise
@@ -166,10 +178,7 @@ class CopyPool:
                 conn.create_function("nj_captured", 0, conn.capture)
             else:
                 self.reused += 1
-                _wipe(conn)
-            if rows:
-                load_rows(conn, label, rows)
-                conn.execute("DELETE FROM nj_changed")  # loaded, not changed
+            _fill(conn, label, rows, wipe=kept is not None)
         except BaseException:
             conn.close()
             raise
