@@ -479,3 +479,23 @@ async def test_a_create_ships_once_and_syncs_nothing_more(
             await rt.get(Note, "b").put("b's")  # a write the output gate ships
             assert syncs == [f"{Note.namespace}/a", f"{Note.namespace}/b"]
             assert await rt.get(Note, "a").get() is None
+
+
+async def test_objects_on_their_way_out_are_counted_not_looked_for(tmp_path: Path) -> None:
+    """``max_active`` counts the objects already leaving memory as gone; the runtime
+    keeps their number rather than walking past them at every activation (a cold fire
+    of 3,000 had ~57 in front of the first one it could evict, issue 26). The count
+    stays what the hosts' phases say, and residency stays bounded."""
+    from nursery_jobs._core._host import DEPARTING
+
+    with trio.fail_after(30):
+        async with nj.open_runtime(f"shared:{tmp_path / 'data'}", max_active=5) as rt:
+            for i in range(40):
+                await rt.get(Note, f"n{i}").put("v")
+                hosts = list(rt._hosts.values())
+                assert rt._departing == sum(h.phase in DEPARTING for h in hosts)
+                assert len(hosts) - rt._departing <= 5
+            await trio.testing.wait_all_tasks_blocked()
+            assert rt._departing == 0
+            assert len(rt.active_objects()) == 5
+            assert await rt.get(Note, "n0").get() == "v"

@@ -76,6 +76,8 @@ _MOVES: Final = {
 }
 # The phases in which a host serves calls and alarms.
 SERVING: Final = frozenset({Phase.ACTIVE, Phase.DOZING, Phase.LEAVING})
+# The phases of a host on its way out of memory (``HostSite.departing``).
+DEPARTING: Final = frozenset({Phase.LEAVING, Phase.CLOSING})
 
 
 @attrs.frozen(kw_only=True)
@@ -113,6 +115,8 @@ class HostSite(Protocol):
     async def open_slot(self, host: ObjectHost, *, for_turn: bool = False) -> None: ...
     # Its last work ended (an object waiting for the budget may take its file).
     def host_idle(self, host: ObjectHost) -> None: ...
+    # It is on its way out of memory (LEAVING or CLOSING: ``on``), or no longer is.
+    def departing(self, host: ObjectHost, on: bool) -> None: ...
 
 
 class ObjectHost:
@@ -474,6 +478,9 @@ class ObjectHost:
     def _to(self, phase: Phase) -> None:
         """The one place the host's phase changes."""
         assert phase in _MOVES[self.phase], (self.label, self.phase, phase)
+        out = phase in DEPARTING
+        if out is not (self.phase in DEPARTING):
+            self.site.departing(self, out)
         self.phase = phase
 
     @property
