@@ -15,6 +15,7 @@ import trio
 from background_writes import put_later
 
 import nursery_jobs as nj
+from nursery_jobs._engines.files._catalog import Catalog
 from nursery_jobs._engines.shared._engine import SHIP_INTERVAL, SharedEngine
 from nursery_jobs._engines.shared._object import CopyPool, SharedObject
 from nursery_jobs._errors import DataLayoutError
@@ -499,3 +500,32 @@ async def test_objects_on_their_way_out_are_counted_not_looked_for(tmp_path: Pat
             assert rt._departing == 0
             assert len(rt.active_objects()) == 5
             assert await rt.get(Note, "n0").get() == "v"
+
+
+async def test_an_unregistered_object_starts_with_no_crash_tokens(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Crash tokens left for an id the registry does not hold (a run whose jobs never
+    shipped, so were never durable; or an object destroyed since) are not its new
+    activation's: it reads none (one read fewer a create), and a destroy clears them."""
+    with trio.fail_after(30):
+        async with nj.open_runtime(f"shared:{tmp_path / 'data'}") as rt:
+            engine = rt.engine
+            assert isinstance(engine, SharedEngine)
+            assert engine._conn is not None
+            engine._conn.execute(
+                "INSERT INTO nj_crashes (namespace, object_id, token, started)"
+                " VALUES (?, 'new', 'tok', 1.0)", (Note.namespace,))
+            read: list[str] = []
+            crashes = Catalog.crashes
+
+            def counted(self: Catalog, namespace: str, object_id: str) -> Any:
+                read.append(object_id)
+                return crashes(self, namespace, object_id)
+
+            monkeypatch.setattr(Catalog, "crashes", counted)
+            await rt.get(Note, "new").put("v")
+            assert read == []
+            engine.destroy_object(Note.namespace, "new")
+            assert engine._conn.execute(
+                "SELECT COUNT(*) FROM nj_crashes WHERE object_id = 'new'").fetchone() == (0,)

@@ -232,6 +232,7 @@ class SharedEngine(CatalogEngine):
         ).fetchone()
         rows: list[tuple[str, str]] = []
         alarm: tuple[float, int] | None = None
+        tokens: list[tuple[str, float]] = []
         if registered is not None:
             if registered[0] != class_path:
                 self.catalog.register(namespace, object_id, class_path, _clock.now())
@@ -239,13 +240,15 @@ class SharedEngine(CatalogEngine):
                 "SELECT tbl, data FROM nj_rows WHERE namespace = ? AND object_id = ?", key
             ).fetchall()
             alarm = self.get_alarm(namespace, object_id)
+            tokens = self.catalog.crashes(namespace, object_id)
         # (Not registered: it never shipped, or was destroyed; either way the shared
-        # database holds no rows and no alarm of it. Its first ship registers it, in
-        # the ship's transaction: a create commits once, not twice, and reads nothing
-        # more; ~50 us of its ~1 ms, measured.)
+        # database holds no rows, no alarm and no crash token of it that counts — a
+        # run of jobs that never shipped was never durable. Its first ship registers
+        # it, in the ship's transaction: a create commits once, not twice, and reads
+        # nothing more; ~60 us of its ~1 ms, measured.)
         copy = self._pool.take(label, rows)
         state = SharedObject(
-            key, copy, alarm, self.catalog.crashes(namespace, object_id),
+            key, copy, alarm, tokens,
             ship=self._ship, on_close=self._closed, on_alarm=self._unshipped_alarm,
             give_back=self._pool.give_back, note=self._noted,
         )
@@ -256,6 +259,7 @@ class SharedEngine(CatalogEngine):
 
     def destroy_object(self, namespace: str, object_id: str) -> None:
         self.catalog.forget(namespace, object_id)
+        self.catalog.clear_crashes(namespace, object_id)  # (an unregistered id has none)
         assert self._conn is not None
         self._conn.execute("DELETE FROM nj_rows WHERE namespace = ? AND object_id = ?",
                            (namespace, object_id))
