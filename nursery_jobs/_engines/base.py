@@ -60,6 +60,12 @@ class ObjectState(Protocol):
         them elsewhere); False where every commit is durable when it returns."""
 
     @property
+    def settled(self) -> bool:
+        """Whether ``sync`` would find nothing to do: nothing committed waits to ship
+        and no ship is in flight (True where commits do not ship). Does not
+        checkpoint."""
+
+    @property
     def conn(self) -> sqlite3.Connection:
         """The object's working database (autocommit; ``_schema`` applied)."""
 

@@ -28,6 +28,7 @@ class SqliteObject:
     __slots__ = ("_crashes", "_engine", "_reopen", "_thread_done", "alarm", "conn", "dormant",
                  "file", "namespace", "object_id")
     ships = False  # every commit is durable when it returns
+    settled = True  # (nothing ever waits to ship)
 
     def admit(self) -> None:
         """Nothing else can take a data directory's object (the runtime's lock)."""

@@ -142,25 +142,33 @@ def load_rows(conn: sqlite3.Connection, label: str, rows: list[tuple[str, str]])
         StorageError: a row of a table the object schema does not have.
         ValueError, sqlite3.Error: a row that is not one of its table's.
     """
-    grouped: dict[str, list[list[object]]] = defaultdict(list)
-    for tbl, data in rows:
-        grouped[tbl].append(json.loads(data))
     conn.execute("BEGIN")
     try:
-        for tbl, values in grouped.items():
-            table = TABLES_BY_NAME.get(tbl)
-            if table is None:
-                raise StorageError(f"{label}: stored rows of unknown table {tbl!r}")
-            width = len(table.columns)
-            # A row stored by an older object schema lacks the columns added since (at
-            # the end, each NULL by default).
-            conn.executemany(
-                table.insert, [row + [None] * (width - len(row)) for row in values]
-            )
+        insert_rows(conn, label, rows)
     except BaseException:
         conn.execute("ROLLBACK")
         raise
     conn.execute("COMMIT")
+
+
+def insert_rows(conn: sqlite3.Connection, label: str, rows: list[tuple[str, str]]) -> None:
+    """``load_rows`` in the caller's transaction.
+
+    Raises:
+        StorageError: a row of a table the object schema does not have.
+        ValueError, sqlite3.Error: a row that is not one of its table's.
+    """
+    grouped: dict[str, list[list[object]]] = defaultdict(list)
+    for tbl, data in rows:
+        grouped[tbl].append(json.loads(data))
+    for tbl, values in grouped.items():
+        table = TABLES_BY_NAME.get(tbl)
+        if table is None:
+            raise StorageError(f"{label}: stored rows of unknown table {tbl!r}")
+        width = len(table.columns)
+        # A row stored by an older object schema lacks the columns added since (at the
+        # end, each NULL by default).
+        conn.executemany(table.insert, [row + [None] * (width - len(row)) for row in values])
 
 
 class PgObject:
@@ -224,6 +232,14 @@ class PgObject:
             self.conn.total_changes != self._shipped_changes
             or self._pending_alarm is not None or self._clear_crashes
         )
+
+    @property
+    def settled(self) -> bool:
+        """Nothing written since the last take, and no ship in flight (that the
+        caller's commits may ride in): ``sync`` has nothing to do. No query."""
+        return not self._lock.locked() and (self._closed or (
+            self.conn.total_changes == self._shipped_changes
+            and self._pending_alarm is None and not self._clear_crashes))
 
     def write_alarm(self, time: float | None, retry: int) -> None:
         self._pending_alarm = (time, retry)
@@ -289,49 +305,76 @@ class PgObject:
                 was written.
             StorageError: PostgreSQL could not be reached (the changes ship next time).
         """
-        # What is committed now is taken before the lock (a checkpoint): a job may open
-        # its group meanwhile, and the caller's commit (the output gate's, just before)
-        # would then wait for that group — after the caller was told it was durable.
+        if self.settled:
+            # Nothing to wait for, no lock to take (13.0 -> 4.5 us; of a create's 3
+            # syncs, 2 found nothing).
+            await trio.lowlevel.checkpoint()
+            return
+        # What is committed now is taken before the lock: a job may open its group
+        # while this task waits for the lock, and the caller's commit (the output
+        # gate's, just before) would then wait for that group — after the caller was
+        # told it was durable.
         change = self._take()
-        async with self._lock:  # one ship at a time, in the order they were taken
-            if self._closed:
+        # One ship at a time, in the order they were taken. A free lock is taken
+        # without a schedule point of its own (every path below checkpoints: one
+        # scheduler pass fewer per ship, of ~13 a create). A taken change goes back
+        # if the wait for the lock is cancelled (it was lost: nothing shipped it).
+        try:
+            self._lock.acquire_nowait()
+        except trio.WouldBlock:
+            try:
+                await self._lock.acquire()
+            except BaseException:
                 if change is not None:
                     self._restore(change)
-                return
-            if change is None:
-                change = self._take()
-            if change is None:
-                # Nothing, or a transaction is open (the alarm run's group, a user block):
-                # only what is committed ships, with the next sync after that commit.
-                await trio.lowlevel.checkpoint()
-                return
-            change.version, change.unsure = self.version, self._unsure
-            try:
-                shipped = await self._ship(change)
-            except BaseException:
-                # Not known to have shipped (out of reach, or the caller cancelled the
-                # statement): it ships again with the next sync, which accepts the base
-                # it may have made. (Refusing that base as STALE reloaded the object and
-                # failed the next caller's writes with ObjectFencedError "lost its last
-                # commits" after a mere cancelled call.)
-                self._restore(change)
-                self._unsure += 1
                 raise
-            if shipped == SHIPPED:
-                self.version, self._unsure = change.shipped_version, 0
-                return
-            if shipped == STALE:
-                raise ObjectFencedError(
-                    f"{self.label}: PostgreSQL no longer holds the state this host's"
-                    f" writes build on (version {self.version}: it lost its last commits,"
-                    " as a server crash does under durability='normal'); this host's"
-                    " writes were refused and the object reloads from what PostgreSQL"
-                    " holds", reason=STALE_REASON,
-                )
+        try:
+            await self._ship_taken(change)
+        finally:
+            self._lock.release()
+
+    async def _ship_taken(self, change: Change | None) -> None:
+        """``sync`` under the lock: ship ``change`` (or what is committed now).
+        Checkpoints."""
+        if self._closed:
+            if change is not None:
+                self._restore(change)
+            await trio.lowlevel.checkpoint()
+            return
+        if change is None:
+            change = self._take()
+        if change is None:
+            # Nothing, or a transaction is open (the alarm run's group, a user block):
+            # only what is committed ships, with the next sync after that commit.
+            await trio.lowlevel.checkpoint()
+            return
+        change.version, change.unsure = self.version, self._unsure
+        try:
+            shipped = await self._ship(change)
+        except BaseException:
+            # Not known to have shipped (out of reach, or the caller cancelled the
+            # statement): it ships again with the next sync, which accepts the base
+            # it may have made. (Refusing that base as STALE reloaded the object and
+            # failed the next caller's writes with ObjectFencedError "lost its last
+            # commits" after a mere cancelled call.)
+            self._restore(change)
+            self._unsure += 1
+            raise
+        if shipped == SHIPPED:
+            self.version, self._unsure = change.shipped_version, 0
+            return
+        if shipped == STALE:
             raise ObjectFencedError(
-                f"{self.label}: another host took the object over (lease epoch"
-                f" {self.epoch} is gone); this host's writes were refused"
+                f"{self.label}: PostgreSQL no longer holds the state this host's"
+                f" writes build on (version {self.version}: it lost its last commits,"
+                " as a server crash does under durability='normal'); this host's"
+                " writes were refused and the object reloads from what PostgreSQL"
+                " holds", reason=STALE_REASON,
             )
+        raise ObjectFencedError(
+            f"{self.label}: another host took the object over (lease epoch"
+            f" {self.epoch} is gone); this host's writes were refused"
+        )
 
     def close(self) -> None:
         if self._closed:
