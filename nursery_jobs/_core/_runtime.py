@@ -232,7 +232,7 @@ class Runtime:
         # Unbounded would run out of file descriptors: by default keep resident what
         # the open-file limit allows (two per object, a margin for everything else).
         # An engine may keep fewer (``Engine.default_max_active``: the shared layout's).
-        engine_bound: int | None = getattr(engine, "default_max_active", None)
+        engine_bound = engine.default_max_active
         self.max_active = (max_active if max_active is not None
                            else engine_bound if engine_bound is not None
                            else default_max_active())

@@ -137,6 +137,11 @@ class Engine(Protocol):
         """Whether an open object holds file descriptors (its database file and WAL):
         the runtime then keeps open databases within the open-file limit."""
 
+    @property
+    def default_max_active(self) -> int | None:
+        """How many idle objects stay resident under ``open_runtime(max_active=None)``
+        (None: what the open-file limit allows, ``default_max_active()``)."""
+
     def open(self, now: float) -> None:
         """Take the data (the directory lock), recover what a dead process left (its
         flight record becomes crash tokens, and their objects wake at ``now``)."""

@@ -112,6 +112,7 @@ class CatalogEngine:
     flight: FlightRecord
     # The class of every connection the engine opens (tests inject faults with one).
     connection_class: type[GuardedConnection] = GuardedConnection
+    default_max_active: int | None = None  # (see Engine.default_max_active)
 
     def __init__(self) -> None:
         # Alarm writes the catalog refused (disk full, read-only, I/O errors): kept here

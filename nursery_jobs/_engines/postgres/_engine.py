@@ -202,6 +202,7 @@ class PostgresEngine:
     """
 
     holds_files = False  # (see Engine.holds_files)
+    default_max_active = None  # (see Engine.default_max_active)
 
     def __init__(
         self, dsn: str, *, lease_ttl: float = 10.0, pool_size: int = 8,

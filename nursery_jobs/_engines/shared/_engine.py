@@ -88,7 +88,7 @@ class SharedEngine(CatalogEngine):
     # built), ~0.9-1.0 with 256 (257 built), and the cycle collector's full passes
     # walk fewer resident objects. An application whose working set of busy objects is
     # larger raises ``max_active``.
-    default_max_active: Final = POOL_SIZE
+    default_max_active = POOL_SIZE
 
     def __init__(self, path: str | os.PathLike[str], *, synchronous: str) -> None:
         super().__init__()
