@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import gc
 import sqlite3
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -377,12 +379,7 @@ async def test_a_sync_with_nothing_new_still_waits_for_a_ship_in_flight() -> Non
         shipped.set()
         return "shipped"
 
-    pool = CopyPool(lambda state: None)
-    conn = pool.take("t/o", [])
-    state = SharedObject(("t", "o"), conn, None, [], ship=ship, on_close=lambda s: None,
-                         on_alarm=lambda *a: None, give_back=pool.give_back,
-                         note=lambda s: None)
-    try:
+    with _lone_object(ship) as (conn, state):
         conn.execute("INSERT INTO nj_kv (key, value) VALUES ('k', '1')")
         async with trio.open_nursery() as nursery:
             nursery.start_soon(state.sync)  # takes the write, ships it (held)
@@ -395,9 +392,6 @@ async def test_a_sync_with_nothing_new_still_waits_for_a_ship_in_flight() -> Non
             await state.sync()
             assert shipped.is_set()
         await state.sync()  # nothing written, nothing in flight: at once
-    finally:
-        state.close()
-        pool.close()
 
 
 async def test_a_new_object_is_registered_by_its_first_ship(tmp_path: Path) -> None:
@@ -435,12 +429,7 @@ async def test_a_sync_cancelled_while_it_waits_for_a_ship_in_flight_keeps_its_ch
         shipped.append(sorted(key for _tbl, key, _data in change.upserts))
         return "shipped"
 
-    pool = CopyPool(lambda state: None)
-    conn = pool.take("t/o", [])
-    state = SharedObject(("t", "o"), conn, None, [], ship=ship, on_close=lambda s: None,
-                         on_alarm=lambda *a: None, give_back=pool.give_back,
-                         note=lambda s: None)
-    try:
+    with _lone_object(ship) as (conn, state):
         conn.execute("INSERT INTO nj_kv (key, value) VALUES ('first', '1')")
         async with trio.open_nursery() as nursery:
             nursery.start_soon(state.sync)
@@ -451,9 +440,6 @@ async def test_a_sync_cancelled_while_it_waits_for_a_ship_in_flight_keeps_its_ch
             release.set()
         await state.sync()
         assert shipped == [["first"], ["second"]]
-    finally:
-        state.close()
-        pool.close()
 
 
 async def test_a_create_ships_once_and_syncs_nothing_more(
@@ -529,3 +515,20 @@ async def test_an_unregistered_object_starts_with_no_crash_tokens(
             engine.destroy_object(Note.namespace, "new")
             assert engine._conn.execute(
                 "SELECT COUNT(*) FROM nj_crashes WHERE object_id = 'new'").fetchone() == (0,)
+
+
+@contextmanager
+def _lone_object(
+    ship: Callable[[Any], Awaitable[str]],
+) -> Iterator[tuple[sqlite3.Connection, SharedObject]]:
+    """A shared object outside any engine, on a pooled copy, shipping with ``ship``."""
+    pool = CopyPool(lambda state: None)
+    conn = pool.take("t/o", [])
+    state = SharedObject(("t", "o"), conn, None, [], ship=ship, on_close=lambda s: None,
+                         on_alarm=lambda *a: None, give_back=pool.give_back,
+                         note=lambda s: None)
+    try:
+        yield conn, state
+    finally:
+        state.close()
+        pool.close()
