@@ -13,11 +13,12 @@ import math
 import sqlite3
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Final, Protocol
+from typing import TYPE_CHECKING, Final, Protocol, cast
 
 import trio
 
 from nursery_jobs import _clock
+from nursery_jobs._core._left import Left
 from nursery_jobs._errors import StorageError, safe_repr
 from nursery_jobs._policy import ACTIVATION_RETRY, DURABLE_OBJECT_RETRY
 
@@ -153,6 +154,12 @@ class ObjectAlarm:
         self.handler: AlarmHandler | None = None
         self.owner: str | None = None
         self.policy = DURABLE_OBJECT_RETRY
+
+    def release(self) -> None:
+        """The object left memory: let go of its state (``ObjectHost.close``); a late
+        write raises ``StorageError`` instead of reaching an object no longer resident."""
+        self._state = cast("ObjectState", Left(f"{self.namespace}/{self.object_id}",
+                                               "alarm"))
 
     # -- the storage face (``ctx.storage.set_alarm`` and friends) ---------------------
     def get(self) -> float | None:

@@ -5,9 +5,11 @@ and its startup hooks, without reaching into the host."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import trio
+
+from nursery_jobs._core._left import Left
 
 if TYPE_CHECKING:
     from nursery_jobs._core._alarm import JobPermits, ObjectAlarm
@@ -26,6 +28,11 @@ class HostClaim:
 
     def __init__(self, host: ObjectHost) -> None:
         self._host = host
+
+    def release(self) -> None:
+        """The object left memory: let go of its host (``ObjectHost.close``); a late use
+        raises ``StorageError``."""
+        self._host = cast("ObjectHost", Left(self._host.label, "alarm and work"))
 
     def _alarm(self) -> ObjectAlarm:
         alarm = self._host.alarm

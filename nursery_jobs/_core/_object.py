@@ -7,11 +7,12 @@ import os
 import sys
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import attrs
 
 from nursery_jobs import _codec
+from nursery_jobs._core._left import Left
 
 if TYPE_CHECKING:
     import trio
@@ -99,6 +100,13 @@ class ObjectContext:
         self._stubs = stubs
         self._claim = claim
         self._turns = turns
+
+    def release(self) -> None:
+        """The object left memory: let go of its host and nursery (``ObjectHost.close``,
+        ``_left``)."""
+        label = f"{self.namespace}/{self.id}"
+        self._claim = Left(label, "alarm")
+        self.nursery = cast("trio.Nursery", Left(label, "nursery"))
 
     def turn(self) -> AbstractAsyncContextManager[None]:
         """``async with ctx.turn():`` hold the object's turn for the block, to touch its

@@ -60,8 +60,10 @@ class Storage:
         # own (a PRAGMA, ATTACH, a TEMP table): the object then keeps its database open
         # while it is resident, since a dormant object's database is reopened afresh.
         self.pinned = False
-        # Cursors ``execute`` handed out that are still alive (see ``keeps_connection``).
-        self._cursors: weakref.WeakSet[sqlite3.Cursor] = weakref.WeakSet()
+        # Cursors ``execute`` handed out that are still alive (see ``keeps_connection``);
+        # made by the first ``execute`` (a WeakSet is 7 objects, most objects never need
+        # one).
+        self._cursors: weakref.WeakSet[sqlite3.Cursor] | None = None
 
     def release(self, stand_in: sqlite3.Connection) -> None:
         """The object left memory: hold ``stand_in`` in place of its connection."""
@@ -99,6 +101,8 @@ class Storage:
         if not self.pinned and _PER_CONNECTION.match(sql):
             self.pinned = True
         cursor = self._conn.execute(sql, params)
+        if self._cursors is None:
+            self._cursors = weakref.WeakSet()
         self._cursors.add(cursor)
         return cursor
 

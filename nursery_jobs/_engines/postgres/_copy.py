@@ -244,6 +244,11 @@ class PgObject:
     def write_alarm(self, time: float | None, retry: int) -> None:
         self._pending_alarm = (time, retry)
         self._on_alarm_cb(self, time, retry)
+        self._wake()
+
+    def _wake(self) -> None:
+        """Wake the ship loop: something but rows is to ship (rows wake it through
+        the copy's capture)."""
         self._to_ship()
 
     def crash_tokens(self) -> list[tuple[str, float]]:
@@ -253,7 +258,7 @@ class PgObject:
         if self._tokens:
             self._tokens = []
             self._clear_crashes = True
-            self._to_ship()
+            self._wake()
 
     def _snapshot(self) -> Change | None:
         conn = self.conn

@@ -230,6 +230,10 @@ def _unreferenced() -> int:
 _UNREFERENCED: Final = _unreferenced()
 
 
+def _unused() -> None:
+    raise AssertionError("SharedObject wakes the ship loop through _wake")
+
+
 class SharedObject(PgObject):
     """One active object's state under the shared layout (an ``ObjectState``): the
     PostgreSQL engine's working copy, shipped into the shared database, never fenced
@@ -246,7 +250,7 @@ class SharedObject(PgObject):
         note: Callable[[SharedObject], None],
     ) -> None:
         super().__init__(key, 0, conn, alarm, tokens, ship=ship, on_close=on_close,
-                         on_alarm=on_alarm, to_ship=self._noted)
+                         on_alarm=on_alarm, to_ship=_unused)
         self._give_back = give_back
         self._note = note  # this object has something to ship (the engine's ship loop)
         # (class path, time) of an object not in the registry yet: its next ship
@@ -254,7 +258,9 @@ class SharedObject(PgObject):
         self.unregistered: tuple[str, float] | None = None
         conn.capture.owner = self
 
-    def _noted(self) -> None:
+    def _wake(self) -> None:
+        # (Not ``to_ship=self._noted``: this object would be a cycle of its own, left
+        # to the collector with its copy's handle.)
         self._note(self)
 
     def close(self) -> None:
