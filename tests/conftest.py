@@ -121,7 +121,7 @@ class EngineUnderTest:
             return
         import psycopg
 
-        rt.engine._alarms.pop((namespace, object_id), None)
+        rt.engine._alarms.discard((namespace, object_id))
         with psycopg.connect(rt.engine.dsn, autocommit=True) as conn:
             conn.execute(
                 "UPDATE nj_objects SET alarm_time = NULL, alarm_retry = 0"

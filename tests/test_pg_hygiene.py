@@ -27,11 +27,11 @@ def test_the_local_alarm_index_answers_like_a_scan(pg_dsn: str) -> None:
         for step in range(3000):
             key = ("ns", f"o{rng.randrange(200)}")
             if rng.random() < 0.2:
-                engine._alarms.pop(key, None)  # the object closed or its alarm went
+                engine._alarms.discard(key)  # the object closed or its alarm went
                 alarms.pop(key, None)
             else:
                 time = float(rng.randrange(100))
-                engine._held[key] = 1
+                engine._leases.held[key] = 1
                 engine.set_alarm(*key, time, 0)
                 alarms[key] = time
             now = float(rng.randrange(-1, 101))
@@ -39,7 +39,7 @@ def test_the_local_alarm_index_answers_like_a_scan(pg_dsn: str) -> None:
             assert engine.due(now, 10) == [k for _, k in expected], step
             later = [t for t in alarms.values() if t > now]
             assert engine.next_alarm_after(now) == (min(later) if later else None), step
-        assert len(engine._alarm_heap) <= 2 * len(engine._alarms) + 65
+        assert len(engine._alarms.heap) <= 2 * len(engine._alarms) + 65
 
 
 def test_sweep_deletes_dead_hosts_and_abandoned_calls_only(pg_dsn: str) -> None:

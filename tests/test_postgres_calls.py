@@ -87,14 +87,15 @@ async def test_a_missed_answer_notification_is_recovered_from_the_row(
         assert await a.get(Echo, "e").bump() == 1
         engine: Any = b.engine
         mine = channel(engine.host_id)
-        notified = engine._notified
+        listener = engine._listener
+        notified = listener._notified
 
         def deaf(chan: str, payload: str) -> None:
             if chan == mine and not payload.startswith("c"):
                 return  # an answer to one of B's calls: lost
             notified(chan, payload)
 
-        monkeypatch.setattr(engine, "_notified", deaf)
+        monkeypatch.setattr(listener, "_notified", deaf)
         with trio.fail_after(10):
             assert await b.get(Echo, "e").bump() == 2
             assert await b.get(Echo, "e").text(3) == "ééé"
@@ -135,7 +136,7 @@ async def test_a_take_whose_answer_was_lost_still_runs_the_call_once(
     comes back (it cannot tell whether the take landed): the row is ``running``, and
     only this host may run it. It looks again once reconnected and runs it, once; the
     caller gets its answer (it waited for as long as the holder lived)."""
-    import nursery_jobs._engines.postgres._engine as pg_engine
+    import nursery_jobs._engines.postgres._listen as pg_listen
 
     lost: list[list[int]] = []
     real_take = calls.take
@@ -151,7 +152,7 @@ async def test_a_take_whose_answer_was_lost_still_runs_the_call_once(
             nj.open_runtime(PostgresEngine(pg_dsn, lease_ttl=1.0), env="B") as b:
         assert await a.get(Echo, "e").bump() == 1
         if path == "listener":  # the listening thread takes the call it hears of
-            monkeypatch.setattr(pg_engine, "take", take_then_lose)
+            monkeypatch.setattr(pg_listen, "take", take_then_lose)
         else:  # a poll takes it (its notification was missed)
             monkeypatch.setattr(calls, "take", take_then_lose)
             monkeypatch.setattr(a.engine._calls, "serving", False)  # (not the listener)

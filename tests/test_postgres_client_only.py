@@ -15,7 +15,7 @@ from pg_support import eventually
 psycopg = pytest.importorskip("psycopg")  # the postgres extra; CI installs it (dev)
 
 import nursery_jobs as nj
-from nursery_jobs._engines.postgres import _engine as pg_engine
+from nursery_jobs._engines.postgres import _alarms as pg_alarms
 from nursery_jobs._errors import CallCodecError
 
 
@@ -132,7 +132,7 @@ async def test_a_client_only_runtime_never_claims_alarms(pg_dsn: str) -> None:
 async def test_a_host_never_claims_alarms_of_a_namespace_it_cannot_resolve(
     pg_dsn: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(pg_engine, "POLL_INTERVAL", 0.2)
+    monkeypatch.setattr(pg_alarms, "POLL_INTERVAL", 0.2)
     with trio.fail_after(60):
         async with nj.open_runtime(pg_dsn, stop_on=()) as first:
             await first.get(Tally, "t").push("due", 0.5)

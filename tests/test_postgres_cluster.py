@@ -475,7 +475,7 @@ async def test_a_host_paused_inside_a_transaction_holds_no_row_past_its_lease() 
         a.open(nj.now())
         try:
             await a.open_object(Worker.namespace, "x", "pg_cluster_worker:Worker")
-            pool: Any = a._pool
+            pool: Any = a._statements.pool
 
             def stopped_inside_a_transaction() -> None:
                 with pool.connection() as conn, contextlib.suppress(psycopg.Error):

@@ -292,7 +292,7 @@ async def test_a_forwarded_call_whose_answer_was_lost_does_not_wait_forever(
             nj.open_runtime(PostgresEngine(pg_dsn), env="B") as b:
         assert await a.get(Remote, "r").host_of() == "A"
         assert await b.get(Remote, "r").host_of() == "A"
-        pool: Any = a.engine._pool  # type: ignore[attr-defined]
+        pool: Any = a.engine._statements.pool  # type: ignore[attr-defined]
         Remote.pids = [conn.info.backend_pid for conn in list(pool._pool)]  # A's only
         try:
             with trio.move_on_after(10) as waited:

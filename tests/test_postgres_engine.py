@@ -259,7 +259,7 @@ async def test_a_copy_opened_under_a_lapsed_lease_is_not_admitted_after_a_new_cl
                 " lease_until = now() - interval '1 second', alarm_time = 0")
             await eventually(lambda: sql(pg_dsn, "SELECT owner, epoch FROM nj_objects")
                              == [(a.host_id, 3)])
-            await eventually(lambda: a._held.get((NS, "o")) == 3)
+            await eventually(lambda: a._leases.held.get((NS, "o")) == 3)
             with pytest.raises(ObjectFencedError):
                 old.admit()
             with pytest.raises(ObjectFencedError):
@@ -299,7 +299,7 @@ async def test_a_claim_answered_after_a_newer_take_leaves_the_newer_lease(
             answer.set()
             await trio.to_thread.run_sync(answered.wait, 10)
             await trio.sleep(0.2)  # (the claim loop applies the answer)
-            assert a._held.get((NS, "o")) == 3
+            assert a._leases.held.get((NS, "o")) == 3
             state.admit()
 
 
@@ -328,7 +328,7 @@ async def test_a_dead_hosts_running_job_becomes_a_crash_token(pg_dsn: str) -> No
             await eventually(lambda: sql(
                 pg_dsn, "SELECT jsonb_array_length(flight) FROM nj_hosts WHERE host_id = %s",
                 (a.host_id,)) == [(1,)])
-        a._pool, pool = None, a._pool  # a dies: nothing released
+        a._statements.pool, pool = None, a._statements.pool  # a dies: nothing released
         expire_leases(pg_dsn)
         state = await b.open_object(NS, "o1", CP)
         assert state.crash_tokens() == [("job-7", NOW + 0.5)]

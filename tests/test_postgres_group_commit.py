@@ -71,7 +71,7 @@ async def test_concurrent_ships_into_many_objects_share_round_trips(
             async with trio.open_nursery() as nursery:
                 for state in states:
                     nursery.start_soon(state.sync)
-                await eventually(lambda: a._batcher.queued == 19)
+                await eventually(lambda: a._shipper.batcher.queued == 19)
                 release()
         stats = a.ship_statistics()
         assert (stats.ships, stats.round_trips, stats.largest_batch) == (20, 2, 19)
@@ -107,10 +107,10 @@ async def test_a_fenced_object_in_a_batch_fails_alone(
         async with first_ship_held(monkeypatch) as release:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(first.sync)
-                await eventually(lambda: a._batcher.statistics().round_trips == 1)
+                await eventually(lambda: a._shipper.batcher.statistics().round_trips == 1)
                 for oid in states:
                     nursery.start_soon(sync, oid)
-                await eventually(lambda: a._batcher.queued == 5)
+                await eventually(lambda: a._shipper.batcher.queued == 5)
                 release()
         assert a.ship_statistics().largest_batch == 5  # all five in one round trip
         assert sorted(errors) == ["o2", "o3"]
@@ -119,7 +119,7 @@ async def test_a_fenced_object_in_a_batch_fails_alone(
         assert stored_rows(pg_dsn) == {oid: [("k", f'["k", "{oid}"]')]
                                        for oid in ("first", "o0", "o1", "o4")}
         assert versions(pg_dsn) == {"first": 1, "o0": 1, "o1": 1, "o2": 0, "o3": 7, "o4": 1}
-        assert (NS, "o2") not in a._held and (NS, "o0") in a._held
+        assert (NS, "o2") not in a._leases.held and (NS, "o0") in a._leases.held
     # Reopened from PostgreSQL: the others' writes are there.
     with opened(pg_dsn) as b:
         for oid in ("o0", "o1", "o4"):
@@ -177,10 +177,10 @@ async def test_a_failed_round_trip_fails_every_ship_in_it_and_they_ship_later(
         async with first_ship_held(monkeypatch) as release:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(first.sync)
-                await eventually(lambda: a._batcher.statistics().round_trips == 1)
+                await eventually(lambda: a._shipper.batcher.statistics().round_trips == 1)
                 for state in states:
                     nursery.start_soon(sync, state)
-                await eventually(lambda: a._batcher.queued == 4)
+                await eventually(lambda: a._shipper.batcher.queued == 4)
                 release()
         assert len(errors) == 4
         assert all("server closed the connection" in str(e) for e in errors)
@@ -203,7 +203,7 @@ async def test_a_ship_cancelled_while_queued_is_not_sent_and_ships_later(
         async with first_ship_held(monkeypatch) as release:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(first.sync)
-                await eventually(lambda: a._batcher.statistics().round_trips == 1)
+                await eventually(lambda: a._shipper.batcher.statistics().round_trips == 1)
                 scope = trio.CancelScope()
 
                 async def cancelled() -> None:
@@ -212,9 +212,9 @@ async def test_a_ship_cancelled_while_queued_is_not_sent_and_ships_later(
 
                 nursery.start_soon(stays.sync)
                 nursery.start_soon(cancelled)
-                await eventually(lambda: a._batcher.queued == 2)
+                await eventually(lambda: a._shipper.batcher.queued == 2)
                 scope.cancel()
-                await eventually(lambda: a._batcher.queued == 1)
+                await eventually(lambda: a._shipper.batcher.queued == 1)
                 release()
         assert a.ship_statistics().ships == 2
         assert sorted(stored_rows(pg_dsn)) == ["a", "c"]

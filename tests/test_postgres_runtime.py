@@ -160,7 +160,7 @@ async def test_a_call_to_a_dead_hosts_object_is_served_once_its_lease_expires(
             await a.get(Counter, "c").increment()
             engine: Any = a.engine
             # A "dies": it stops renewing and never releases its leases.
-            engine._pool, pool = None, engine._pool
+            engine._statements.pool, pool = None, engine._statements.pool
             a._nursery.cancel_scope.cancel()  # type: ignore[union-attr]
         pool.close()
         with psycopg.connect(pg_dsn) as conn:

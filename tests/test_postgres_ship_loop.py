@@ -17,10 +17,8 @@ from pg_support import sql
 psycopg = pytest.importorskip("psycopg")  # the postgres extra; CI installs it (dev)
 
 import nursery_jobs as nj
-from nursery_jobs._engines.postgres._engine import (
-    SHIP_INTERVAL,
-    PostgresEngine,
-)
+from nursery_jobs._engines.postgres._engine import PostgresEngine
+from nursery_jobs._engines.postgres._ship import SHIP_INTERVAL
 
 
 class Note(nj.DurableObject):

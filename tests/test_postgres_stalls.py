@@ -70,8 +70,8 @@ def test_the_engines_connections_carry_lock_and_statement_timeouts(pg_dsn: str) 
     from pg_support import opened
 
     with opened(pg_dsn, lease_ttl=6) as engine:
-        assert engine._pool is not None
-        with engine._pool.connection() as conn:
+        assert engine._statements.pool is not None
+        with engine._statements.pool.connection() as conn:
             got = [conn.execute(f"SHOW {name}").fetchone()[0]
                    for name in ("lock_timeout", "statement_timeout")]
     assert got == ["9s", "18s"]

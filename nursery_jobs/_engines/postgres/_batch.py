@@ -14,7 +14,7 @@ Each caller is woken with its own outcome: SHIPPED, or FENCED / STALE for its ob
 alone (the fence of one object in a batch never refuses the others'), or the error of
 the whole round trip (connection lost: every ship of the batch raises it, unknown
 whether it committed, as one lone ship's would). An object appears at most once in a
-batch (its ships are one at a time anyway: ``PgObject.sync``'s lock and the engine's
+batch (its ships are one at a time anyway: ``PgObject.sync``'s lock and ``Shipper``'s
 ``_ships_out``); a second change of an object already in the batch waits for the next.
 """
 
@@ -124,7 +124,7 @@ class ShipBatcher:
 
     async def _ship_alone(self, change: Change, finished: trio.Event) -> str:
         # In the caller's task, as before batching: a cancelled caller cancels its own
-        # statement on the server (``PostgresEngine._db``).
+        # statement on the server (``Statements.run``).
         self._busy = True
         self._count(1)
         try:
