@@ -346,7 +346,7 @@ class Runtime:
                 n -= 1
             elif host.evictable:
                 if self.dormant_after is None or not host.doze_now():
-                    host.evict("evicted: max_active (the open-file limit)")
+                    host.evict()  # (max_active: the open-file limit)
                 n -= 1
         return max(n, 0)
 
@@ -415,7 +415,7 @@ class Runtime:
             return
         for host in self._hosts.values():  # least recently used first
             if host.evictable:
-                host.evict("evicted: max_active")
+                host.evict()  # (max_active)
                 excess -= 1
                 if excess == 0:
                     break
