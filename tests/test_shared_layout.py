@@ -517,6 +517,38 @@ async def test_an_unregistered_object_starts_with_no_crash_tokens(
                 "SELECT COUNT(*) FROM nj_crashes WHERE object_id = 'new'").fetchone() == (0,)
 
 
+async def test_only_objects_stored_with_crash_tokens_read_them_on_activation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Crash tokens are only added as the engine opens (from the dead process's flight
+    record): an activation reads them only for the objects that held some then, and
+    those get them."""
+    location = f"shared:{tmp_path / 'data'}"
+    with trio.fail_after(30):
+        async with nj.open_runtime(location) as rt:
+            for object_id in ("crashed", "clean"):
+                await rt.get(Note, object_id).put("v")
+        conn = sqlite3.connect(tmp_path / "data" / "shared.sqlite3")
+        with conn:
+            conn.execute("INSERT INTO nj_crashes (namespace, object_id, token, started)"
+                         " VALUES (?, 'crashed', 'tok', 1.0)", (Note.namespace,))
+        conn.close()
+        read: list[tuple[str, list[Any]]] = []
+        crashes = Catalog.crashes
+
+        def counted(self: Catalog, namespace: str, object_id: str) -> Any:
+            tokens = crashes(self, namespace, object_id)
+            read.append((object_id, tokens))
+            return tokens
+
+        monkeypatch.setattr(Catalog, "crashes", counted)
+        async with nj.open_runtime(location) as rt:
+            assert await rt.get(Note, "clean").get() == "v"
+            assert read == []
+            assert await rt.get(Note, "crashed").get() == "v"
+            assert read == [("crashed", [("tok", 1.0)])]
+
+
 @contextmanager
 def _lone_object(
     ship: Callable[[Any], Awaitable[str]],

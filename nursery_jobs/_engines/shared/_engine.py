@@ -75,6 +75,12 @@ class SharedStatistics:
     copies_reused: int  # working copies taken from the pool
 
 
+_REGISTERED: Final = (
+    "SELECT o.class_path, a.time, a.retry FROM nj_objects o LEFT JOIN nj_alarms a"
+    " ON a.namespace = o.namespace AND a.object_id = o.object_id"
+    " WHERE o.namespace = ? AND o.object_id = ?")
+
+
 class SharedEngine(CatalogEngine):
     """A data directory whose objects are rows of one shared database."""
 
@@ -107,6 +113,10 @@ class SharedEngine(CatalogEngine):
         # (``due``, ``next_alarm_after``, ``get_alarm``) before the shared database does.
         self._unshipped: dict[Key, tuple[float | None, int]] = {}
         self._conn: sqlite3.Connection | None = None
+        # The objects that may hold crash tokens: those stored when the engine opened
+        # (only ``open`` adds tokens; the data directory's lock makes this runtime the
+        # only writer). Any other activation skips the read (~8 us of a cold fire).
+        self._may_have_crashed: set[Key] = set()
         self._ship_passes = 0
         self._ships = 0
         self._rows_shipped = 0
@@ -166,6 +176,8 @@ class SharedEngine(CatalogEngine):
                            len(crashed), self.path)
             self.catalog.add_crashes(crashed, now)
         self.flight.wipe()
+        self._may_have_crashed = {(str(ns), str(oid)) for ns, oid in self._conn.execute(
+            "SELECT DISTINCT namespace, object_id FROM nj_crashes")}
 
     def close(self) -> None:
         for state in list(self._active.values()):
@@ -227,9 +239,8 @@ class SharedEngine(CatalogEngine):
         label = f"{namespace}/{object_id}"
         conn = self._conn
         assert conn is not None
-        registered = conn.execute(
-            "SELECT class_path FROM nj_objects WHERE namespace = ? AND object_id = ?", key
-        ).fetchone()
+        # (Its alarm in the same statement: one search of nj_alarms' key less, ~5 us.)
+        registered = conn.execute(_REGISTERED, key).fetchone()
         rows: list[tuple[str, str]] = []
         alarm: tuple[float, int] | None = None
         tokens: list[tuple[str, float]] = []
@@ -239,8 +250,13 @@ class SharedEngine(CatalogEngine):
             rows = conn.execute(
                 "SELECT tbl, data FROM nj_rows WHERE namespace = ? AND object_id = ?", key
             ).fetchall()
-            alarm = self.get_alarm(namespace, object_id)
-            tokens = self.catalog.crashes(namespace, object_id)
+            kept = self._unshipped.get(key) if self._unshipped else None
+            if kept is not None:
+                alarm = None if kept[0] is None else (kept[0], kept[1])
+            elif registered[1] is not None:
+                alarm = (float(registered[1]), int(registered[2]))
+            if key in self._may_have_crashed:
+                tokens = self.catalog.crashes(namespace, object_id)
         # (Not registered: it never shipped, or was destroyed; either way the shared
         # database holds no rows, no alarm and no crash token of it that counts — a
         # run of jobs that never shipped was never durable. Its first ship registers
