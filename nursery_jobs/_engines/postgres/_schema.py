@@ -185,9 +185,11 @@ def capture_sql(table: RowTable) -> list[str]:
     back with the transaction that made them)."""
     new_key, old_key = table.key_of("NEW."), table.key_of("OLD.")
     # Not INSERT OR IGNORE: an outer statement's conflict clause (an upsert's) would
-    # override it inside the trigger.
-    record = ("INSERT INTO nj_changed (tbl, key) SELECT '{t}', {k} WHERE NOT EXISTS"
-              " (SELECT 1 FROM nj_changed WHERE tbl = '{t}' AND key = {k});")
+    # override it inside the trigger. An upsert clause of its own is not overridden
+    # (checked under every outer OR clause), and costs one search of nj_changed where
+    # a NOT EXISTS guard cost two (a push into a working copy 22.6 -> 17.2 us).
+    record = ("INSERT INTO nj_changed (tbl, key) VALUES ('{t}', {k})"
+              " ON CONFLICT DO NOTHING;")
     name = table.name
     return [
         f"CREATE TEMP TRIGGER {name}_ins AFTER INSERT ON main.{name} BEGIN"
