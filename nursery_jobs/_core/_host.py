@@ -683,9 +683,9 @@ class ObjectHost:
         done = trio.Event()
         # Busy from delivery on: were the idle deadline to pass before the task starts,
         # the object would be evicted (its nursery cancelled) and the alarm would begin
-        # its work in a closing object, then be cut off at the first checkpoint.
+        # its work in a closing object, then be cut off at the first checkpoint. (Busy,
+        # a deadline that passes is waited out: ``_wait_until_idle``.)
         self._busy += 1
-        self._idle_scope.deadline = math.inf
         try:
             self.ctx.nursery.start_soon(self._alarm_task, done)
         except RuntimeError:
