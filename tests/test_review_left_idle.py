@@ -1,0 +1,78 @@
+"""Review of the left-memory stand-ins (18a380a) and the idle host's wake event
+(c0eecc5): what a reference kept past an object's activation gets, and the idle host's
+wakes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+import nursery_jobs as nj
+
+KEPT: list[Any] = []
+
+
+class Kept(nj.DurableObject):
+    namespace = "tests.review_left.Kept"
+
+    def __init__(self, ctx: nj.ObjectContext) -> None:
+        super().__init__(ctx)
+        self.lifecycle = nj.Lifecycle.install(self)
+
+    async def start(self) -> None:
+        await self.lifecycle.jobs.push("run", delay=3600)
+
+    async def keep(self) -> None:
+        KEPT[:] = [self.lifecycle, self.ctx]
+
+    async def on_job(self, ctx: nj.JobContext) -> None:
+        return None
+
+
+def _location(kind: str, tmp_path: Path) -> str | None:
+    return {"files": str(tmp_path / "d"), "shared": f"shared:{tmp_path / 'd'}",
+            "memory": None}[kind]
+
+
+@pytest.mark.parametrize("kind", ["memory", "files", "shared"])
+async def test_a_kept_context_in_a_turn_gets_a_typed_error_naming_the_object(
+    kind: str, tmp_path: Path, autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Holding a turn of its (still standing) gate, a kept context's storage and
+    Lifecycle reached the released connection: sqlite3.ProgrammingError "Cannot operate
+    on a closed database", no NurseryJobsError and no object named (DESIGN section 7).
+    Without a turn they got TurnError, which is why test_left_memory's push and
+    set_alarm assertions passed before the stand-ins too."""
+    KEPT.clear()
+    async with nj.open_runtime(_location(kind, tmp_path), max_active=1) as rt:
+        await rt.get(Kept, "a").start()
+        await rt.get(Kept, "a").keep()
+        await rt.get(Kept, "b").start()  # a leaves memory
+        await trio.testing.wait_all_tasks_blocked()
+        assert not rt.is_active(Kept.namespace, "a")
+        lifecycle, ctx = KEPT
+        KEPT.clear()
+        left = r"tests\.review_left\.Kept/a has left memory"
+        uses: list[Callable[[], object]] = [
+            lambda: ctx.storage.get("x"),
+            lambda: ctx.storage.put("x", 1),
+            lambda: ctx.storage.execute("SELECT 1"),
+            lambda: lifecycle.jobs.list(),
+        ]
+        for use in uses:
+            with pytest.raises(nj.StorageError, match=left):  # no turn held
+                use()
+            async with ctx.turn():
+                with pytest.raises(nj.StorageError, match=left):
+                    use()
+        async with ctx.turn():
+            with pytest.raises(nj.StorageError, match=left):
+                await lifecycle.jobs.push("late", delay=10)
+        instance = await rt.activate(Kept, "a")
+        assert isinstance(instance, Kept)
+        async with instance.ctx.turn():  # nothing of the refused uses reached a's data
+            assert [job.fn for job in instance.lifecycle.jobs.list()] == ["run"]
