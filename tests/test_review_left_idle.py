@@ -76,3 +76,40 @@ async def test_a_kept_context_in_a_turn_gets_a_typed_error_naming_the_object(
         assert isinstance(instance, Kept)
         async with instance.ctx.turn():  # nothing of the refused uses reached a's data
             assert [job.fn for job in instance.lifecycle.jobs.list()] == ["run"]
+
+
+class Idle(nj.DurableObject):
+    namespace = "tests.review_left.Idle"
+
+    async def touch(self) -> None:
+        self.ctx.storage.put("k", 1)
+
+
+async def test_an_object_asked_to_doze_as_a_call_came_in_does_not_hold_a_file_it_was_counted_out_of(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """doze_now() asked an idle object to doze (DOZING) and a call came in before its
+    task woke: the task saw it busy and went on waiting, still DOZING while awake. The
+    runtime counts a DOZING object as asked already (``doze_pending``), so it asks no
+    other; an activation waiting for a file then waited for that object's dormant_after
+    (here 100 s) rather than for the end of the call."""
+    import nursery_jobs._core._runtime as runtime_module
+
+    monkeypatch.setattr(runtime_module, "open_file_budget", lambda: 3)
+    monkeypatch.setattr(runtime_module, "default_max_active", lambda: 3)
+    with trio.fail_after(3600):
+        async with nj.open_runtime(tmp_path / "data", idle_timeout=3600,
+                                   dormant_after=100) as rt:
+            for name in ("a", "b", "c"):
+                await rt.get(Idle, name).touch()
+            host = rt._hosts[(Idle.namespace, "a")]
+            # The race, made deterministic: asked to doze, then a call's work begins
+            # before the object's task runs.
+            assert host.doze_now()
+            async with trio.open_nursery() as nursery:
+                with host.working():
+                    await trio.sleep(1)  # the task wakes meanwhile, finds it busy
+                    nursery.start_soon(rt.get(Idle, "d").touch)  # waits for a file
+                    await trio.sleep(1)
+                ended = trio.current_time()  # the work ended: a's file may go
+            assert trio.current_time() - ended < 10
