@@ -113,3 +113,27 @@ async def test_an_object_asked_to_doze_as_a_call_came_in_does_not_hold_a_file_it
                     await trio.sleep(1)
                 ended = trio.current_time()  # the work ended: a's file may go
             assert trio.current_time() - ended < 10
+
+
+async def test_an_idle_object_asked_to_leave_while_it_waits_to_doze_leaves(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The idle wake is an event (c0eecc5): asked to leave while its task is out of the
+    idle scope's block (in ``_doze``, waiting for the runtime's dormancy lock), the object
+    still leaves; and the idle scope's deadlines still fire (dormant_after, then
+    idle_timeout)."""
+    async with nj.open_runtime(tmp_path / "data", idle_timeout=50, dormant_after=1) as rt:
+        await rt.get(Idle, "a").touch()
+        host = rt._hosts[(Idle.namespace, "a")]
+        async with rt.dormancy:
+            await trio.sleep(2)  # a's dormant_after passed: its task waits for the lock
+            assert not host.dormant and rt.dormancy.statistics().tasks_waiting == 1
+            host.evict()
+        await trio.sleep(0.1)
+        assert not rt.is_active(Idle.namespace, "a")
+        # The deadlines: b dozes after dormant_after, leaves after idle_timeout.
+        await rt.get(Idle, "b").touch()
+        await trio.sleep(1.5)
+        assert rt.is_active(Idle.namespace, "b") and rt._hosts[(Idle.namespace, "b")].dormant
+        await trio.sleep(50)
+        assert not rt.is_active(Idle.namespace, "b")
