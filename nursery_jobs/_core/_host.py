@@ -307,7 +307,10 @@ class ObjectHost:
             if self._busy == 0 or self.scope.cancel_called:
                 self._to(Phase.CLOSING)
                 return
-            if self.phase is Phase.LEAVING:
+            # Asked to leave or doze as work came in: it stays, awake, and may be asked
+            # again. (Left DOZING, it counted as asked already, ``doze_pending``: the
+            # runtime asked no other object for a file until its dormant_after.)
+            if self.phase is Phase.LEAVING or self.phase is Phase.DOZING:
                 self._to(Phase.ACTIVE)
             self._idle_scope = trio.CancelScope()
             self._idle_wake = trio.Event()

@@ -19,10 +19,11 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 
 import trio
 
+from nursery_jobs._core._left import Left
 from nursery_jobs._errors import StorageError
 
 if TYPE_CHECKING:
@@ -117,8 +118,12 @@ class ObjectTransactions:
 
     def release(self, stand_in: sqlite3.Connection) -> None:
         """The object left memory: this and what hangs on it (the staged writes, the
-        block watcher) hold ``stand_in`` in place of its connection from now on."""
+        block watcher) hold ``stand_in`` in place of its connection from now on. Its
+        turn check (every storage call's first step) refuses with ``StorageError`` naming
+        the object: a kept context holding a turn of its gate reached the closed
+        connection (``sqlite3.ProgrammingError``), one without got ``TurnError``."""
         self.conn = stand_in
+        self.turns = cast("TurnGate", Left(self.label, "storage"))
         if self.staged is not None:
             self.staged.release(stand_in)
         if self.blocks is not None:
