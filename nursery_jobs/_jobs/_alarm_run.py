@@ -134,6 +134,16 @@ class AlarmRunner:
         self._run: AlarmRun | None = None  # the alarm run in progress (set once per run)
 
     async def __call__(self, info: Any) -> None:
+        table = self._store.table
+        # What the run reads of the queue is remembered while nothing changes it
+        # (``JobTable.facts``): a cold object's run asked five times in a row.
+        table.remembers = True
+        try:
+            await self._alarm_run()
+        finally:
+            table.forget_facts()
+
+    async def _alarm_run(self) -> None:
         lc, store = self._lc, self._store
         run = self._run = AlarmRun(lc, self._claim.flight)
         token = current_run.set(run)
@@ -207,7 +217,20 @@ class AlarmRunner:
         """Run the due jobs; return True if a job was held by the namespace's limit
         (the run stops there: what is due stays due, in order)."""
         store = self._store
-        backlogged = {owner: count for owner, count in store.due_counts(now)
+        # The first batch of due rows, read before the backlog is counted: a short one
+        # holds every due job, so the counts are its own (a statement of each alarm
+        # run); the dispatch starts from it.
+        first = store.due_batch(now, _START, _DUE_BATCH)
+        read_at = store.version
+        if len(first) < _DUE_BATCH:
+            counts: dict[str, int] = {}
+            for row in first:
+                owner = row.job.owner
+                counts[owner] = counts.get(owner, 0) + 1
+            due_counts = sorted(counts.items())  # (by owner, as the statement's)
+        else:
+            due_counts = store.due_counts(now)
+        backlogged = {owner: count for owner, count in due_counts
                       if count >= BACKLOG_WARNING}
         for owner, count in backlogged.items():
             if owner not in self._backlogged:
@@ -216,6 +239,8 @@ class AlarmRunner:
                                     " (warned once until the backlog clears)",
                                     (self._lc.label, _at_least(count), owner)))
         self._backlogged = set(backlogged)
+        if not first and read_at == store.version:
+            return False  # nothing is due
         ran: set[str] = set()
         readmitted: set[str] = set()
         steering = self._lc.steering
@@ -226,7 +251,8 @@ class AlarmRunner:
                 # ~10): a cancel of the running job ends the scope, and a new one
                 # carries the run on.
                 with trio.CancelScope() as run.scope:
-                    return await self._dispatch_due(run, now, ran, readmitted)
+                    return await self._dispatch_due(run, now, ran, readmitted, first, read_at)
+                first, read_at = [], -1
                 if run.cancel is not None:
                     await self._end_cancelled(run, run.cancel)
                 now = _clock.now()
@@ -251,15 +277,16 @@ class AlarmRunner:
         request.decide(True)
 
     async def _dispatch_due(
-        self, run: AlarmRun, now: float, ran: set[str], readmitted: set[str]
+        self, run: AlarmRun, now: float, ran: set[str], readmitted: set[str],
+        batch: list[JobRow], read_at: int,
     ) -> bool:
+        """Run the due jobs in run order, from ``batch`` (the first rows, read at store
+        version ``read_at``; -1 and none: read them first)."""
         store = self._store
         cursor = _START
         # Each owner's handler, looked up once per run.
         handlers: dict[str, tuple[Any, Callable[..., Awaitable[Any]] | None]] = {}
-        batch: list[JobRow] = []
         index = 0
-        read_at = -1
         dispatched = 0
         while not store.disabled:
             if read_at != store.version:
