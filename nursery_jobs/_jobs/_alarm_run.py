@@ -253,7 +253,9 @@ class AlarmRunner:
         # run); the dispatch starts from it.
         first = store.due_batch(now, _START, _DUE_BATCH)
         read_at = store.version
-        if len(first) < _DUE_BATCH:
+        if len(first) < BACKLOG_WARNING:
+            due_counts: list[tuple[str, int]] = []  # (no owner can have a backlog)
+        elif len(first) < _DUE_BATCH:
             counts: dict[str, int] = {}
             for row in first:
                 owner = row.job.owner
@@ -269,7 +271,8 @@ class AlarmRunner:
                               _log=(logging.WARNING, "%s: %s due jobs of %r in one alarm"
                                     " (warned once until the backlog clears)",
                                     (self._lc.label, _at_least(count), owner)))
-        self._backlogged = set(backlogged)
+        if backlogged or self._backlogged:
+            self._backlogged = set(backlogged)
         if not first and read_at == store.version:
             return False  # nothing is due
         ran: set[str] = set()
