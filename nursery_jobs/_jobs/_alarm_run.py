@@ -13,7 +13,9 @@ import contextvars
 import logging
 import math
 import random
+import types
 from collections.abc import Awaitable, Callable
+from types import CoroutineType
 from typing import TYPE_CHECKING, Any, Final
 
 import trio
@@ -89,6 +91,35 @@ def _at_least(count: int) -> str:
     return f"{count:,} or more" if count >= BACKLOG_WINDOW else str(count)
 
 
+@types.coroutine
+def _watched(running: CoroutineType[Any, Any, Any], waits: Callable[[], None]) -> Any:
+    """``await running``, calling ``waits()`` when it first suspends (waits for
+    something). What ``await`` does for a coroutine, spelled out: every value sent or
+    exception thrown in goes on to it, and its result or exception comes out."""
+    send = running.send
+    try:
+        trap = send(None)
+    except StopIteration as done:
+        return done.value
+    waits()
+    while True:
+        try:
+            sent = yield trap
+        except GeneratorExit:
+            running.close()
+            raise
+        except BaseException as exc:  # (thrown in: it goes on to the job)
+            try:
+                trap = running.throw(exc)
+            except StopIteration as done:
+                return done.value
+        else:
+            try:
+                trap = send(sent)
+            except StopIteration as done:
+                return done.value
+
+
 def memory_reset_of(claim: AlarmClaim) -> bool:
     """Whether the object was reset for memory (the watchdog, a MemoryError)."""
     cause = claim.reset_cause
@@ -134,6 +165,16 @@ class AlarmRunner:
         self._run: AlarmRun | None = None  # the alarm run in progress (set once per run)
 
     async def __call__(self, info: Any) -> None:
+        table = self._store.table
+        # What the run reads of the queue is remembered while nothing changes it
+        # (``JobTable.facts``): a cold object's run asked five times in a row.
+        table.remembers = True
+        try:
+            await self._alarm_run()
+        finally:
+            table.forget_facts()
+
+    async def _alarm_run(self) -> None:
         lc, store = self._lc, self._store
         run = self._run = AlarmRun(lc, self._claim.flight)
         token = current_run.set(run)
@@ -207,7 +248,22 @@ class AlarmRunner:
         """Run the due jobs; return True if a job was held by the namespace's limit
         (the run stops there: what is due stays due, in order)."""
         store = self._store
-        backlogged = {owner: count for owner, count in store.due_counts(now)
+        # The first batch of due rows, read before the backlog is counted: a short one
+        # holds every due job, so the counts are its own (a statement of each alarm
+        # run); the dispatch starts from it.
+        first = store.due_batch(now, _START, _DUE_BATCH)
+        read_at = store.version
+        if len(first) < BACKLOG_WARNING:
+            due_counts: list[tuple[str, int]] = []  # (no owner can have a backlog)
+        elif len(first) < _DUE_BATCH:
+            counts: dict[str, int] = {}
+            for row in first:
+                owner = row.job.owner
+                counts[owner] = counts.get(owner, 0) + 1
+            due_counts = sorted(counts.items())  # (by owner, as the statement's)
+        else:
+            due_counts = store.due_counts(now)
+        backlogged = {owner: count for owner, count in due_counts
                       if count >= BACKLOG_WARNING}
         for owner, count in backlogged.items():
             if owner not in self._backlogged:
@@ -215,7 +271,10 @@ class AlarmRunner:
                               _log=(logging.WARNING, "%s: %s due jobs of %r in one alarm"
                                     " (warned once until the backlog clears)",
                                     (self._lc.label, _at_least(count), owner)))
-        self._backlogged = set(backlogged)
+        if backlogged or self._backlogged:
+            self._backlogged = set(backlogged)
+        if not first and read_at == store.version:
+            return False  # nothing is due
         ran: set[str] = set()
         readmitted: set[str] = set()
         steering = self._lc.steering
@@ -226,7 +285,8 @@ class AlarmRunner:
                 # ~10): a cancel of the running job ends the scope, and a new one
                 # carries the run on.
                 with trio.CancelScope() as run.scope:
-                    return await self._dispatch_due(run, now, ran, readmitted)
+                    return await self._dispatch_due(run, now, ran, readmitted, first, read_at)
+                first, read_at = [], -1
                 if run.cancel is not None:
                     await self._end_cancelled(run, run.cancel)
                 now = _clock.now()
@@ -251,15 +311,16 @@ class AlarmRunner:
         request.decide(True)
 
     async def _dispatch_due(
-        self, run: AlarmRun, now: float, ran: set[str], readmitted: set[str]
+        self, run: AlarmRun, now: float, ran: set[str], readmitted: set[str],
+        batch: list[JobRow], read_at: int,
     ) -> bool:
+        """Run the due jobs in run order, from ``batch`` (the first rows, read at store
+        version ``read_at``; -1 and none: read them first)."""
         store = self._store
         cursor = _START
         # Each owner's handler, looked up once per run.
         handlers: dict[str, tuple[Any, Callable[..., Awaitable[Any]] | None]] = {}
-        batch: list[JobRow] = []
         index = 0
-        read_at = -1
         dispatched = 0
         while not store.disabled:
             if read_at != store.version:
@@ -422,10 +483,17 @@ class AlarmRunner:
                 # (the run's scope is cancelled; this raises its Cancelled).
                 await trio.lowlevel.checkpoint()
             if job.timeout is None:
-                outcome = await on_job(ctx)
+                running = on_job(ctx)
+                if type(running) is CoroutineType:
+                    # Watched once it waits for something (``_watchdog``).
+                    outcome = await _watched(running, self._watchdog)
+                else:
+                    self._watchdog()
+                    outcome = await running
                 if outcome is not None:  # (None, most outcomes, needs no check)
                     outcome = coerce_outcome(outcome)
             else:
+                self._watchdog()
                 outcome = coerce_outcome(await run_with_timeout(on_job, ctx, self._lc.label))
             if run.cancel is not None:
                 # Cancelled (jobs.cancel), the job went on to the end: its run's scope
@@ -554,14 +622,22 @@ class AlarmRunner:
         self._watch_job = job
         self._watch_deadline = deadline = clock + job.hung_timeout
         scope = self._watch_scope
-        if scope is None:
-            # Made here, not in the task: jobs that never checkpoint would otherwise
-            # each start a watchdog before the first one runs.
+        if scope is not None and deadline < self._scope_deadline:
+            scope.deadline = self._scope_deadline = deadline
+
+    def _watchdog(self) -> None:
+        """The running job waits for something (or may: a timeout's, an awaitable that
+        is no coroutine): start the watchdog that tells when it outlives its
+        ``hung_timeout``, unless it runs. A job that never waits needs none: nothing
+        else can run before it ends, and the watchdog would find it gone. (A task per
+        alarm run was ~2% of a cold fire's CPU, its start and its cancel, measured.)
+        Does not checkpoint."""
+        if self._watch_scope is None and self._watch_job is not None:
+            # Made here, not in the task: the job goes on before the task first runs.
+            deadline = self._watch_deadline
             self._watch_scope = trio.CancelScope(deadline=deadline)
             self._scope_deadline = deadline
             self._lc.ctx.nursery.start_soon(self._slow_dispatch_watchdog)
-        elif deadline < self._scope_deadline:
-            scope.deadline = self._scope_deadline = deadline
 
     def running_for(self) -> tuple[str, float] | None:
         """The job running now and how many seconds it has run (read from the alarm

@@ -62,7 +62,10 @@ class MemoryBreaker:
         self._limit = limit
         self._label = label
         self._emit = emit
-        self._strikes: int | None = None  # cached durable count
+        # The durable count, cached (None: read when first needed). Built with its
+        # Lifecycle, right after the store read ``nj_meta``: from those rows, with no
+        # statement of its own (``JobTable.first_meta``; one of each activation's).
+        self._strikes: int | None = store.table.first_meta(STRIKES_KEY)
         # (strikes, sealed, next_time, purged) of the reset this activation suffered.
         self._reset: tuple[int, bool, float, list[Job]] | None = None
 

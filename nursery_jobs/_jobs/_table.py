@@ -86,6 +86,28 @@ def _prioritized(held: str, sign: str) -> str:
             f" ORDER BY {_ORDER} LIMIT ?")
 
 
+@functools.lru_cache(maxsize=64)
+def _facts(held: str) -> str:
+    """What an alarm run asks of the queue before and after its jobs, in one statement
+    (``JobTable.facts``): the three times of ``next_alarm_time``, the earliest job's
+    time (``has_due``), whether any job has a priority (``next_due``) or a running
+    marker (``running``) — each subquery on an index of its own."""
+    where = f" WHERE 1{held}" if held else ""
+    return (f"SELECT (SELECT MIN(time) FROM nj_jobs WHERE exclusive = 1{held}),"
+            " (SELECT time FROM nj_jobs WHERE (singleflight = 0 OR running_since IS NULL)"
+            f"{held} ORDER BY time LIMIT 1),"
+            " (SELECT MIN(MAX(time, running_since + hung_timeout)) FROM nj_jobs"
+            f" WHERE running_since IS NOT NULL AND singleflight = 1{held}),"
+            f" (SELECT time FROM nj_jobs{where} ORDER BY time LIMIT 1),"
+            " EXISTS (SELECT 1 FROM nj_jobs WHERE priority != 0),"
+            " EXISTS (SELECT 1 FROM nj_jobs WHERE running_since IS NOT NULL)")
+
+
+# What ``_facts`` returns: (exclusive, ready, in flight) times, the earliest time, and
+# whether a priority / a running marker exists.
+Facts = tuple[float | None, float | None, float | None, float | None, int, int]
+
+
 def _rollbacks(conn: sqlite3.Connection) -> int:
     """How many transactions of ``conn`` a fault rolled back (``GuardedConnection``; a
     working copy in memory has none)."""
@@ -128,6 +150,8 @@ class JobRow:
 
 
 _new_row = object.__new__
+# ``JobTable._meta`` of a table that has not read anything yet.
+_UNREAD: Final[tuple[int, dict[str, Any]]] = (-1, {})
 
 
 class JobTable:
@@ -142,8 +166,8 @@ class JobTable:
     previous job's row); deletes run under it are staged again if it rolls back.
     """
 
-    __slots__ = ("_conn", "_finished", "_held", "_held_args", "_in_savepoint", "_staged_at",
-                 "all_held")
+    __slots__ = ("_conn", "_facts", "_facts_at", "_finished", "_held", "_held_args",
+                 "_in_savepoint", "_meta", "_staged_at", "all_held", "remembers")
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn  # the schema is the engine's (``_schema.prepare``)
@@ -157,6 +181,23 @@ class JobTable:
         self._held = ""
         self._held_args: tuple[str, ...] = ()
         self.all_held = False
+        # While an alarm run is in progress (``remembers``, set by it): the queue's facts
+        # (``facts``) as last read outside a transaction, and the connection's
+        # ``total_changes`` then. Nothing changes a row without counting a change, and a
+        # rollback can only undo changes made after them (they were read with no
+        # transaction open): while the count stands, they stand. An alarm run asks for
+        # them five times — its fallback alarm, its startup's re-arm, its backup alarm,
+        # the due read's priority check, the startup's running markers — with nothing
+        # written in between when its object was cold (four statements of each cold
+        # fire). Only during a run: a dormant object's reopened connection counts from
+        # zero again, and an object dozes only when idle.
+        self.remembers = False
+        self._facts: Facts | None = None
+        self._facts_at = 0
+        # ``nj_meta`` as the first read of a new table found it (``meta``), while nothing
+        # else was read or written since: its store reads the alarms' switch and the
+        # pauses, its breaker the strikes, one statement for the three.
+        self._meta: tuple[int, dict[str, Any]] | None = _UNREAD
 
     def hold(self, owners: frozenset[str | None]) -> None:
         """Leave the jobs of ``owners`` (every job, with None among them) out of what
@@ -165,13 +206,32 @@ class JobTable:
         named = tuple(sorted(o for o in owners if o is not None))
         self._held_args = named
         self._held = f" AND owner NOT IN ({','.join('?' * len(named))})" if named else ""
+        self._facts = None  # (they leave out the jobs of paused owners)
 
     @property
     def conn(self) -> sqlite3.Connection:
         """The connection, with the staged deletes run: every read sees them."""
+        self._meta = None
         if self._finished:
             self.settle()
         return self._conn
+
+    def forget_facts(self) -> None:
+        """The alarm run is over: nothing read during it is remembered after it."""
+        self.remembers = False
+        self._facts = None
+
+    def facts(self) -> Facts:
+        """The queue's facts (``_facts``): remembered while an alarm run is in progress
+        and no change was made since they were read."""
+        conn = self.conn
+        if self._facts is not None and self._facts_at == conn.total_changes:
+            return self._facts
+        held = self._held
+        facts: Facts = conn.execute(_facts(held), self._held_args * 4).fetchone()
+        if self.remembers and not conn.in_transaction:
+            self._facts, self._facts_at = facts, conn.total_changes
+        return facts
 
     # -- staged deletes (the ``StagedWrites`` of ``_transactions``) ----------------------
     def settle(self) -> None:
@@ -217,6 +277,7 @@ class JobTable:
     def release(self, stand_in: sqlite3.Connection) -> None:
         """The object left memory: hold ``stand_in`` in place of its connection."""
         self._conn = stand_in
+        self._facts = self._meta = None
 
     # -- reads ----------------------------------------------------------------------
     def owner_of(self, job_id: str) -> str | None:
@@ -243,7 +304,8 @@ class JobTable:
         if self.all_held:
             return []
         conn, held, args = self.conn, self._held, self._held_args
-        if conn.execute(_ANY_PRIORITY).fetchone() is None:
+        if not (self.facts()[4] if self.remembers
+                else conn.execute(_ANY_PRIORITY).fetchone() is not None):
             # No priorities (the usual case): (time, seq) on the due index, no sort.
             # (A cursor left in another priority: everything at 0 is after or before it.)
             if after[0] > 0:
@@ -298,11 +360,16 @@ class JobTable:
     def has_due(self, now: float) -> bool:
         if self.all_held:
             return False
+        if self.remembers:
+            earliest = self.facts()[3]
+            return earliest is not None and earliest <= now
         return self.conn.execute(
             f"SELECT 1 FROM nj_jobs WHERE time <= ?{self._held} LIMIT 1", (now, *self._held_args)
         ).fetchone() is not None
 
     def running(self) -> list[JobRow]:
+        if self.remembers and not self.facts()[5]:
+            return []  # (no running marker: no statement)
         cursor = self.conn.execute(
             f"SELECT {_COLUMNS} FROM nj_jobs WHERE running_since IS NOT NULL ORDER BY {_ORDER}"
         )
@@ -325,6 +392,9 @@ class JobTable:
         from ``running_since + hung_timeout``. The jobs of paused owners do not count."""
         if self.all_held:
             return None
+        if self.remembers:
+            exclusive, ready, in_flight = self.facts()[:3]
+            return _alarm_time(exclusive, ready, in_flight)
         # The three times in one statement, each subquery on its own index: an alarm
         # run asks twice (its fallback alarm, its re-arm), and three statements were
         # six executes of every run.
@@ -337,11 +407,7 @@ class JobTable:
             f" WHERE running_since IS NOT NULL AND singleflight = 1{held})",
             args * 3,
         ).fetchone()
-        if exclusive is not None:
-            return float(exclusive)
-        if ready is None:
-            return None if in_flight is None else float(in_flight)
-        return float(ready) if in_flight is None else float(min(ready, in_flight))
+        return _alarm_time(exclusive, ready, in_flight)
 
     # -- writes ---------------------------------------------------------------------
     def upsert(self, job: Job, payload_text: str | None, trace: str | None = None) -> None:
@@ -521,8 +587,43 @@ class JobTable:
 
     # -- per-object state -------------------------------------------------------------
     def meta(self, key: str, default: int = 0) -> int:
+        rows = self._meta_rows()
+        if rows is not None:
+            value = rows.get(key)
+            return default if value is None else int(value)
         row = self.conn.execute("SELECT value FROM nj_meta WHERE key = ?", (key,)).fetchone()
         return default if row is None else int(row[0])
+
+    def _meta_rows(self) -> dict[str, Any] | None:
+        """``nj_meta`` as the first read of this table found it, while no other read or
+        write of the table came since (``conn`` forgets it) and nothing changed. The
+        first ``meta`` of a new table reads every row (a few: the pauses, two
+        counters); the reads that follow it at once — the store's pauses, the breaker's
+        strikes — are answered from them (two statements of each activation)."""
+        meta, conn = self._meta, self._conn
+        if meta is _UNREAD:
+            self._meta = None
+            if self._finished or conn.in_transaction:
+                return None
+            rows = {key: value for key, value in conn.execute("SELECT key, value FROM nj_meta")
+                    if isinstance(key, str)}
+            self._meta = (conn.total_changes, rows)
+            return rows
+        if meta is not None:
+            if meta[0] == conn.total_changes:
+                return meta[1]
+            self._meta = None
+        return None
+
+    def first_meta(self, key: str, default: int = 0) -> int | None:
+        """``meta(key)`` if the rows of the first reads answer it, else None (no
+        statement). The first reads end here: ``nj_meta`` is read again after this."""
+        rows = None if self._meta is None or self._meta is _UNREAD else self._meta_rows()
+        self._meta = None
+        if rows is None:
+            return None
+        value = rows.get(key)
+        return default if value is None else int(value)
 
     def set_meta(self, key: str, value: int) -> None:
         self.conn.execute(
@@ -533,10 +634,15 @@ class JobTable:
 
     def paused(self) -> frozenset[str | None]:
         """The owners whose jobs are paused (None: the whole object), from ``nj_meta``."""
-        rows = self.conn.execute(
-            "SELECT key FROM nj_meta WHERE key = ? OR substr(key, 1, ?) = ?",
-            (PAUSED_ALL, len(PAUSED_PREFIX), PAUSED_PREFIX),
-        ).fetchall()
+        meta = None if self._meta is None else self._meta_rows()
+        if meta is not None:
+            rows = [(key,) for key in meta
+                    if key == PAUSED_ALL or key[:len(PAUSED_PREFIX)] == PAUSED_PREFIX]
+        else:
+            rows = self.conn.execute(
+                "SELECT key FROM nj_meta WHERE key = ? OR substr(key, 1, ?) = ?",
+                (PAUSED_ALL, len(PAUSED_PREFIX), PAUSED_PREFIX),
+            ).fetchall()
         return frozenset(None if key == PAUSED_ALL else key[len(PAUSED_PREFIX):]
                          for (key,) in rows)
 
@@ -551,6 +657,14 @@ class JobTable:
         else:
             cursor = self.conn.execute("DELETE FROM nj_meta WHERE key = ?", (key,))
         return cursor.rowcount > 0
+
+
+def _alarm_time(exclusive: Any, ready: Any, in_flight: Any) -> float | None:
+    if exclusive is not None:
+        return float(exclusive)
+    if ready is None:
+        return None if in_flight is None else float(in_flight)
+    return float(ready) if in_flight is None else float(min(ready, in_flight))
 
 
 def _dead_letter(job: str, error: str, attempts: int, reason: str, time: float) -> DeadLetter:

@@ -20,6 +20,8 @@ from nursery_jobs._engines._faults import GuardedConnection, fault_cause, fault_
 from nursery_jobs._errors import ObjectIdError
 
 MAX_OBJECT_ID_LENGTH = 1024
+# Alarms of ``Catalog.due`` remembered for ``get_alarm`` at most (past it, forgotten).
+_SEEN_MAX = 8192
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS nj_objects (
@@ -179,7 +181,7 @@ class Catalog:
     Every method runs one or two statements inline and commits (autocommit).
     """
 
-    __slots__ = ("_conn", "migrated_created", "written")
+    __slots__ = ("_class_paths", "_conn", "_crashes", "_seen", "migrated_created", "written")
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
@@ -187,7 +189,19 @@ class Catalog:
         # while the catalog is quiet (it looked every second, 176,000 passes over a
         # test's two virtual days; see ``FilesEngine.serve``).
         self.written = trio.Event()
+        # What reads found, kept while no write of this catalog can have changed it
+        # (every write is one of its methods: this runtime holds the data directory's
+        # lock). Each was a statement of every activation of a cold fire:
+        # - ``class_path`` per namespace (asked at every alarm delivery);
+        # - the alarms the timer's ``due`` read, for the ``get_alarm`` of the objects it
+        #   then opens (a write of an object's alarm forgets its entry);
+        # - whether ``nj_crashes`` may hold a row (``crashes``, at every activation:
+        #   almost always empty, and only ``add_crashes`` fills it).
+        self._class_paths: dict[str, str] = {}
+        self._seen: dict[tuple[str, str], tuple[float, int]] = {}
         conn.executescript(_SCHEMA)
+        self._crashes = conn.execute(
+            "SELECT EXISTS (SELECT 1 FROM nj_crashes)").fetchone()[0] != 0
         columns = {row[1] for row in conn.execute("PRAGMA table_info(nj_objects)")}
         # Catalogs written before the ``created`` flag: the engine sets it for the rows
         # whose file exists (``mark_created``).
@@ -238,6 +252,7 @@ class Catalog:
             " WHERE namespace = ? AND object_id = ?",
             (namespace, object_id),
         ).fetchone()
+        self._registered(namespace, class_path)
         if row is None:
             file = object_file_name(namespace, object_id)
             self._conn.execute(
@@ -252,6 +267,13 @@ class Catalog:
                 (class_path, namespace, object_id),
             )
         return str(row[0]), bool(row[2])
+
+    def _registered(self, namespace: str, class_path: str) -> None:
+        """A row of ``namespace`` is written with ``class_path``: the remembered answer
+        of ``class_path(namespace)`` stands only if it is that one (whichever row comes
+        first then, its class path is the one remembered)."""
+        if self._class_paths.get(namespace, class_path) != class_path:
+            del self._class_paths[namespace]
 
     def mark_created(self, namespace: str, object_id: str) -> None:
         """The object's file exists now: from here on, its absence is a fault."""
@@ -279,6 +301,8 @@ class Catalog:
         """Register an object found on disk (its file exists: ``created``), with the
         alarm its earliest job implies; an alarm already set is only ever lowered."""
         self.written.set()
+        self._registered(namespace, class_path)
+        self._seen.pop((namespace, object_id), None)
         self._conn.execute(
             "INSERT INTO nj_objects (namespace, object_id, file, class_path, created_at,"
             " created) VALUES (?, ?, ?, ?, ?, 1) ON CONFLICT DO UPDATE SET created = 1",
@@ -294,6 +318,8 @@ class Catalog:
     def forget(self, namespace: str, object_id: str) -> None:
         """Remove an object's registry row and alarm."""
         self.written.set()
+        self._class_paths.pop(namespace, None)  # (its row may have been the first)
+        self._seen.pop((namespace, object_id), None)
         with self._conn:
             self._conn.execute("BEGIN")
             self._conn.execute(
@@ -315,10 +341,16 @@ class Catalog:
             self.forget(str(row[0]), str(row[1]))
 
     def class_path(self, namespace: str) -> str | None:
+        known = self._class_paths.get(namespace)
+        if known is not None:
+            return known
         row = self._conn.execute(
             "SELECT class_path FROM nj_objects WHERE namespace = ? LIMIT 1", (namespace,)
         ).fetchone()
-        return None if row is None else str(row[0])
+        if row is None:
+            return None
+        self._class_paths[namespace] = found = str(row[0])
+        return found
 
     def objects(self) -> Iterator[tuple[str, str, str]]:
         """Yield (namespace, object_id, file) for every registered object."""
@@ -326,6 +358,9 @@ class Catalog:
 
     def get_alarm(self, namespace: str, object_id: str) -> tuple[float, int] | None:
         """Return (time, retry count) of an object's alarm, or None."""
+        seen = self._seen.get((namespace, object_id)) if self._seen else None
+        if seen is not None:
+            return seen
         row = self._conn.execute(
             "SELECT time, retry FROM nj_alarms WHERE namespace = ? AND object_id = ?",
             (namespace, object_id),
@@ -334,6 +369,8 @@ class Catalog:
 
     def set_alarm(self, namespace: str, object_id: str, time: float, retry: int = 0) -> None:
         self.written.set()
+        if self._seen:
+            self._seen.pop((namespace, object_id), None)
         self._conn.execute(
             "INSERT INTO nj_alarms (namespace, object_id, time, retry) VALUES (?, ?, ?, ?)"
             " ON CONFLICT DO UPDATE SET time = excluded.time, retry = excluded.retry",
@@ -342,18 +379,27 @@ class Catalog:
 
     def delete_alarm(self, namespace: str, object_id: str) -> None:
         self.written.set()
+        if self._seen:
+            self._seen.pop((namespace, object_id), None)
         self._conn.execute(
             "DELETE FROM nj_alarms WHERE namespace = ? AND object_id = ?",
             (namespace, object_id),
         )
 
     def due(self, now: float, limit: int) -> list[tuple[str, str, float, int]]:
-        """Return up to ``limit`` alarms due at ``now``, earliest first."""
-        return self._conn.execute(
+        """Return up to ``limit`` alarms due at ``now``, earliest first (remembered for
+        ``get_alarm``: the objects they name are opened next)."""
+        rows: list[tuple[str, str, float, int]] = self._conn.execute(
             "SELECT namespace, object_id, time, retry FROM nj_alarms WHERE time <= ?"
             " ORDER BY time LIMIT ?",
             (now, limit),
         ).fetchall()
+        seen = self._seen
+        if len(seen) > _SEEN_MAX:
+            seen.clear()  # (alarms read but never asked for: objects already active)
+        for namespace, object_id, time, retry in rows:
+            seen[(namespace, object_id)] = (float(time), int(retry))
+        return rows
 
     def next_after(self, now: float) -> float | None:
         """Return the earliest alarm time later than ``now``, or None."""
@@ -367,6 +413,9 @@ class Catalog:
         object handles it, and wake those objects now. An empty token only says an
         alarm run was in flight: it wakes the object and is not stored."""
         self.written.set()
+        self._seen.clear()
+        if any(entry[2] for entry in entries):
+            self._crashes = True
         with self._conn:
             self._conn.execute("BEGIN")
             self._conn.executemany(
@@ -381,6 +430,8 @@ class Catalog:
 
     def crashes(self, namespace: str, object_id: str) -> list[tuple[str, float]]:
         """(token, started) of the work this object was doing when a process died."""
+        if not self._crashes:
+            return []  # (none stored since the catalog opened empty of them)
         return [
             (str(token), float(started)) for token, started in self._conn.execute(
                 "SELECT token, started FROM nj_crashes WHERE namespace = ? AND object_id = ?",
