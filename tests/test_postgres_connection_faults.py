@@ -56,8 +56,8 @@ def _hold_object_rows(dsn: str, seconds: float, held: threading.Event) -> None:
 async def test_a_forwarded_call_never_gets_object_moved_from_the_holder(
     pg_dsn: str, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """ObjectMoved "never reaches a caller" (_engine.py): the stub routes the call
-    again. A call forwarded to a host whose lease is not confirmed right now (its
+    """ObjectMoved never reaches a caller (Stub.call routes the call
+    again). A call forwarded to a host whose lease is not confirmed right now (its
     renewal is late) is refused by ``admit`` there; that refusal must travel back as
     "moved", not as the call's exception."""
     import nursery_jobs._engines.postgres._engine as engine_pg

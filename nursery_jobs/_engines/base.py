@@ -3,11 +3,13 @@
 A runtime reaches its data only through an ``Engine``; an object's host reaches its
 object's state only through the ``ObjectState`` the engine opened for it. Engines:
 
-- files (``_engine_files.FilesEngine``): a data directory — ``catalog.sqlite3`` (objects
+- files (``files._engine.FilesEngine``): a data directory — ``catalog.sqlite3`` (objects
   registry, alarm index, crash tokens), one SQLite file per object, the flight record;
-- memory (``_engine_files.MemoryEngine``, ``path=None``): the same, in memory;
-- PostgreSQL (``_engine_pg.PostgresEngine``, section 9 of the design): working copies
-  in memory, shipped per commit, leases fenced by an epoch.
+- shared (``shared._engine.SharedEngine``, ``shared:<directory>``): every object as rows
+  of one SQLite database, loaded into a working copy on activation, shipped per commit;
+- memory (``memory.MemoryEngine``, ``path=None``): the files engine's shape, in memory;
+- PostgreSQL (``postgres._engine.PostgresEngine``, section 9 of the design): working
+  copies in memory, shipped per commit, leases fenced by an epoch.
 
 Every object's working database is a ``sqlite3.Connection`` with the schema of
 ``_schema``: the Lifecycle, Queue, Scheduler and Agent run unchanged on any engine.
