@@ -148,8 +148,10 @@ async def test_a_take_whose_answer_was_lost_still_runs_the_call_once(
             raise psycopg.OperationalError("the connection was lost (test)")
         return taken
 
-    async with nj.open_runtime(PostgresEngine(pg_dsn, lease_ttl=1.0), env="A") as a, \
-            nj.open_runtime(PostgresEngine(pg_dsn, lease_ttl=1.0), env="B") as b:
+    # (A lease of 3 s, not 1: under load a renewal a second late let B take the object
+    # itself, and the call never travelled — the take under test never ran.)
+    async with nj.open_runtime(PostgresEngine(pg_dsn, lease_ttl=3.0), env="A") as a, \
+            nj.open_runtime(PostgresEngine(pg_dsn, lease_ttl=3.0), env="B") as b:
         assert await a.get(Echo, "e").bump() == 1
         if path == "listener":  # the listening thread takes the call it hears of
             monkeypatch.setattr(pg_listen, "take", take_then_lose)
