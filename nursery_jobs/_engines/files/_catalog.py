@@ -181,7 +181,7 @@ class Catalog:
     Every method runs one or two statements inline and commits (autocommit).
     """
 
-    __slots__ = ("_class_paths", "_conn", "_crashes", "_seen", "migrated_created", "written")
+    __slots__ = ("_class_paths", "_conn", "_crashed", "_seen", "migrated_created", "written")
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
@@ -195,13 +195,15 @@ class Catalog:
         # - ``class_path`` per namespace (asked at every alarm delivery);
         # - the alarms the timer's ``due`` read, for the ``get_alarm`` of the objects it
         #   then opens (a write of an object's alarm forgets its entry);
-        # - whether ``nj_crashes`` may hold a row (``crashes``, at every activation:
-        #   almost always empty, and only ``add_crashes`` fills it).
+        # - which objects ``nj_crashes`` may hold rows of (``crashes``, at every
+        #   activation: almost always none, and only ``add_crashes`` adds any; a clear
+        #   leaves the object counted, since the ship that clears may roll back).
         self._class_paths: dict[str, str] = {}
         self._seen: dict[tuple[str, str], tuple[float, int]] = {}
         conn.executescript(_SCHEMA)
-        self._crashes = conn.execute(
-            "SELECT EXISTS (SELECT 1 FROM nj_crashes)").fetchone()[0] != 0
+        self._crashed: set[tuple[str, str]] = {
+            (str(ns), str(oid)) for ns, oid in conn.execute(
+                "SELECT DISTINCT namespace, object_id FROM nj_crashes")}
         columns = {row[1] for row in conn.execute("PRAGMA table_info(nj_objects)")}
         # Catalogs written before the ``created`` flag: the engine sets it for the rows
         # whose file exists (``mark_created``).
@@ -414,8 +416,7 @@ class Catalog:
         alarm run was in flight: it wakes the object and is not stored."""
         self.written.set()
         self._seen.clear()
-        if any(entry[2] for entry in entries):
-            self._crashes = True
+        self._crashed.update((ns, oid) for ns, oid, token, _ in entries if token)
         with self._conn:
             self._conn.execute("BEGIN")
             self._conn.executemany(
@@ -428,10 +429,14 @@ class Catalog:
                 [(now, ns, oid, now) for ns, oid, _, _ in entries],
             )
 
+    def may_have_crashes(self, namespace: str, object_id: str) -> bool:
+        """Whether ``nj_crashes`` may hold tokens of the object (no statement)."""
+        return (namespace, object_id) in self._crashed
+
     def crashes(self, namespace: str, object_id: str) -> list[tuple[str, float]]:
         """(token, started) of the work this object was doing when a process died."""
-        if not self._crashes:
-            return []  # (none stored since the catalog opened empty of them)
+        if (namespace, object_id) not in self._crashed:
+            return []  # (none stored when the catalog opened, nor added since)
         return [
             (str(token), float(started)) for token, started in self._conn.execute(
                 "SELECT token, started FROM nj_crashes WHERE namespace = ? AND object_id = ?",

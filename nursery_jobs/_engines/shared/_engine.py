@@ -113,10 +113,6 @@ class SharedEngine(CatalogEngine):
         # (``due``, ``next_alarm_after``, ``get_alarm``) before the shared database does.
         self._unshipped: dict[Key, tuple[float | None, int]] = {}
         self._conn: sqlite3.Connection | None = None
-        # The objects that may hold crash tokens: those stored when the engine opened
-        # (only ``open`` adds tokens; the data directory's lock makes this runtime the
-        # only writer). Any other activation skips the read (~8 us of a cold fire).
-        self._may_have_crashed: set[Key] = set()
         self._ship_passes = 0
         self._ships = 0
         self._rows_shipped = 0
@@ -176,8 +172,6 @@ class SharedEngine(CatalogEngine):
                            len(crashed), self.path)
             self.catalog.add_crashes(crashed, now)
         self.flight.wipe()
-        self._may_have_crashed = {(str(ns), str(oid)) for ns, oid in self._conn.execute(
-            "SELECT DISTINCT namespace, object_id FROM nj_crashes")}
 
     def close(self) -> None:
         for state in list(self._active.values()):
@@ -255,7 +249,7 @@ class SharedEngine(CatalogEngine):
                 alarm = None if kept[0] is None else (kept[0], kept[1])
             elif registered[1] is not None:
                 alarm = (float(registered[1]), int(registered[2]))
-            if key in self._may_have_crashed:
+            if self.catalog.may_have_crashes(namespace, object_id):  # (~8 us a read)
                 tokens = self.catalog.crashes(namespace, object_id)
         # (Not registered: it never shipped, or was destroyed; either way the shared
         # database holds no rows, no alarm and no crash token of it that counts — a
