@@ -132,11 +132,6 @@ class ObjectContext:
         return self._claim(owner, handler, policy)
 
 
-def registered(namespace: str) -> type[DurableObject] | None:
-    """The class defined (imported) for a namespace in this process, if any."""
-    return _REGISTRY.get(namespace)
-
-
 def resolve_namespace(namespace: str, class_path: str | None) -> type[DurableObject] | None:
     """Find the class of a namespace: the registry, else import its recorded path."""
     cls = _REGISTRY.get(namespace)

@@ -31,7 +31,7 @@ from nursery_jobs._core._limits import JobLimits, check_limits
 from nursery_jobs._core._location import engine_for
 from nursery_jobs._core._memory import MemoryWatch
 from nursery_jobs._core._metrics import Metrics
-from nursery_jobs._core._object import DurableObject, registered, resolve_namespace
+from nursery_jobs._core._object import DurableObject, resolve_namespace
 from nursery_jobs._core._stall import StallWatch
 from nursery_jobs._core._tracing import Tracing, tracing_for
 from nursery_jobs._core._turns import SlowTurns, adopt_chain, call_chain, forget_chain
@@ -499,7 +499,7 @@ class Runtime:
         self, namespace: str, object_id: str, name: str, args: tuple[Any, ...],
         kwargs: dict[str, Any], chain: tuple[str, ...],
     ) -> Any:
-        cls = self._class_of(namespace)
+        cls = resolve_namespace(namespace, self.engine.class_path(namespace))
         if cls is None:
             raise RpcError(f"no class is registered for namespace {namespace!r} on this host")
         host = await self._activate(cls, namespace, object_id)
@@ -509,13 +509,6 @@ class Runtime:
             return await host.call(name, args, kwargs)
         finally:
             forget_chain(token)
-
-    def _class_of(self, namespace: str) -> type[DurableObject] | None:
-        """The class of a namespace: the registry's, else the one its recorded path
-        names (read only then: a statement on the catalog for every alarm delivered
-        and call served, ~8 us of a cold fire's ~1 ms)."""
-        return registered(namespace) or resolve_namespace(
-            namespace, self.engine.class_path(namespace))
 
     def serves(self, namespace: str, class_path: str | None) -> bool:
         return resolve_namespace(namespace, class_path) is not None
@@ -547,7 +540,7 @@ class Runtime:
 
     async def _activate_and_run(self, namespace: str, object_id: str) -> None:
         async with self._limiter:
-            cls = self._class_of(namespace)
+            cls = resolve_namespace(namespace, self.engine.class_path(namespace))
             if cls is None:
                 retry_unreachable(
                     self.engine, self.events, namespace, object_id, "alarm:orphaned",
