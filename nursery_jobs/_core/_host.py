@@ -592,34 +592,46 @@ class ObjectHost:
                 await trio.lowlevel.checkpoint()
                 raise ObjectMoved(str(exc)) from exc
         kind = method_turn(fn)
+        if kind == "write":
+            return await self.run_write(f"call {name}()", partial(_run, fn, args, kwargs))
         turns = self.turns
         with self.working() as scope:
             if self.dormant:
                 await self.awaken()
-            if kind == "write":
-                # Startup and the method in one turn: nothing runs between them. Writes
-                # outside the alarm run's group commit as they are made; where commits
-                # ship (PostgreSQL), they ship before the turn ends. So what the caller
-                # is told has happened is durable (the output gate), and nothing else
-                # has run in the object since. (A call that re-entered a job's turn
-                # commits with the job.)
-                async with turns.turn("write", f"call {name}()"):
-                    if self._startup:
-                        await self.call_startup()
+            if self._startup:
+                async with turns.turn("write", "startup"):
+                    await self.call_startup()
+            if kind == "read":
+                async with turns.turn("read", f"call {name}()"):
                     result = await _run(fn, args, kwargs)
-                    await self.sync()
-            else:
-                if self._startup:
-                    async with turns.turn("write", "startup"):
-                        await self.call_startup()
-                if kind == "read":
-                    async with turns.turn("read", f"call {name}()"):
-                        result = await _run(fn, args, kwargs)
-                else:  # @nj.interleave: no turn (it enters ctx.turn() to write)
-                    result = await _run(fn, args, kwargs)
-                    await self.sync()
+            else:  # @nj.interleave: no turn (it enters ctx.turn() to write)
+                result = await _run(fn, args, kwargs)
+                await self.sync()
         if scope.cancelled_caught:
             raise ObjectResetError(f"{self.label} was reset during {name}()")
+        return result
+
+    async def run_write(self, holder: str, fn: Callable[[], Awaitable[Any]]) -> Any:
+        """``await fn()`` as a write call of the object runs: resident and awake from
+        here to its end, in one write turn with startup. Writes outside the alarm run's
+        group commit as they are made; where commits ship (PostgreSQL, the shared
+        layout) they ship before the turn ends. So what the caller is told has happened
+        is durable (the output gate), and nothing else has run in the object since. (A
+        call that re-entered a job's turn commits with the job.) Checkpoints.
+
+        Raises:
+            ObjectResetError: the object was reset meanwhile.
+        """
+        with self.working() as scope:
+            if self.dormant:
+                await self.awaken()
+            async with self.turns.turn("write", holder):
+                if self._startup:
+                    await self.call_startup()
+                result = await fn()
+                await self.sync()
+        if scope.cancelled_caught:
+            raise ObjectResetError(f"{self.label} was reset during {holder}")
         return result
 
     def on_startup(self, hook: Callable[[], Awaitable[None]]) -> None:

@@ -16,9 +16,9 @@ import signal
 import sqlite3
 import threading
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import ExitStack, asynccontextmanager
-from typing import Any, Final, Literal, Protocol
+from typing import Any, Final, Literal, Protocol, TypeVar
 
 import attrs
 import psutil
@@ -52,6 +52,7 @@ from nursery_jobs._events import Event, EventBus
 from nursery_jobs._policy import Limit
 
 logger = logging.getLogger("nursery_jobs")
+T = TypeVar("T")
 
 Durability = Literal["normal", "full"]
 _SYNCHRONOUS: Final = {"normal": "NORMAL", "full": "FULL"}
@@ -452,18 +453,28 @@ class Runtime:
 
     async def activate(self, cls: type[DurableObject], object_id: str) -> DurableObject:
         """Activate an object (running its startup) and return its instance."""
+        return await self.run_in(cls, object_id, "startup (rt.activate)", _itself)
+
+    async def run_in(self, cls: type[DurableObject], object_id: str, holder: str,
+                     fn: Callable[[DurableObject], Awaitable[T]]) -> T:
+        """``await fn(instance)`` in the object, as a write call of it runs
+        (``ObjectHost.run_write``): resident and awake from activation to the end,
+        startup first, in one write turn whose commits are durable when it returns.
+        For the operator faces (the dashboard's actions). Checkpoints.
+
+        Raises:
+            ObjectResetError: the object was reset meanwhile.
+        """
         host = await self._activate(cls, cls.namespace, check_object_id(object_id))
-        # As work of the object: it stays resident, and awake, meanwhile (a dormant
-        # one is opened first: the startup reads its database; the caller uses the
-        # instance at once).
-        with host.working() as scope:
-            await host.awaken()
-            async with host.turns.turn("write", "startup (rt.activate)"):
-                await host.call_startup()
-        instance = host.instance
-        if scope.cancelled_caught or instance is None:
-            raise ObjectResetError(f"{host.label} was reset while it was being activated")
-        return instance
+
+        async def run() -> T:
+            instance = host.instance
+            if instance is None:
+                raise ObjectResetError(f"{host.label} was reset during {holder}")
+            return await fn(instance)
+
+        result: T = await host.run_write(holder, run)
+        return result
 
     @property
     def closing(self) -> bool:
@@ -812,6 +823,11 @@ def install_http_face(face: HttpFace) -> None:
     """Make ``open_runtime(http=...)`` serve through ``face``."""
     global _http_face
     _http_face = face
+
+
+async def _itself(instance: DurableObject) -> DurableObject:
+    await trio.lowlevel.checkpoint()
+    return instance
 
 
 def _only(group: BaseExceptionGroup[BaseException], error: BaseException) -> bool:

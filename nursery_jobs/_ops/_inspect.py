@@ -19,7 +19,7 @@ import shutil
 import sqlite3
 import struct
 import tempfile
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Awaitable, Callable, Generator, Iterator
 from pathlib import Path
 from time import perf_counter
 from typing import TYPE_CHECKING, Any, Final, Literal, Protocol, TypeVar, cast, runtime_checkable
@@ -1296,15 +1296,8 @@ class RuntimeSource(_FileSource):
             yield found
 
     def _lifecycle(self, namespace: str, object_id: str) -> Any:
-        from nursery_jobs._jobs._lifecycle import Lifecycle
-
         instance = self.rt.active_instance(namespace, object_id)
-        if instance is None:
-            return None
-        for value in vars(instance).values():
-            if isinstance(value, Lifecycle):
-                return value
-        return None
+        return None if instance is None else _lifecycle_of(instance)
 
     def _running_id(self, row: ObjectRow) -> str | None:
         lifecycle = self._lifecycle(row.namespace, row.id)
@@ -1322,25 +1315,47 @@ class RuntimeSource(_FileSource):
 
     # -- the dashboard's write actions (only with http_writes) ---------------------------
     async def requeue(self, namespace: str, object_id: str, owner: str, job_id: str) -> bool:
-        """Requeue a dead letter through the object's Lifecycle (activating it)."""
-        lifecycle = await self._activated_lifecycle(namespace, object_id)
-        async with lifecycle.ctx.turn():
+        """Requeue a dead letter through the object's Lifecycle, as a write call of the
+        object (activating it; durable when it returns)."""
+
+        async def requeue(lifecycle: Any) -> bool:
             return await lifecycle.requeue(job_id, owner=owner) is not None
 
+        return await self._in_lifecycle(namespace, object_id, "dashboard requeue", requeue)
+
     async def discard(self, namespace: str, object_id: str, owner: str, job_id: str) -> bool:
-        """Delete a dead letter through the object's job table (activating it)."""
-        lifecycle = await self._activated_lifecycle(namespace, object_id)
-        async with lifecycle.ctx.turn():
+        """Delete a dead letter through the object's job table, as a write call of the
+        object (activating it; durable when it returns)."""
+
+        async def discard(lifecycle: Any) -> bool:
             return bool(await lifecycle.discard(job_id, owner=owner))
 
-    async def _activated_lifecycle(self, namespace: str, object_id: str) -> Any:
+        return await self._in_lifecycle(namespace, object_id, "dashboard discard", discard)
+
+    async def _in_lifecycle(self, namespace: str, object_id: str, holder: str,
+                            fn: Callable[[Any], Awaitable[bool]]) -> bool:
+        """``await fn(lifecycle)`` in a write turn of the object (``Runtime.run_in``:
+        resident from activation to the end, so that no eviction comes in between)."""
         from nursery_jobs._core._object import resolve_namespace
 
         cls = resolve_namespace(namespace, self.rt.engine.class_path(namespace))
         if cls is None:
             raise UnknownObjectError(f"no class is registered for namespace {namespace!r}")
-        await self.rt.activate(cls, object_id)
-        lifecycle = self._lifecycle(namespace, object_id)
-        if lifecycle is None:
-            raise UnknownObjectError(f"{namespace}/{object_id} has no Lifecycle")
-        return lifecycle
+
+        async def run(instance: Any) -> bool:
+            lifecycle = _lifecycle_of(instance)
+            if lifecycle is None:
+                raise UnknownObjectError(f"{namespace}/{object_id} has no Lifecycle")
+            return await fn(lifecycle)
+
+        return await self.rt.run_in(cls, object_id, holder, run)
+
+
+def _lifecycle_of(instance: object) -> Any:
+    """The Lifecycle an object installed, or None."""
+    from nursery_jobs._jobs._lifecycle import Lifecycle
+
+    for value in vars(instance).values():
+        if isinstance(value, Lifecycle):
+            return value
+    return None
