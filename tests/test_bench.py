@@ -49,6 +49,7 @@ def test_the_benchmark_reports_every_figure(tmp_path: Path) -> None:
     (["--objects", "--object-sizes", "10,x"], "--object-sizes: a comma-separated list"),
     (["--objects", "--object-sizes", "0"], "--object-sizes: every count must be at least 1"),
     (["--objects", "--runs", "0"], "--runs must be at least 1"),
+    (["--dir", "/nonexistent/nj-bench"], "--dir /nonexistent/nj-bench: no such directory"),
 ])
 def test_options_that_do_not_apply_are_refused(
     option: list[str], error: str, capsys: pytest.CaptureFixture[str],

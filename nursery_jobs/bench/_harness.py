@@ -448,6 +448,8 @@ def main(argv: list[str] | None = None) -> int:
                           (args.calls_only or None, "--calls-only")):
         if given is not None:
             parser.error(f"{option} applies to --engine postgres only")
+    if args.dir is not None and not args.dir.is_dir():
+        parser.error(f"--dir {args.dir}: no such directory (create it first)")
     n = 20_000 if args.n is None else args.n
     if n < 100:
         parser.error("-n must be at least 100")
