@@ -6,10 +6,11 @@ writing statement carries, and the first key since the last ship calls
 from __future__ import annotations
 
 import sqlite3
+from typing import Any
 
 import pytest
 
-from nursery_jobs._engines.postgres._copy import load_copy
+from nursery_jobs._engines.postgres._copy import captured_rows, load_copy
 from nursery_jobs._engines.shared._object import Capture, new_copy
 
 
@@ -46,4 +47,47 @@ def test_a_rolled_back_write_leaves_no_key() -> None:
         conn.execute("INSERT INTO nj_kv (key, value) VALUES ('k', '1')")
         conn.execute("ROLLBACK")
         assert conn.execute("SELECT count(*) FROM nj_changed").fetchone() == (0,), name
+        conn.close()
+
+
+def _take(conn: sqlite3.Connection) -> tuple[list[Any], list[Any], list[Any]]:
+    """What a ship takes of a copy: the captured keys, and the rows behind them."""
+    keys = conn.execute("SELECT tbl, key FROM nj_changed").fetchall()
+    return (keys, *captured_rows(conn, keys))
+
+
+def test_the_captured_rows_are_taken_with_their_keys_once() -> None:
+    """One key of a table, several (composite keys too), and deleted rows: each comes
+    out once, as it is now, and the keys are gone after."""
+    for name, conn, _ in _copies():
+        conn.execute("INSERT INTO nj_kv (key, value) VALUES ('gone', '0')")
+        _take(conn)
+        conn.execute("BEGIN")
+        conn.execute("INSERT INTO nj_kv (key, value) VALUES ('k', '1')")
+        conn.execute("DELETE FROM nj_kv WHERE key = 'gone'")
+        for attempt in (1, 2):
+            conn.execute("INSERT INTO nj_attempts (owner, id, attempt, started, seconds,"
+                         " error) VALUES ('host', 'j', ?, 1.0, 0.5, 'e')", (attempt,))
+        conn.execute("COMMIT")
+        keys, upserts, deletes = _take(conn)
+        assert sorted(keys) == [("nj_attempts", '["host","j",1]'),
+                                ("nj_attempts", '["host","j",2]'),
+                                ("nj_kv", "gone"), ("nj_kv", "k")], name
+        assert sorted(upserts) == [
+            ("nj_attempts", '["host","j",1]', '["host", "j", 1, 1.0, 0.5, "e"]'),
+            ("nj_attempts", '["host","j",2]', '["host", "j", 2, 1.0, 0.5, "e"]'),
+            ("nj_kv", "k", '["k", "1"]')], name
+        assert deletes == [("nj_kv", "gone")], name
+        assert _take(conn) == ([], [], []), name
+        conn.close()
+
+
+def test_a_failed_read_of_the_captured_rows_leaves_the_keys_captured() -> None:
+    for name, conn, _ in _copies():
+        conn.execute("INSERT INTO nj_kv (key, value) VALUES ('k', '1')")
+        conn.execute("INSERT INTO nj_changed (tbl, key) VALUES ('nj_unknown', 'x')")
+        with pytest.raises(KeyError):
+            _take(conn)
+        assert sorted(conn.execute("SELECT tbl, key FROM nj_changed").fetchall()) == [
+            ("nj_kv", "k"), ("nj_unknown", "x")], name
         conn.close()
