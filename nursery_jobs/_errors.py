@@ -104,8 +104,8 @@ class CallCodecError(CodecError):
         self.method = method
         self.part = part
 
-    def __reduce__(self) -> tuple[Any, ...]:  # (travels pickled between hosts)
-        return (type(self), (str(self), self.method, self.part))
+    def __reduce__(self) -> tuple[Any, ...]:  # (what it is built from again: by a pickle,
+        return (type(self), (str(self), self.method, self.part))  # and between hosts)
 
 
 class RuntimeLockedError(NurseryJobsError):
@@ -173,7 +173,7 @@ class TurnError(StorageError):
         super().__init__(message)
         self.object_label = object_label
 
-    def __reduce__(self) -> tuple[Any, ...]:  # (it travels pickled between hosts)
+    def __reduce__(self) -> tuple[Any, ...]:  # (a pickle of it: keyword-only state)
         return (_turn_error, (str(self), self.object_label))
 
 

@@ -2,8 +2,10 @@
 row of ``nj_calls`` plus a notification on the owner's channel; the owner runs it as a
 local stub call and answers the same way. Arguments and results go through the payload
 codec, in the envelope every engine's stub call copies through (``_codec.encode_call``,
-``encode_result``); an exception raised by the call travels pickled (an ``RpcError``
-naming it when it cannot).
+``encode_result``); an exception raised by the call travels as data — its class's name,
+its args and attributes through the same codec — and is rebuilt by the caller from a
+class it has loaded (an ``RpcError`` naming it where it cannot be): never pickled, since
+anyone who may NOTIFY on a host's channel can forge an answer.
 
 Three round trips carry a call (issue 26): the caller's insert + notify; the owner's take,
 run by its listening thread on its own connection in the moment it hears of the call (no
@@ -22,16 +24,21 @@ and its next poll runs the ones it finds running, once (``CallRouter.take_failed
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import logging
-import pickle
+import sys
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 import trio
 
-from nursery_jobs._codec import decode_call, decode_payload, encode_call, encode_result
+from nursery_jobs._codec import (
+    decode_call,
+    decode_payload,
+    encode_call,
+    encode_payload,
+    encode_result,
+)
 from nursery_jobs._errors import (
     NurseryJobsError,
     ObjectLeasedElsewhere,
@@ -207,21 +214,69 @@ def _pending(conn: Conn, me: str) -> list[int]:
 
 
 def _dump_error(exc: BaseException, label: str) -> str:
+    """An exception as answer text: its class (module and qualified name), ``args`` and
+    attributes through the payload codec — data, never a pickle (an answer can be
+    forged by anyone who may NOTIFY on the caller's channel or write ``nj_calls``). One
+    this host cannot rebuild from that, as the caller will (``_load_error``), or whose
+    parts the codec cannot carry, travels as an ``RpcError`` naming it."""
+    cls = type(exc)
+    # The arguments it is built again from, as a pickle would rebuild it: its
+    # ``__reduce__``'s where that names its class (an OSError's carry its filename,
+    # which ``args`` lacks), else ``args``.
+    reduced = exc.__reduce__()
+    args = reduced[1] if isinstance(reduced, tuple) and reduced[0] is cls else exc.args
+    record = {"type": f"{cls.__module__}:{cls.__qualname__}", "args": list(args),
+              "state": dict(vars(exc))}
     try:
-        data = pickle.dumps(exc)
-        pickle.loads(data)
+        text = encode_payload(record)
+        _rebuilt(decode_payload(text))
     except Exception:
-        data = pickle.dumps(RpcError(f"{label} raised {type(exc).__qualname__}: {exc}"))
-    return base64.b64encode(data).decode()
+        text = encode_payload({"type": f"{RpcError.__module__}:{RpcError.__qualname__}",
+                               "args": [f"{label} raised {cls.__qualname__}: {exc}"],
+                               "state": {}})
+    assert text is not None
+    return text
 
 
 def _load_error(text: str | None, label: str) -> BaseException:
+    """The exception an answer carries (``_dump_error``), or an ``RpcError`` naming what
+    cannot be rebuilt. Runs no code but the exception class's own ``__init__``: a class
+    is only looked up among the modules this process has imported (nothing is imported
+    for it), and must be an ``Exception``."""
     try:
-        exc = pickle.loads(base64.b64decode(text or ""))
-    except Exception as load_error:
-        return RpcError(f"{label} raised an exception this host cannot load: {load_error}")
-    if not isinstance(exc, BaseException):
-        return RpcError(f"{label}: the answer is not an exception")
+        return _rebuilt(decode_payload(text))
+    except _Unknown as unknown:
+        return RpcError(f"{label} raised {unknown}: no exception class this host has"
+                        " loaded")
+    except Exception as exc:
+        return RpcError(f"{label} raised an exception this host cannot read: {exc}")
+
+
+class _Unknown(Exception):
+    """An answer names no ``Exception`` class loaded here (its text: the name and the
+    args)."""
+
+
+def _rebuilt(record: object) -> Exception:
+    if not isinstance(record, dict) or set(record) != {"type", "args", "state"}:
+        raise ValueError("not an exception record")
+    kind, args, state = record["type"], record["args"], record["state"]
+    if not isinstance(kind, str) or not isinstance(args, list) or not isinstance(state, dict):
+        raise ValueError("not an exception record")
+    module_name, _, qualname = kind.partition(":")
+    found: object = sys.modules.get(module_name)
+    for part in qualname.split("."):
+        found = getattr(found, part, None) if part and part != "<locals>" else None
+    if not (isinstance(found, type) and issubclass(found, Exception)):
+        raise _Unknown(f"{kind}: {', '.join(map(str, args))}")
+    try:
+        exc = found(*args)
+    except TypeError:
+        # Its ``__init__`` takes what ``args`` lacks (keyword-only state, say): built
+        # as a pickle of it would be without its ``__reduce__``, its attributes set below.
+        exc = found.__new__(found, *args)
+        exc.args = tuple(args)
+    exc.__dict__.update(state)
     return exc
 
 

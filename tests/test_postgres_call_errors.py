@@ -1,0 +1,160 @@
+"""An exception raised by a call forwarded to another host comes back typed — as data,
+never pickled (DESIGN.md §9 "Calls across hosts": same exceptions; README: nothing is
+ever pickled). An answer is text that anyone able to ``NOTIFY`` on the caller's channel,
+or to write ``nj_calls``, can forge: reading it must never run code."""
+
+from __future__ import annotations
+
+import base64
+import os
+import pickle
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+import trio
+from pg_support import eventually, sql
+
+psycopg = pytest.importorskip("psycopg")  # the postgres extra; CI installs it (dev)
+
+import nursery_jobs as nj
+from nursery_jobs._engines.postgres._calls import answer_note, channel
+from nursery_jobs._engines.postgres._engine import PostgresEngine
+
+
+class QuotaExceeded(Exception):
+    """A user's exception with state of its own beside its message."""
+
+    def __init__(self, message: str, *, limit: int = 0) -> None:
+        super().__init__(message)
+        self.limit = limit
+
+
+class Unreadable(Exception):
+    """Its args hold what the payload codec cannot carry."""
+
+
+class Fragile(nj.DurableObject):
+    namespace = "tests.pg_call_errors.Fragile"
+    started: ClassVar[trio.Event | None] = None
+
+    async def here(self) -> Any:
+        return self.ctx.env
+
+    async def key_error(self) -> None:
+        raise KeyError("missing", 3)
+
+    async def quota(self) -> None:
+        raise QuotaExceeded("over quota", limit=10)
+
+    async def library_error(self) -> None:
+        raise nj.JobError("bad job")
+
+    async def turn_error(self) -> None:
+        raise nj.TurnError("no turn held", object_label="ns/x")
+
+    async def unreadable(self) -> None:
+        raise Unreadable(object())
+
+    async def os_error(self) -> None:
+        raise FileNotFoundError(2, "No such file or directory", "/nowhere")
+
+    async def stuck(self, seconds: float) -> str:
+        if Fragile.started is not None:
+            Fragile.started.set()
+        await trio.sleep(seconds)
+        return "done"
+
+
+async def test_exceptions_come_back_typed_with_their_args_and_state(pg_dsn: str) -> None:
+    async with nj.open_runtime(PostgresEngine(pg_dsn), env="A") as a, \
+            nj.open_runtime(PostgresEngine(pg_dsn), env="B") as b:
+        assert await a.get(Fragile, "f").here() == "A"
+        stub = b.get(Fragile, "f")
+        assert await stub.here() == "A"  # (forwarded: A holds it)
+        with pytest.raises(KeyError) as key_error:
+            await stub.key_error()
+        assert key_error.value.args == ("missing", 3)
+        with pytest.raises(QuotaExceeded) as quota:
+            await stub.quota()
+        assert (str(quota.value), quota.value.limit) == ("over quota", 10)
+        with pytest.raises(nj.JobError, match="bad job"):
+            await stub.library_error()
+        with pytest.raises(nj.TurnError, match="no turn held") as turn_error:
+            await stub.turn_error()
+        assert turn_error.value.object_label == "ns/x"
+        with pytest.raises(FileNotFoundError) as missing:
+            await stub.os_error()
+        assert (missing.value.errno, missing.value.filename) == (2, "/nowhere")
+        # What the codec cannot carry comes back as an RpcError naming what was raised.
+        with pytest.raises(nj.RpcError, match=r"raised .*Unreadable"):
+            await stub.unreadable()
+
+
+async def test_a_forged_answer_runs_no_code(pg_dsn: str, tmp_path: Path) -> None:
+    """A pickle put in an answer notification, as anyone who may NOTIFY can: the caller
+    gets an RpcError, and the pickle's code never ran."""
+    marker = tmp_path / "pwned"
+
+    class Evil:
+        def __reduce__(self) -> tuple[Any, ...]:
+            return (os.mkdir, (str(marker),))
+
+    forged = base64.b64encode(pickle.dumps(Evil())).decode()
+    Fragile.started = trio.Event()
+    try:
+        async with nj.open_runtime(PostgresEngine(pg_dsn), env="A") as a, \
+                nj.open_runtime(PostgresEngine(pg_dsn), env="B") as b:
+            assert await a.get(Fragile, "f").here() == "A"
+            caught: list[BaseException] = []
+
+            async def call() -> None:
+                try:
+                    await b.get(Fragile, "f").stuck(30)
+                except Exception as exc:
+                    caught.append(exc)
+
+            with trio.fail_after(20):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(call)
+                    await Fragile.started.wait()
+                    [(call_id,)] = sql(pg_dsn, "SELECT id FROM nj_calls")
+                    note = answer_note(call_id, "error", forged)
+                    sql(pg_dsn, "SELECT pg_notify(%s, %s)",
+                        (channel(b.engine.host_id), note))  # type: ignore[attr-defined]
+                    await eventually(lambda: bool(caught))
+                    nursery.cancel_scope.cancel()
+            assert not marker.exists(), "the forged pickle ran"
+            assert isinstance(caught[0], nj.RpcError), caught
+            assert "cannot read" in str(caught[0])
+    finally:
+        Fragile.started = None
+
+
+NOT_LOADED = "no exception class this host has loaded"
+
+
+@pytest.mark.parametrize(("record", "says"), [
+    ('{"type": "os:system", "args": ["touch /tmp/x"], "state": {}}', NOT_LOADED),
+    ('{"type": "builtins:SystemExit", "args": [1], "state": {}}', NOT_LOADED),
+    ('{"type": "evil_module_never_imported:Boom", "args": [], "state": {}}', NOT_LOADED),
+    ('{"type": "builtins:ValueError", "args": "x", "state": {}}', "cannot read"),
+    ('{"$t": "record", "n": "os.system", "v": []}', "cannot read"),
+    ("gASVAAAA", "cannot read"),  # (base64 of a pickle's opening bytes)
+    (None, "cannot read"),
+])
+def test_answer_text_that_is_no_exception_record_is_an_rpc_error(
+    record: str | None, says: str,
+) -> None:
+    from nursery_jobs._engines.postgres._calls import _load_error
+
+    error = _load_error(record, "ns/o.m()")
+    assert isinstance(error, nj.RpcError) and says in str(error), error
+    assert "ns/o.m()" in str(error)
+
+
+def test_an_exception_record_round_trips() -> None:
+    from nursery_jobs._engines.postgres._calls import _dump_error, _load_error
+
+    error = _load_error(_dump_error(QuotaExceeded("over", limit=3), "l"), "l")
+    assert type(error) is QuotaExceeded and error.limit == 3 and str(error) == "over"
