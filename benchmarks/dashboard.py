@@ -42,7 +42,7 @@ import trio
 
 import nursery_jobs as nj
 from nursery_jobs._ops import _web
-from nursery_jobs._ops._inspect import OfflineSource
+from nursery_jobs._ops._sources import OfflineSource
 
 PATHS = ["/", "/?page=100", "/api/objects", "/metrics"]
 
@@ -298,7 +298,7 @@ PAGE_WORK = [0.0]  # seconds of the loop spent reading and rendering pages
 def _count_page_work() -> None:
     """Adds up the loop's time spent on pages: reads of every object (their slices'
     work), the object API's steps, rendering and the live counters."""
-    from nursery_jobs._ops import _inspect
+    from nursery_jobs._ops import _slices
 
     def timed(fn: Any) -> Any:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -311,14 +311,14 @@ def _count_page_work() -> None:
 
     _web.Dashboard._render = timed(_web.Dashboard._render)  # type: ignore[method-assign]
     _web.Dashboard._live = timed(_web.Dashboard._live)  # type: ignore[method-assign]
-    prefetch = _inspect._FileSource.prefetch
+    prefetch = _slices._FileSource.prefetch
 
     async def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
         found = await prefetch(self, *args, **kwargs)
         PAGE_WORK[0] += found.work
         return found
 
-    _inspect._FileSource.prefetch = counted  # type: ignore[method-assign]
+    _slices._FileSource.prefetch = counted  # type: ignore[method-assign]
 
 
 async def loaded_rate(base: Path, jobs: int, busy: int, clients: int,

@@ -28,15 +28,11 @@ from nursery_jobs._errors import (
     StorageError,
     UnknownObjectError,
 )
-from nursery_jobs._ops._inspect import (
-    Inline,
-    OfflineSource,
-    SourceAccess,
-    is_postgres_address,
-    refuse_if_running,
-)
+from nursery_jobs._ops._inspect import Inline, SourceAccess, is_postgres_address
 from nursery_jobs._ops._inspect_json import printable, report_json
 from nursery_jobs._ops._offline import NoDeadLetter, pause_offline, requeue_offline
+from nursery_jobs._ops._readonly import refuse_if_running
+from nursery_jobs._ops._sources import OfflineSource
 
 # Exit codes: 1 nothing to do (no such dead letter), 2 bad input, 3 in use.
 _IN_USE = 3

@@ -36,7 +36,8 @@ from nursery_jobs._clock import pin_epoch as pin_epoch
 from nursery_jobs._core._object import DurableObject
 from nursery_jobs._core._runtime import Runtime, open_runtime
 from nursery_jobs._errors import NurseryJobsError
-from nursery_jobs._ops._inspect import DeadLetterInfo, JobInfo, RuntimeSource
+from nursery_jobs._ops._inspect import DeadLetterInfo, JobInfo
+from nursery_jobs._ops._sources import RuntimeSource
 
 __all__ = [
     "EPOCH",

@@ -14,8 +14,9 @@ import trio
 from conftest import EPOCH, engine
 
 import nursery_jobs as nj
-from nursery_jobs._ops._inspect import AttemptInfo, _read_attempts
+from nursery_jobs._ops._inspect import AttemptInfo
 from nursery_jobs._ops._offline import requeue_offline, requeue_postgres
+from nursery_jobs._ops._queries import _read_attempts
 from nursery_jobs.testing import run_until_idle
 
 

@@ -12,7 +12,7 @@ import pytest
 import trio
 
 import nursery_jobs as nj
-from nursery_jobs._ops._inspect import RuntimeSource
+from nursery_jobs._ops._sources import RuntimeSource
 from nursery_jobs.testing import run_until_idle
 
 ONCE = nj.RetryOptions(max_attempts=1)

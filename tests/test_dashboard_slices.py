@@ -13,8 +13,9 @@ import trio.testing
 
 import nursery_jobs as nj
 from nursery_jobs import _clock
-from nursery_jobs._ops import _inspect, _web
-from nursery_jobs._ops._inspect import RuntimeSource, Sliced
+from nursery_jobs._ops import _slices, _sources, _web
+from nursery_jobs._ops._slices import Sliced
+from nursery_jobs._ops._sources import RuntimeSource
 
 OBJECTS = 120
 FAIL_ONCE = nj.RetryOptions(max_attempts=1)
@@ -70,7 +71,7 @@ async def test_a_page_over_every_object_lets_the_runtime_run_while_it_reads(
     autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch,
     location: Path | None, path: str, query: str,
 ) -> None:
-    monkeypatch.setattr(_inspect, "SLICE_SECONDS", 0.0)  # a checkpoint after each object
+    monkeypatch.setattr(_slices, "SLICE_SECONDS", 0.0)  # a checkpoint after each object
     async with nj.open_runtime(location, idle_timeout=1) as rt:
         await _fill(rt)
         app = _web.Dashboard(Sliced(RuntimeSource(rt)), clock=_clock.now)
@@ -147,7 +148,7 @@ async def test_concurrent_page_loads_queue_for_two_builders(
     autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch,
     tmp_path: Path,
 ) -> None:
-    monkeypatch.setattr(_inspect, "SLICE_SECONDS", 0.0)
+    monkeypatch.setattr(_slices, "SLICE_SECONDS", 0.0)
     async with nj.open_runtime(tmp_path / "data", idle_timeout=1) as rt:
         await _fill(rt)
         app = _web.Dashboard(Sliced(RuntimeSource(rt)), clock=_clock.now)
@@ -177,7 +178,7 @@ async def test_loads_that_wait_share_the_next_read_of_every_object(
     autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch,
     location: Path | None,
 ) -> None:
-    monkeypatch.setattr(_inspect, "SLICE_SECONDS", 0.0)
+    monkeypatch.setattr(_slices, "SLICE_SECONDS", 0.0)
     async with nj.open_runtime(location, idle_timeout=1) as rt:
         await _fill(rt)
         app = _web.Dashboard(Sliced(RuntimeSource(rt)), clock=_clock.now)
@@ -210,8 +211,8 @@ async def test_the_stopped_directory_is_read_in_slices_too(
     """``nursery-jobs serve``: the same pages, the same slices (offline source)."""
     async with nj.open_runtime(tmp_path / "data", idle_timeout=1) as rt:
         await _fill(rt)
-    monkeypatch.setattr(_inspect, "SLICE_SECONDS", 0.0)
-    source = _inspect.OfflineSource(tmp_path / "data")
+    monkeypatch.setattr(_slices, "SLICE_SECONDS", 0.0)
+    source = _sources.OfflineSource(tmp_path / "data")
     app = _web.Dashboard(Sliced(source), clock=_clock.now)
     ticks = 0
     building = True
@@ -236,7 +237,7 @@ async def test_the_objects_api_reads_its_page_object_by_object_in_slices(
     autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch,
     location: Path | None,
 ) -> None:
-    monkeypatch.setattr(_inspect, "SLICE_SECONDS", 0.0)
+    monkeypatch.setattr(_slices, "SLICE_SECONDS", 0.0)
     async with nj.open_runtime(location, idle_timeout=1) as rt:
         await _fill(rt)
         app = _web.Dashboard(Sliced(RuntimeSource(rt)), clock=_clock.now)

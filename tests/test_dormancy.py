@@ -311,7 +311,7 @@ async def test_dormant_after_is_checked_and_none_keeps_databases_open(
 async def test_the_dashboard_reads_a_dormant_object_as_active(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    from nursery_jobs._ops._inspect import RuntimeSource
+    from nursery_jobs._ops._sources import RuntimeSource
 
     async with nj.open_runtime(tmp_path / "data", idle_timeout=3600, dormant_after=1) as rt:
         counter = rt.get(Counter, "c")

@@ -138,7 +138,7 @@ async def test_the_gauges_count_objects_that_are_not_in_memory(tmp_path: Any) ->
 async def test_serve_exposes_metrics_of_a_stopped_directory(tmp_path: Any) -> None:
     engine.skip_on("memory", "serve reads a data directory")
     engine.skip_on("postgres", "the PostgreSQL source is the one a host's dashboard reads")
-    from nursery_jobs._ops._inspect import OfflineSource
+    from nursery_jobs._ops._sources import OfflineSource
     from nursery_jobs._ops._web import serve_offline
 
     async with nj.open_runtime(tmp_path / "data") as rt:

@@ -14,8 +14,8 @@ from test_dashboard import fetch
 
 import nursery_jobs as nj
 from nursery_jobs._jobs._table import PAUSED_ALL as PAUSED_KEY
-from nursery_jobs._ops._inspect import STRIKES_KEY
 from nursery_jobs._ops._listing import natural_key
+from nursery_jobs._ops._queries import STRIKES_KEY
 from nursery_jobs.testing import run_until_idle
 
 LOOPBACK = ("127.0.0.1", 0)

@@ -168,7 +168,7 @@ async def test_serve_answers_a_catalog_in_use_with_a_typed_status(
     (a runtime started on it, a sqlite3 shell): every page is a 500 'internal error'
     with an ObjectInUseError traceback in the log, instead of a typed 409/503 that
     says the directory is in use."""
-    from nursery_jobs._ops._inspect import OfflineSource
+    from nursery_jobs._ops._sources import OfflineSource
     from nursery_jobs._ops._web import serve_offline
 
     data = tmp_path / "data"
@@ -253,7 +253,7 @@ async def test_inspect_with_the_catalog_held_by_another_process_exits_3(
 HELD_BY_OTHER = """
 import sys
 from pathlib import Path
-from nursery_jobs._ops._inspect import _held_by_another_process
+from nursery_jobs._ops._readonly import _held_by_another_process
 print(_held_by_another_process(Path(sys.argv[1])))
 """
 

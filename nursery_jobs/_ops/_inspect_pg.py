@@ -39,7 +39,6 @@ from nursery_jobs._engines.postgres._schema import ROW_TABLES, TABLES_BY_NAME, c
 from nursery_jobs._errors import DataDirectoryError, StorageError
 from nursery_jobs._jobs._table import PAUSED_ALL, PAUSED_PREFIX
 from nursery_jobs._ops._inspect import (
-    STRIKES_KEY,
     AlarmSummary,
     DataSource,
     DeadLetterInfo,
@@ -50,11 +49,9 @@ from nursery_jobs._ops._inspect import (
     ObjectPage,
     ObjectRow,
     State,
-    _ObjectReader,
-    _payload,
-    letter_page,
-    totals_of,
 )
+from nursery_jobs._ops._queries import STRIKES_KEY, _payload
+from nursery_jobs._ops._readers import _ObjectReader, letter_page, totals_of
 
 if TYPE_CHECKING:
     from nursery_jobs._engines.postgres._engine import PostgresEngine

@@ -30,7 +30,8 @@ from nursery_jobs._errors import (
 )
 from nursery_jobs._jobs._records import ownership_error
 from nursery_jobs._jobs._table import PAUSED_ALL, PAUSED_PREFIX
-from nursery_jobs._ops._inspect import _tables, refuse_if_running
+from nursery_jobs._ops._queries import _tables
+from nursery_jobs._ops._readonly import refuse_if_running
 
 if TYPE_CHECKING:
     from nursery_jobs._engines.postgres._ops import Edit

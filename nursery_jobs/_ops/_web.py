@@ -50,15 +50,14 @@ from nursery_jobs._ops._inspect import (
     ObjectDetail,
     ObjectRow,
     ObjectSummary,
-    RuntimeSource,
-    Sliced,
     SourceAccess,
-    _FileSource,
-    summary_of,
 )
 from nursery_jobs._ops._inspect_json import detail_json, printable, report_json, report_steps
 from nursery_jobs._ops._listing import FILTERS, SORTS, list_objects
 from nursery_jobs._ops._prometheus import CONTENT_TYPE, LiveCounters, exposition, read_scrape
+from nursery_jobs._ops._readers import summary_of
+from nursery_jobs._ops._slices import Sliced, _FileSource
+from nursery_jobs._ops._sources import RuntimeSource
 from nursery_jobs._ops._web_charts import SAMPLE_INTERVAL, ChartData, charts, window_of
 from nursery_jobs._ops._web_charts import Recorder as SampleRecorder
 from nursery_jobs._ops._web_html import (
