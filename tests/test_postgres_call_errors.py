@@ -34,6 +34,20 @@ class Unreadable(Exception):
     """Its args hold what the payload codec cannot carry."""
 
 
+class Unprintable(Exception):
+    """Its args hold what the codec cannot carry, and its ``__str__`` raises."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("no text for this one")
+
+
+class Irreducible(Exception):
+    """Its ``__reduce__`` raises (a pickle of it would fail too)."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        raise TypeError("cannot reduce an Irreducible")
+
+
 class Fragile(nj.DurableObject):
     namespace = "tests.pg_call_errors.Fragile"
     started: ClassVar[trio.Event | None] = None
@@ -58,6 +72,15 @@ class Fragile(nj.DurableObject):
 
     async def os_error(self) -> None:
         raise FileNotFoundError(2, "No such file or directory", "/nowhere")
+
+    async def huge(self) -> None:
+        raise ValueError("x" * 2_000_000)
+
+    async def unprintable(self) -> None:
+        raise Unprintable(object())
+
+    async def irreducible(self) -> None:
+        raise Irreducible("a")
 
     async def stuck(self, seconds: float) -> str:
         if Fragile.started is not None:
@@ -89,6 +112,29 @@ async def test_exceptions_come_back_typed_with_their_args_and_state(pg_dsn: str)
         # What the codec cannot carry comes back as an RpcError naming what was raised.
         with pytest.raises(nj.RpcError, match=r"raised .*Unreadable"):
             await stub.unreadable()
+
+
+@pytest.mark.parametrize(("method", "says"), [
+    ("huge", "raised ValueError: xxx"),
+    ("unprintable", "raised Unprintable"),
+    ("irreducible", "raised Irreducible: a"),
+])
+async def test_an_exception_that_cannot_travel_is_an_rpc_error_and_the_owner_serves_on(
+    pg_dsn: str, method: str, says: str,
+) -> None:
+    """One the codec cannot carry, however it fails to (over 1 MiB, a ``__str__`` that
+    raises, a ``__reduce__`` that raises), comes back as an RpcError naming it, cut to a
+    bounded length; the host that ran the call serves on (the error escaped its answer,
+    crashing its runtime, and the caller waited for an answer that never came)."""
+    with trio.fail_after(30):
+        async with nj.open_runtime(PostgresEngine(pg_dsn), env="A") as a, \
+                nj.open_runtime(PostgresEngine(pg_dsn), env="B") as b:
+            assert await a.get(Fragile, "f").here() == "A"
+            with pytest.raises(nj.RpcError, match=says) as raised:
+                await getattr(b.get(Fragile, "f"), method)()
+            assert f"Fragile/f.{method}()" in str(raised.value)
+            assert len(str(raised.value)) < 3_000  # (cut: ERROR_TEXT_LIMIT)
+            assert await b.get(Fragile, "f").here() == "A"  # (still A's, serving)
 
 
 async def test_a_forged_answer_runs_no_code(pg_dsn: str, tmp_path: Path) -> None:

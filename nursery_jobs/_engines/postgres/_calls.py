@@ -218,24 +218,29 @@ def _dump_error(exc: BaseException, label: str) -> str:
     attributes through the payload codec — data, never a pickle (an answer can be
     forged by anyone who may NOTIFY on the caller's channel or write ``nj_calls``). One
     this host cannot rebuild from that, as the caller will (``_load_error``), or whose
-    parts the codec cannot carry, travels as an ``RpcError`` naming it."""
+    parts the codec cannot carry, travels as an ``RpcError`` naming it. Never raises:
+    whatever of the exception fails (its size, its ``__str__``, its ``__reduce__``), the
+    caller gets an answer, and an error escaping here would end this host's call
+    router."""
+    try:
+        text = encode_payload(_record(exc))
+        _rebuilt(decode_payload(text))
+    except Exception:
+        text = encode_payload(_record(RpcError(f"{label} raised {describe_error(exc)}")))
+    assert text is not None
+    return text
+
+
+def _record(exc: BaseException) -> dict[str, object]:
+    """The data ``_rebuilt`` builds ``exc`` again from."""
     cls = type(exc)
     # The arguments it is built again from, as a pickle would rebuild it: its
     # ``__reduce__``'s where that names its class (an OSError's carry its filename,
     # which ``args`` lacks), else ``args``.
     reduced = exc.__reduce__()
     args = reduced[1] if isinstance(reduced, tuple) and reduced[0] is cls else exc.args
-    record = {"type": f"{cls.__module__}:{cls.__qualname__}", "args": list(args),
-              "state": dict(vars(exc))}
-    try:
-        text = encode_payload(record)
-        _rebuilt(decode_payload(text))
-    except Exception:
-        text = encode_payload({"type": f"{RpcError.__module__}:{RpcError.__qualname__}",
-                               "args": [f"{label} raised {cls.__qualname__}: {exc}"],
-                               "state": {}})
-    assert text is not None
-    return text
+    return {"type": f"{cls.__module__}:{cls.__qualname__}", "args": list(args),
+            "state": dict(vars(exc))}
 
 
 def _load_error(text: str | None, label: str) -> BaseException:
