@@ -82,6 +82,9 @@ class Fragile(nj.DurableObject):
     async def irreducible(self) -> None:
         raise Irreducible("a")
 
+    async def group(self) -> None:
+        raise ExceptionGroup("in a nursery", [KeyError("k"), QuotaExceeded("q", limit=2)])
+
     async def stuck(self, seconds: float) -> str:
         if Fragile.started is not None:
             Fragile.started.set()
@@ -135,6 +138,24 @@ async def test_an_exception_that_cannot_travel_is_an_rpc_error_and_the_owner_ser
             assert f"Fragile/f.{method}()" in str(raised.value)
             assert len(str(raised.value)) < 3_000  # (cut: ERROR_TEXT_LIMIT)
             assert await b.get(Fragile, "f").here() == "A"  # (still A's, serving)
+
+
+async def test_an_exception_group_comes_back_as_a_group_of_its_exceptions(
+    pg_dsn: str,
+) -> None:
+    """A method whose nursery raised: the group comes back an ExceptionGroup of the same
+    exceptions, typed, as on one host (``except*`` works across hosts); it was an
+    RpcError."""
+    async with nj.open_runtime(PostgresEngine(pg_dsn), env="A") as a, \
+            nj.open_runtime(PostgresEngine(pg_dsn), env="B") as b:
+        assert await a.get(Fragile, "f").here() == "A"
+        with pytest.raises(ExceptionGroup) as raised:
+            await b.get(Fragile, "f").group()
+        group = raised.value
+        assert group.message == "in a nursery"
+        key, quota = group.exceptions
+        assert type(key) is KeyError and key.args == ("k",)
+        assert type(quota) is QuotaExceeded and quota.limit == 2
 
 
 async def test_a_forged_answer_runs_no_code(pg_dsn: str, tmp_path: Path) -> None:

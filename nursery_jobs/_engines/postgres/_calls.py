@@ -216,12 +216,12 @@ def _pending(conn: Conn, me: str) -> list[int]:
 def _dump_error(exc: BaseException, label: str) -> str:
     """An exception as answer text: its class (module and qualified name), ``args`` and
     attributes through the payload codec — data, never a pickle (an answer can be
-    forged by anyone who may NOTIFY on the caller's channel or write ``nj_calls``). One
-    this host cannot rebuild from that, as the caller will (``_load_error``), or whose
-    parts the codec cannot carry, travels as an ``RpcError`` naming it. Never raises:
-    whatever of the exception fails (its size, its ``__str__``, its ``__reduce__``), the
-    caller gets an answer, and an error escaping here would end this host's call
-    router."""
+    forged by anyone who may NOTIFY on the caller's channel or write ``nj_calls``); a
+    group's exceptions each as one of their own. One this host cannot rebuild from
+    that, as the caller will (``_load_error``), or whose parts the codec cannot carry,
+    travels as an ``RpcError`` naming it. Never raises: whatever of the exception fails
+    (its size, its ``__str__``, its ``__reduce__``), the caller gets an answer, and an
+    error escaping here would end this host's call router."""
     try:
         text = encode_payload(_record(exc))
         _rebuilt(decode_payload(text))
@@ -234,13 +234,20 @@ def _dump_error(exc: BaseException, label: str) -> str:
 def _record(exc: BaseException) -> dict[str, object]:
     """The data ``_rebuilt`` builds ``exc`` again from."""
     cls = type(exc)
-    # The arguments it is built again from, as a pickle would rebuild it: its
-    # ``__reduce__``'s where that names its class (an OSError's carry its filename,
-    # which ``args`` lacks), else ``args``.
-    reduced = exc.__reduce__()
-    args = reduced[1] if isinstance(reduced, tuple) and reduced[0] is cls else exc.args
-    return {"type": f"{cls.__module__}:{cls.__qualname__}", "args": list(args),
-            "state": dict(vars(exc))}
+    record: dict[str, object] = {"type": f"{cls.__module__}:{cls.__qualname__}"}
+    if isinstance(exc, BaseExceptionGroup):
+        # (Its exceptions are no payload: each travels as a record, in "group".)
+        record["args"] = [exc.message]
+        record["group"] = [_record(sub) for sub in exc.exceptions]
+    else:
+        # The arguments it is built again from, as a pickle would rebuild it: its
+        # ``__reduce__``'s where that names its class (an OSError's carry its
+        # filename, which ``args`` lacks), else ``args``.
+        reduced = exc.__reduce__()
+        args = reduced[1] if isinstance(reduced, tuple) and reduced[0] is cls else exc.args
+        record["args"] = list(args)
+    record["state"] = dict(vars(exc))
+    return record
 
 
 def _load_error(text: str | None, label: str) -> BaseException:
@@ -262,11 +269,16 @@ class _Unknown(Exception):
     args)."""
 
 
+_FIELDS: Final = frozenset({"type", "args", "state"})
+
+
 def _rebuilt(record: object) -> Exception:
-    if not isinstance(record, dict) or set(record) != {"type", "args", "state"}:
+    if not isinstance(record, dict) or not _FIELDS <= set(record) <= _FIELDS | {"group"}:
         raise ValueError("not an exception record")
     kind, args, state = record["type"], record["args"], record["state"]
-    if not isinstance(kind, str) or not isinstance(args, list) or not isinstance(state, dict):
+    group = record.get("group")
+    if (not isinstance(kind, str) or not isinstance(args, list) or not isinstance(state, dict)
+            or not (group is None or (isinstance(group, list) and len(args) == 1))):
         raise ValueError("not an exception record")
     module_name, _, qualname = kind.partition(":")
     found: object = sys.modules.get(module_name)
@@ -274,6 +286,8 @@ def _rebuilt(record: object) -> Exception:
         found = getattr(found, part, None) if part and part != "<locals>" else None
     if not (isinstance(found, type) and issubclass(found, Exception)):
         raise _Unknown(f"{kind}: {', '.join(map(str, args))}")
+    if group is not None:
+        args = [args[0], [_rebuilt(sub) for sub in group]]
     try:
         exc = found(*args)
     except TypeError:
