@@ -225,3 +225,47 @@ def test_an_exception_record_round_trips() -> None:
 
     error = _load_error(_dump_error(QuotaExceeded("over", limit=3), "l"), "l")
     assert type(error) is QuotaExceeded and error.limit == 3 and str(error) == "over"
+
+
+def test_a_forged_record_runs_no_lookup_code(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The class is looked up in namespaces as they stand: a module's ``__getattr__``
+    (a lazy import, as ``concurrent.futures`` and ``dateutil`` have) or a property of an
+    object on the way never runs (they ran: getattr)."""
+    import types
+
+    from nursery_jobs._engines.postgres._calls import _load_error
+
+    ran: list[str] = []
+    lazy = types.ModuleType("nj_test_lazy_module")
+
+    def module_getattr(name: str) -> Any:
+        ran.append(f"__getattr__({name})")
+        return KeyError
+
+    class Holder:
+        @property
+        def error(self) -> type[Exception]:
+            ran.append("property")
+            return KeyError
+
+    lazy.__getattr__ = module_getattr  # type: ignore[method-assign]
+    lazy.holder = Holder()  # type: ignore[attr-defined]
+    monkeypatch.setitem(__import__("sys").modules, lazy.__name__, lazy)
+    for kind in ("nj_test_lazy_module:Anything", "nj_test_lazy_module:holder.error"):
+        record = f'{{"type": "{kind}", "args": ["x"], "state": {{}}}}'
+        error = _load_error(record, "ns/o.m()")
+        assert isinstance(error, nj.RpcError) and NOT_LOADED in str(error), error
+    assert ran == []
+
+
+def test_a_forged_records_text_is_cut_and_its_state_retypes_nothing() -> None:
+    from nursery_jobs._engines.postgres._calls import _load_error
+
+    huge = "y" * 500_000
+    error = _load_error(f'{{"type": "nowhere:{huge}", "args": ["{huge}"], "state": {{}}}}',
+                        "ns/o.m()")
+    assert isinstance(error, nj.RpcError) and len(str(error)) < 3_000, len(str(error))
+    # State keys that name the machinery: the instance's dict holds them, nothing more.
+    error = _load_error('{"type": "builtins:KeyError", "args": ["k"], "state":'
+                        ' {"__class__": "os", "__dict__": 1, "args": [1]}}', "ns/o.m()")
+    assert type(error) is KeyError and error.args == ("k",)

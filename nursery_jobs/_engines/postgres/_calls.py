@@ -27,7 +27,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import sys
-from collections.abc import Awaitable, Callable
+import types
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 import trio
@@ -40,6 +41,7 @@ from nursery_jobs._codec import (
     encode_result,
 )
 from nursery_jobs._errors import (
+    ERROR_TEXT_LIMIT,
     NurseryJobsError,
     ObjectLeasedElsewhere,
     ObjectMoved,
@@ -253,15 +255,17 @@ def _record(exc: BaseException) -> dict[str, object]:
 def _load_error(text: str | None, label: str) -> BaseException:
     """The exception an answer carries (``_dump_error``), or an ``RpcError`` naming what
     cannot be rebuilt. Runs no code but the exception class's own ``__init__``: a class
-    is only looked up among the modules this process has imported (nothing is imported
-    for it), and must be an ``Exception``."""
+    is only looked up among the modules this process has imported, in their namespaces
+    as they stand (nothing is imported for it, no module ``__getattr__`` runs), and
+    must be an ``Exception``."""
     try:
         return _rebuilt(decode_payload(text))
     except _Unknown as unknown:
         return RpcError(f"{label} raised {unknown}: no exception class this host has"
                         " loaded")
     except Exception as exc:
-        return RpcError(f"{label} raised an exception this host cannot read: {exc}")
+        return RpcError(f"{label} raised an exception this host cannot read:"
+                        f" {describe_error(exc)}")
 
 
 class _Unknown(Exception):
@@ -280,12 +284,12 @@ def _rebuilt(record: object) -> Exception:
     if (not isinstance(kind, str) or not isinstance(args, list) or not isinstance(state, dict)
             or not (group is None or (isinstance(group, list) and len(args) == 1))):
         raise ValueError("not an exception record")
-    module_name, _, qualname = kind.partition(":")
-    found: object = sys.modules.get(module_name)
-    for part in qualname.split("."):
-        found = getattr(found, part, None) if part and part != "<locals>" else None
+    found = _loaded_class(kind)
     if not (isinstance(found, type) and issubclass(found, Exception)):
-        raise _Unknown(f"{kind}: {', '.join(map(str, args))}")
+        named = f"{kind}: {', '.join(map(str, args))}"
+        if len(named) > ERROR_TEXT_LIMIT:  # (a forged answer's may be a MiB)
+            named = f"{named[:ERROR_TEXT_LIMIT]}... ({len(named)} chars)"
+        raise _Unknown(named)
     if group is not None:
         args = [args[0], [_rebuilt(sub) for sub in group]]
     try:
@@ -297,6 +301,26 @@ def _rebuilt(record: object) -> Exception:
         exc.args = tuple(args)
     exc.__dict__.update(state)
     return exc
+
+
+def _loaded_class(kind: str) -> object:
+    """What ``kind`` (``module:Qual.Name``) names in a module this process has imported,
+    or None: looked up in the namespaces of the module and of the classes on the way
+    as they stand (dict lookups: no module ``__getattr__``, property or lazy load runs,
+    nothing is imported)."""
+    module_name, _, qualname = kind.partition(":")
+    module = sys.modules.get(module_name)
+    if not isinstance(module, types.ModuleType):
+        return None
+    # (object.__getattribute__: a lazily loaded module's own would load it.)
+    names: Mapping[str, object] = object.__getattribute__(module, "__dict__")
+    found: object = None
+    for part in qualname.split("."):
+        found = names.get(part)
+        if not isinstance(found, type):
+            return None
+        names = found.__dict__
+    return found
 
 
 class CallRouter:
