@@ -36,8 +36,10 @@ from nursery_jobs._errors import (
     DataDirectoryError,
     EngineError,
     HttpError,
+    ObjectFencedError,
     ObjectInUseError,
     ObjectLeasedElsewhere,
+    ObjectResetError,
     StorageError,
     UnknownObjectError,
 )
@@ -404,6 +406,17 @@ class Dashboard:
             # state; a write from here would go behind its back.
             raise HttpError(409, f"{exc}: requeue or discard it on that host's dashboard"
                                  " (or here once that host has let it go)") from None
+        except ObjectFencedError as exc:
+            # (PostgreSQL) This host's copy was resident, but its lease (or its base)
+            # is gone: the fence refused the action's writes; the object was dropped.
+            raise HttpError(409, f"{exc}; nothing was written, and the object was dropped"
+                                 " here: try again, here or on the dashboard of the host"
+                                 " that holds it now") from None
+        except ObjectResetError as exc:
+            # Dropped from memory meanwhile (fenced, a memory reset): the action may
+            # not have run, or not to its end.
+            raise HttpError(503, f"{exc}: look at the object again, and try again if"
+                                 " the dead letter is still there") from None
         message = f"{owner}/{job} {verb}" if done else f"no dead letter {owner}/{job}"
         if form.get("back") == "dead-letters":
             message = f"{namespace}/{object_id}: {message}"
@@ -427,7 +440,8 @@ class Dashboard:
                 else:
                     ok = await self.writer.discard(item.namespace, item.object_id,
                                                    item.letter.owner, item.letter.id)
-            except (UnknownObjectError, ObjectLeasedElsewhere):
+            except (UnknownObjectError, ObjectLeasedElsewhere, ObjectFencedError,
+                    ObjectResetError):
                 ok = False
             done += ok
             left += not ok

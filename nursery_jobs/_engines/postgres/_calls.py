@@ -27,7 +27,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import sys
-from collections.abc import Awaitable, Callable
+import types
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 import trio
@@ -40,6 +41,7 @@ from nursery_jobs._codec import (
     encode_result,
 )
 from nursery_jobs._errors import (
+    ERROR_TEXT_LIMIT,
     NurseryJobsError,
     ObjectLeasedElsewhere,
     ObjectMoved,
@@ -216,40 +218,54 @@ def _pending(conn: Conn, me: str) -> list[int]:
 def _dump_error(exc: BaseException, label: str) -> str:
     """An exception as answer text: its class (module and qualified name), ``args`` and
     attributes through the payload codec — data, never a pickle (an answer can be
-    forged by anyone who may NOTIFY on the caller's channel or write ``nj_calls``). One
-    this host cannot rebuild from that, as the caller will (``_load_error``), or whose
-    parts the codec cannot carry, travels as an ``RpcError`` naming it."""
-    cls = type(exc)
-    # The arguments it is built again from, as a pickle would rebuild it: its
-    # ``__reduce__``'s where that names its class (an OSError's carry its filename,
-    # which ``args`` lacks), else ``args``.
-    reduced = exc.__reduce__()
-    args = reduced[1] if isinstance(reduced, tuple) and reduced[0] is cls else exc.args
-    record = {"type": f"{cls.__module__}:{cls.__qualname__}", "args": list(args),
-              "state": dict(vars(exc))}
+    forged by anyone who may NOTIFY on the caller's channel or write ``nj_calls``); a
+    group's exceptions each as one of their own. One this host cannot rebuild from
+    that, as the caller will (``_load_error``), or whose parts the codec cannot carry,
+    travels as an ``RpcError`` naming it. Never raises: whatever of the exception fails
+    (its size, its ``__str__``, its ``__reduce__``), the caller gets an answer, and an
+    error escaping here would end this host's call router."""
     try:
-        text = encode_payload(record)
+        text = encode_payload(_record(exc))
         _rebuilt(decode_payload(text))
     except Exception:
-        text = encode_payload({"type": f"{RpcError.__module__}:{RpcError.__qualname__}",
-                               "args": [f"{label} raised {cls.__qualname__}: {exc}"],
-                               "state": {}})
+        text = encode_payload(_record(RpcError(f"{label} raised {describe_error(exc)}")))
     assert text is not None
     return text
+
+
+def _record(exc: BaseException) -> dict[str, object]:
+    """The data ``_rebuilt`` builds ``exc`` again from."""
+    cls = type(exc)
+    record: dict[str, object] = {"type": f"{cls.__module__}:{cls.__qualname__}"}
+    if isinstance(exc, BaseExceptionGroup):
+        # (Its exceptions are no payload: each travels as a record, in "group".)
+        record["args"] = [exc.message]
+        record["group"] = [_record(sub) for sub in exc.exceptions]
+    else:
+        # The arguments it is built again from, as a pickle would rebuild it: its
+        # ``__reduce__``'s where that names its class (an OSError's carry its
+        # filename, which ``args`` lacks), else ``args``.
+        reduced = exc.__reduce__()
+        args = reduced[1] if isinstance(reduced, tuple) and reduced[0] is cls else exc.args
+        record["args"] = list(args)
+    record["state"] = dict(vars(exc))
+    return record
 
 
 def _load_error(text: str | None, label: str) -> BaseException:
     """The exception an answer carries (``_dump_error``), or an ``RpcError`` naming what
     cannot be rebuilt. Runs no code but the exception class's own ``__init__``: a class
-    is only looked up among the modules this process has imported (nothing is imported
-    for it), and must be an ``Exception``."""
+    is only looked up among the modules this process has imported, in their namespaces
+    as they stand (nothing is imported for it, no module ``__getattr__`` runs), and
+    must be an ``Exception``."""
     try:
         return _rebuilt(decode_payload(text))
     except _Unknown as unknown:
         return RpcError(f"{label} raised {unknown}: no exception class this host has"
                         " loaded")
     except Exception as exc:
-        return RpcError(f"{label} raised an exception this host cannot read: {exc}")
+        return RpcError(f"{label} raised an exception this host cannot read:"
+                        f" {describe_error(exc)}")
 
 
 class _Unknown(Exception):
@@ -257,18 +273,25 @@ class _Unknown(Exception):
     args)."""
 
 
+_FIELDS: Final = frozenset({"type", "args", "state"})
+
+
 def _rebuilt(record: object) -> Exception:
-    if not isinstance(record, dict) or set(record) != {"type", "args", "state"}:
+    if not isinstance(record, dict) or not _FIELDS <= set(record) <= _FIELDS | {"group"}:
         raise ValueError("not an exception record")
     kind, args, state = record["type"], record["args"], record["state"]
-    if not isinstance(kind, str) or not isinstance(args, list) or not isinstance(state, dict):
+    group = record.get("group")
+    if (not isinstance(kind, str) or not isinstance(args, list) or not isinstance(state, dict)
+            or not (group is None or (isinstance(group, list) and len(args) == 1))):
         raise ValueError("not an exception record")
-    module_name, _, qualname = kind.partition(":")
-    found: object = sys.modules.get(module_name)
-    for part in qualname.split("."):
-        found = getattr(found, part, None) if part and part != "<locals>" else None
+    found = _loaded_class(kind)
     if not (isinstance(found, type) and issubclass(found, Exception)):
-        raise _Unknown(f"{kind}: {', '.join(map(str, args))}")
+        named = f"{kind}: {', '.join(map(str, args))}"
+        if len(named) > ERROR_TEXT_LIMIT:  # (a forged answer's may be a MiB)
+            named = f"{named[:ERROR_TEXT_LIMIT]}... ({len(named)} chars)"
+        raise _Unknown(named)
+    if group is not None:
+        args = [args[0], [_rebuilt(sub) for sub in group]]
     try:
         exc = found(*args)
     except TypeError:
@@ -278,6 +301,26 @@ def _rebuilt(record: object) -> Exception:
         exc.args = tuple(args)
     exc.__dict__.update(state)
     return exc
+
+
+def _loaded_class(kind: str) -> object:
+    """What ``kind`` (``module:Qual.Name``) names in a module this process has imported,
+    or None: looked up in the namespaces of the module and of the classes on the way
+    as they stand (dict lookups: no module ``__getattr__``, property or lazy load runs,
+    nothing is imported)."""
+    module_name, _, qualname = kind.partition(":")
+    module = sys.modules.get(module_name)
+    if not isinstance(module, types.ModuleType):
+        return None
+    # (object.__getattribute__: a lazily loaded module's own would load it.)
+    names: Mapping[str, object] = object.__getattribute__(module, "__dict__")
+    found: object = None
+    for part in qualname.split("."):
+        found = names.get(part)
+        if not isinstance(found, type):
+            return None
+        names = found.__dict__
+    return found
 
 
 class CallRouter:
