@@ -244,9 +244,6 @@ class Moved(nj.DurableObject):
         raise ConnectionError("smtp down")
 
 
-@pytest.mark.xfail(strict=True, reason="needs Runtime.run_in to take the namespace and admit"
-                   " the copy (the fix is described in the review of bbc5f12: _runtime.py"
-                   " and _inspect.py are being split)")
 async def test_an_action_acts_on_the_object_of_the_namespace_it_names(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -268,9 +265,6 @@ async def test_an_action_acts_on_the_object_of_the_namespace_it_names(
         assert (Moved.namespace, "news") not in rt.active_objects()
 
 
-@pytest.mark.xfail(strict=True, reason="needs Runtime.run_in to take the namespace and admit"
-                   " the copy (the fix is described in the review of bbc5f12: _runtime.py"
-                   " and _inspect.py are being split)")
 async def test_an_action_is_not_admitted_on_a_copy_whose_lease_lapsed(pg_dsn: str) -> None:
     """PostgreSQL: as a call, an action starts on a copy only while its lease is known to
     hold (``Leases.admit``). Another host took the object while this host's lease had

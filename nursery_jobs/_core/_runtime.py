@@ -456,16 +456,35 @@ class Runtime:
         return await self.run_in(cls, object_id, "startup (rt.activate)", _itself)
 
     async def run_in(self, cls: type[DurableObject], object_id: str, holder: str,
-                     fn: Callable[[DurableObject], Awaitable[T]]) -> T:
+                     fn: Callable[[DurableObject], Awaitable[T]], *,
+                     namespace: str | None = None) -> T:
         """``await fn(instance)`` in the object, as a write call of it runs
         (``ObjectHost.run_write``): resident and awake from activation to the end,
         startup first, in one write turn whose commits are durable when it returns.
-        For the operator faces (the dashboard's actions). Checkpoints.
+        ``namespace`` is the object's (default the class's: a namespace served through
+        its recorded class path may name another). For the operator faces (the
+        dashboard's actions). Checkpoints.
 
         Raises:
             ObjectResetError: the object was reset meanwhile.
+            ObjectLeasedElsewhere: (PostgreSQL) another live host holds it.
+            ObjectFencedError: (PostgreSQL) this host's lease went meanwhile; nothing
+                written in the object shipped.
         """
-        host = await self._activate(cls, cls.namespace, check_object_id(object_id))
+        namespace = cls.namespace if namespace is None else namespace
+        object_id = check_object_id(object_id)
+        host = await self._activate(cls, namespace, object_id)
+        state = host.state
+        if state is not None and state.ships:
+            try:
+                state.admit()
+            except ObjectFencedError:
+                # (hook(pg)) This host's lease lapsed (as for a call, ``ObjectHost.call``):
+                # the object was dropped here before anything ran; activate it again,
+                # once (taken again here, or ObjectLeasedElsewhere).
+                host = await self._activate(cls, namespace, object_id)
+                if host.state is not None and host.state.ships:
+                    host.state.admit()
 
         async def run() -> T:
             instance = host.instance

@@ -213,7 +213,7 @@ class RuntimeSource(_FileSource):
                 raise UnknownObjectError(f"{namespace}/{object_id} has no Lifecycle")
             return await fn(lifecycle)
 
-        return await self.rt.run_in(cls, object_id, holder, run)
+        return await self.rt.run_in(cls, object_id, holder, run, namespace=namespace)
 
 
 def _lifecycle_of(instance: object) -> Any:
