@@ -286,3 +286,22 @@ async def test_an_action_is_not_admitted_on_a_copy_whose_lease_lapsed(pg_dsn: st
             assert "held by host elsewhere:1:ab" in text, text
             assert sql(pg_dsn, "SELECT count(*) FROM nj_rows"
                                " WHERE tbl = 'nj_dead_letters'") == [(1,)]
+
+
+async def test_an_action_while_the_runtime_shuts_down_answers_503(tmp_path: Path) -> None:
+    """An action that arrives as the runtime closes (the dashboard still serving) is
+    refused with a 503 saying so, not a 500 "internal error"; nothing is written."""
+    async with nj.open_runtime(tmp_path / "data", http=LOOPBACK, http_writes=True,
+                               env={"fail": True}) as rt:
+        await _dead_letter(rt, "news")
+        url, form, headers = await _dashboard(rt)
+        rt._closing = True  # type: ignore[attr-defined]  (as close() sets it first)
+        try:
+            for path, body in (("/actions/discard", form),
+                               ("/actions/discard-matching", {"token": form["token"]})):
+                status, _, text = await fetch(url, path, method="POST",
+                                              body=urlencode(body).encode(), headers=headers)
+                assert status == 503 and "shutting down" in text, (path, status, text)
+        finally:
+            rt._closing = False  # type: ignore[attr-defined]
+        assert await rt.get(Mailer, "news").letters() == ["bounce"]

@@ -40,6 +40,7 @@ from nursery_jobs._errors import (
     ObjectInUseError,
     ObjectLeasedElsewhere,
     ObjectResetError,
+    RuntimeClosedError,
     StorageError,
     UnknownObjectError,
 )
@@ -92,6 +93,8 @@ MAX_PAGE_SIZE: Final = 500
 MAX_PAGE: Final = 10**9
 MAX_QUERY_INT: Final = 10**12
 MAX_ROWS: Final = 10_000
+# An action that arrives as the runtime closes (the dashboard still serving).
+_SHUTTING_DOWN: Final = "{}: the runtime is shutting down; nothing was done"
 RECENT_EVENTS: Final = 200
 MAX_BODY: Final = 16 * 1024
 OBJECT_JOB_LIMIT: Final = 500
@@ -417,6 +420,8 @@ class Dashboard:
             # not have run, or not to its end.
             raise HttpError(503, f"{exc}: look at the object again, and try again if"
                                  " the dead letter is still there") from None
+        except RuntimeClosedError as exc:
+            raise HttpError(503, _SHUTTING_DOWN.format(exc)) from None
         message = f"{owner}/{job} {verb}" if done else f"no dead letter {owner}/{job}"
         if form.get("back") == "dead-letters":
             message = f"{namespace}/{object_id}: {message}"
@@ -443,6 +448,9 @@ class Dashboard:
             except (UnknownObjectError, ObjectLeasedElsewhere, ObjectFencedError,
                     ObjectResetError):
                 ok = False
+            except RuntimeClosedError as exc:
+                raise HttpError(503, f"{exc}: the runtime is shutting down; {done:,} done"
+                                     " before it, the rest left") from None
             done += ok
             left += not ok
         verb = "requeued (due now)" if path == "/actions/requeue-matching" else "discarded"
