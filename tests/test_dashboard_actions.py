@@ -226,7 +226,6 @@ async def test_an_action_whose_object_is_reset_while_it_waits_says_so(pg_dsn: st
                                " WHERE tbl = 'nj_dead_letters'") == [(1,)]
 
 
-
 class Moved(nj.DurableObject):
     """Its objects were stored under ``namespace``; then the namespace was pinned anew
     (the test does it): they are still served, by the class their recorded path names."""
