@@ -118,6 +118,10 @@ class Statements:
         self._inflight_wake = trio.Event()
         self._stall_after = max(lease_ttl * STALL_SHARE, STALL_MIN)
         self._slow_seen = -math.inf  # when a statement was last seen slow
+        # When a statement last came back with an answer (not cancelled, not failed): a
+        # stall ends only after one (a blocked statement its caller gave up on, then the
+        # next one blocked behind the same lock, is one stall, not two).
+        self._answered = -math.inf
         self._stalled_since: float | None = None
 
     def open(self, dsn: str, commit: str) -> None:
@@ -186,13 +190,17 @@ class Statements:
             self._inflight_wake.set()
         sent = lease_clock()
         inflight[id(statement)] = sent
+        answered = False
         try:
             clock = trio.lowlevel.current_clock()
             if not isinstance(clock, trio.testing.MockClock):
-                return await trio.to_thread.run_sync(
+                result = await trio.to_thread.run_sync(
                     run, limiter=self._limiter, abandon_on_cancel=True
                 )
-            return await self._run_held(clock, run)
+            else:
+                result = await self._run_held(clock, run)
+            answered = True
+            return result
         except BaseException as exc:
             if statement.refuse():
                 if isinstance(exc, trio.Cancelled):
@@ -205,8 +213,11 @@ class Statements:
             raise
         finally:
             del inflight[id(statement)]
-            if lease_clock() - sent >= self._stall_after:
-                self._slow_seen = lease_clock()
+            done = lease_clock()
+            if done - sent >= self._stall_after:
+                self._slow_seen = done
+            if answered:
+                self._answered = done  # (a slow one answered counts: the stall is over)
 
     async def _run_held(self, clock: trio.testing.MockClock, run: Callable[[], T]) -> T:
         # Under a MockClock (tests), virtual time must not jump while we wait for the
@@ -229,11 +240,15 @@ class Statements:
 
     async def watch_stalls(self, site: EngineSite) -> None:
         """Emit ``storage:slow`` once per stall: from the first statement unanswered for
-        ``lease_ttl * STALL_SHARE`` until that long passes with no slow statement."""
+        ``lease_ttl * STALL_SHARE`` until a statement is answered and that long passes
+        with no slow statement."""
         after = self._stall_after
         tick = max(after / 4, STALL_TICK_MIN)
         while True:
-            if not self._inflight and self._stalled_since is None:
+            if not self._inflight and (self._stalled_since is None
+                                       or self._answered < self._slow_seen):
+                # (Stalled with nothing out and no answer since: only a statement sent
+                # can end it.)
                 self._inflight_wake = trio.Event()
                 await self._inflight_wake.wait()
             await lease_sleep(tick, self._stopping)
@@ -256,7 +271,7 @@ class Statements:
                               (self._label, now - oldest, waiting,
                                self._lease_ttl * LOCK_TIMEOUT_SHARE,
                                self._lease_ttl * STATEMENT_TIMEOUT_SHARE)))
-            elif self._stalled_since is not None:
+            elif self._stalled_since is not None and self._answered >= self._slow_seen:
                 logger.info("PostgreSQL %s answers again, after a stall of %.1f s",
                             self._label, self._slow_seen - self._stalled_since)
                 self._stalled_since = None
