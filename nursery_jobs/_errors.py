@@ -35,7 +35,7 @@ lookup errors derive from :class:`LookupError`::
      ├─ LimitError (TypeError, ValueError) a bad nj.Limit, or a bad open_runtime(limits=)
      ├─ UnknownCallbackError (ValueError, LookupError)
      ├─ DataDirectoryError                (operator faces) a path that is no data directory
-     ├─ UnknownObjectError (LookupError)  (operator faces) no such object in the catalog
+     ├─ UnknownObjectError (LookupError)  (operator faces) no such object  .namespace .object_id
      ├─ ObjectInUseError                  (operator faces) another process holds the object
      │   └─ ObjectHeldError               a live PostgreSQL host leases it  .owner
      └─ HttpError                         (the dashboard) a refused request, with its .status
@@ -260,7 +260,29 @@ class DataDirectoryAccessError(DataDirectoryError, StorageError):
 
 
 class UnknownObjectError(NurseryJobsError, LookupError):
-    """No object of that namespace and id is registered in the catalog."""
+    """(Operator faces) No such object: none of that namespace and id is stored, or
+    its namespace has no class here. ``.namespace`` and ``.object_id`` name the object
+    where one was looked for."""
+
+    def __init__(self, message: str, *, namespace: str | None = None,
+                 object_id: str | None = None) -> None:
+        super().__init__(message)
+        self.namespace = namespace
+        self.object_id = object_id
+
+    @classmethod
+    def absent(cls, namespace: str, object_id: str, where: str) -> UnknownObjectError:
+        """No object ``object_id`` is stored in ``namespace`` at ``where`` (a data
+        directory, an address: the engine's label)."""
+        return cls(f"no object {_shown(object_id)} in namespace {_shown(namespace)} of"
+                   f" {where}", namespace=namespace, object_id=object_id)
+
+
+def _shown(name: str) -> str:
+    """A name as a message quotes it (a huge one cut short, saying how long it is)."""
+    if len(name) <= 100:
+        return repr(name)
+    return f"{name[:60]!r}... ({len(name)} characters)"
 
 
 class ObjectInUseError(NurseryJobsError):

@@ -37,6 +37,7 @@ from nursery_jobs._errors import (
     RpcError,
     StorageError,
     StorageFaultError,
+    UnknownObjectError,
     safe_repr,
 )
 from nursery_jobs._events import EventBus
@@ -133,9 +134,11 @@ class ObjectHost:
         "_idle_wake",
         "_startup",
         "_work_scopes",
+        "absent",
         "alarm",
         "closed",
         "cls",
+        "create",
         "ctx",
         "error",
         "flight",
@@ -160,7 +163,7 @@ class ObjectHost:
 
     def __init__(
         self, site: HostSite, cls: type[DurableObject], namespace: str, object_id: str, *,
-        for_alarm: bool, for_turn: bool = False,
+        for_alarm: bool, for_turn: bool = False, create: bool = True,
     ) -> None:
         self.site = site
         self.cls = cls
@@ -168,6 +171,11 @@ class ObjectHost:
         self.object_id = object_id
         self.key = (namespace, object_id)
         self.for_alarm = for_alarm
+        # False (an operator face's activation): open the object only if it is stored
+        # (``Engine.open_object``). ``absent``: it was not, and nothing was created —
+        # a call that waited for this start creates it as calls do.
+        self.create = create
+        self.absent = False
         # Activated by a task holding an object's turn (``Runtime.open_slot``).
         self.for_turn = for_turn
         self.phase = Phase.STARTING
@@ -223,10 +231,17 @@ class ObjectHost:
         try:
             await site.open_slot(self, for_turn=self.for_turn)
             try:
-                self.state = state = await site.engine.open_object(
-                    self.namespace, self.object_id, class_path(self.cls)
-                )
+                # (create= only where it is False: an engine of the application's that
+                # predates it still opens objects for calls and alarms)
+                if self.create:
+                    state = await site.engine.open_object(
+                        self.namespace, self.object_id, class_path(self.cls))
+                else:
+                    state = await site.engine.open_object(
+                        self.namespace, self.object_id, class_path(self.cls), create=False)
+                self.state = state
             except Exception as exc:
+                self.absent = not self.create and isinstance(exc, UnknownObjectError)
                 if self.for_alarm:
                     retry_unreachable(site.engine, site.events, self.namespace,
                                       self.object_id, "alarm:retry", f"it cannot be opened: {exc}")

@@ -353,9 +353,11 @@ class Runtime:
 
     async def _activate(
         self, cls: type[DurableObject], namespace: str, object_id: str, *,
-        for_alarm: bool = False,
+        for_alarm: bool = False, create: bool = True,
     ) -> ObjectHost:
-        """Return the object's ready host, starting it (and ``on_start``) if needed."""
+        """Return the object's ready host, starting it (and ``on_start``) if needed.
+        ``create=False``: only an object that is resident or stored (else
+        ``UnknownObjectError``, nothing created)."""
         key = (namespace, object_id)
         started: ObjectHost | None = None  # the host this task started, if any
         while True:
@@ -366,7 +368,7 @@ class Runtime:
             host = self._hosts.get(key)
             if host is None:
                 host = ObjectHost(self, cls, namespace, object_id, for_alarm=for_alarm,
-                                  for_turn=bool(call_chain()))
+                                  for_turn=bool(call_chain()), create=create)
                 self._hosts[key] = host
                 try:
                     await self._nursery.start(host.run)
@@ -393,6 +395,8 @@ class Runtime:
                 return host
             if host.phase is Phase.STARTING:
                 await host.ready.wait()
+                if host.absent and create:
+                    continue  # (an operator face's look that found nothing: this creates it)
                 if host.error is not None:
                     if for_alarm and isinstance(host.error, Exception):
                         # Another task's start (a call's: the timer delivers one alarm
@@ -463,9 +467,12 @@ class Runtime:
         startup first, in one write turn whose commits are durable when it returns.
         ``namespace`` is the object's (default the class's: a namespace served through
         its recorded class path may name another). For the operator faces (the
-        dashboard's actions). Checkpoints.
+        dashboard's actions): an object that does not exist is not created.
+        Checkpoints.
 
         Raises:
+            UnknownObjectError: no such object is resident or stored; nothing was
+                created.
             ObjectResetError: the object was reset meanwhile.
             ObjectLeasedElsewhere: (PostgreSQL) another live host holds it.
             ObjectFencedError: (PostgreSQL) this host's lease went meanwhile; nothing
@@ -473,7 +480,7 @@ class Runtime:
         """
         namespace = cls.namespace if namespace is None else namespace
         object_id = check_object_id(object_id)
-        host = await self._activate(cls, namespace, object_id)
+        host = await self._activate(cls, namespace, object_id, create=False)
         state = host.state
         if state is not None and state.ships:
             try:
@@ -482,7 +489,7 @@ class Runtime:
                 # (hook(pg)) This host's lease lapsed (as for a call, ``ObjectHost.call``):
                 # the object was dropped here before anything ran; activate it again,
                 # once (taken again here, or ObjectLeasedElsewhere).
-                host = await self._activate(cls, namespace, object_id)
+                host = await self._activate(cls, namespace, object_id, create=False)
                 if host.state is not None and host.state.ships:
                     host.state.admit()
 

@@ -156,8 +156,14 @@ class Engine(Protocol):
         until cancelled."""
 
     # -- objects --------------------------------------------------------------------
-    async def open_object(self, namespace: str, object_id: str, class_path: str) -> ObjectState:
-        """Register the object (once) and open its working database. Checkpoints."""
+    async def open_object(self, namespace: str, object_id: str, class_path: str, *,
+                          create: bool = True) -> ObjectState:
+        """Register the object (once) and open its working database. Checkpoints.
+
+        ``create=False`` (the operator faces): open it only if it is stored, else
+        raise ``UnknownObjectError`` (``UnknownObjectError.absent``) having stored
+        nothing — no registry row, no database, no namespace record.
+        """
 
     def destroy_object(self, namespace: str, object_id: str) -> None:
         """Delete the object's database, registry row, alarm and crash tokens."""

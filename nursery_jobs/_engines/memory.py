@@ -17,6 +17,7 @@ from nursery_jobs._engines.files._catalog import Catalog, connect
 from nursery_jobs._engines.files._engine import FLIGHT_SLOTS, CatalogEngine
 from nursery_jobs._engines.files._flight import FlightRecord
 from nursery_jobs._engines.files._object import SqliteObject
+from nursery_jobs._errors import UnknownObjectError
 
 
 @functools.cache
@@ -65,11 +66,14 @@ class MemoryEngine(CatalogEngine):
         self._attach(site)
         await self._serve_held()
 
-    async def open_object(self, namespace: str, object_id: str, class_path: str) -> SqliteObject:
+    async def open_object(self, namespace: str, object_id: str, class_path: str, *,
+                          create: bool = True) -> SqliteObject:
         await trio.lowlevel.checkpoint()
-        self.catalog.register(namespace, object_id, class_path, _clock.now())
         key = (namespace, object_id)
         conn = self._objects.get(key)
+        if not create and conn is None:
+            raise UnknownObjectError.absent(namespace, object_id, self.label)
+        self.catalog.register(namespace, object_id, class_path, _clock.now())
         label = f"{namespace}/{object_id}"
         if conn is None:
             conn = connect(":memory:", synchronous="OFF", label=label,

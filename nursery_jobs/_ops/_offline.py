@@ -115,12 +115,12 @@ def requeue_offline(
                     (namespace, object_id),
                 ).fetchone()
             if row is None:
-                raise UnknownObjectError(f"no object {namespace}/{object_id} in {data}")
+                raise UnknownObjectError.absent(namespace, object_id, str(data))
             path = data / "objects" / str(row[0])
             if not path.exists():
                 raise UnknownObjectError(
-                    f"the database of {namespace}/{object_id} ({path.name}) is missing"
-                )
+                    f"the database of {namespace}/{object_id} ({path.name}) is missing",
+                    namespace=namespace, object_id=object_id)
             with _translated(f"the database of {namespace}/{object_id}"):
                 db = _writable(path)
             try:
@@ -296,7 +296,7 @@ def requeue_postgres(
             raise StorageError(f"cannot requeue in PostgreSQL {label}: {exc};"
                                " nothing was written") from exc
     if done is None:
-        raise UnknownObjectError(f"no object {namespace}/{object_id} in {label}")
+        raise UnknownObjectError.absent(namespace, object_id, label)
     if isinstance(done, pg_ops.Held):
         raise ObjectHeldError(namespace, object_id, done.owner, done.seconds_left)
     return done.result
@@ -371,12 +371,12 @@ def pause_offline(
                     (namespace, object_id),
                 ).fetchone()
             if row is None:
-                raise UnknownObjectError(f"no object {namespace}/{object_id} in {data}")
+                raise UnknownObjectError.absent(namespace, object_id, str(data))
             path = data / "objects" / str(row[0])
             if not path.exists():
                 raise UnknownObjectError(
-                    f"the database of {namespace}/{object_id} ({path.name}) is missing"
-                )
+                    f"the database of {namespace}/{object_id} ({path.name}) is missing",
+                    namespace=namespace, object_id=object_id)
             with _translated(f"the database of {namespace}/{object_id}"):
                 db = _writable(path)
             try:
@@ -435,7 +435,7 @@ def pause_postgres(
             raise StorageError(f"cannot change the pause of {namespace}/{object_id} in"
                                f" PostgreSQL {label}: {exc}; nothing was written") from exc
     if done is None:
-        raise UnknownObjectError(f"no object {namespace}/{object_id} in {label}")
+        raise UnknownObjectError.absent(namespace, object_id, label)
     if isinstance(done, pg_ops.Held):
         raise ObjectHeldError(namespace, object_id, done.owner, done.seconds_left)
     return done.result

@@ -181,7 +181,7 @@ class RuntimeSource(_FileSource):
     # -- the dashboard's write actions (only with http_writes) ---------------------------
     async def requeue(self, namespace: str, object_id: str, owner: str, job_id: str) -> bool:
         """Requeue a dead letter through the object's Lifecycle, as a write call of the
-        object (activating it; durable when it returns)."""
+        object (activating it if it exists; durable when it returns)."""
 
         async def requeue(lifecycle: Any) -> bool:
             return await lifecycle.requeue(job_id, owner=owner) is not None
@@ -190,7 +190,7 @@ class RuntimeSource(_FileSource):
 
     async def discard(self, namespace: str, object_id: str, owner: str, job_id: str) -> bool:
         """Delete a dead letter through the object's job table, as a write call of the
-        object (activating it; durable when it returns)."""
+        object (activating it if it exists; durable when it returns)."""
 
         async def discard(lifecycle: Any) -> bool:
             return bool(await lifecycle.discard(job_id, owner=owner))
@@ -200,17 +200,20 @@ class RuntimeSource(_FileSource):
     async def _in_lifecycle(self, namespace: str, object_id: str, holder: str,
                             fn: Callable[[Any], Awaitable[bool]]) -> bool:
         """``await fn(lifecycle)`` in a write turn of the object (``Runtime.run_in``:
-        resident from activation to the end, so that no eviction comes in between)."""
+        resident from activation to the end, so that no eviction comes in between; an
+        object that does not exist is not created: ``UnknownObjectError``)."""
         from nursery_jobs._core._object import resolve_namespace
 
         cls = resolve_namespace(namespace, self.rt.engine.class_path(namespace))
         if cls is None:
-            raise UnknownObjectError(f"no class is registered for namespace {namespace!r}")
+            raise UnknownObjectError(f"no class is registered for namespace {namespace!r}",
+                                     namespace=namespace, object_id=object_id)
 
         async def run(instance: Any) -> bool:
             lifecycle = _lifecycle_of(instance)
             if lifecycle is None:
-                raise UnknownObjectError(f"{namespace}/{object_id} has no Lifecycle")
+                raise UnknownObjectError(f"{namespace}/{object_id} has no Lifecycle",
+                                         namespace=namespace, object_id=object_id)
             return await fn(lifecycle)
 
         return await self.rt.run_in(cls, object_id, holder, run, namespace=namespace)

@@ -72,7 +72,7 @@ from nursery_jobs._ops._web_html import (
     when,
 )
 from nursery_jobs._ops._web_letters import LETTERS_PER_PAGE, letters_json, letters_page
-from nursery_jobs._ops._web_object import jobs_section, letters_section
+from nursery_jobs._ops._web_object import jobs_section, letters_section, object_key
 from nursery_jobs._ops._words import event_value
 
 if TYPE_CHECKING:
@@ -388,11 +388,11 @@ class Dashboard:
             raise HttpError(403, "missing or wrong form token: reload the page")
         if path in ("/actions/requeue-matching", "/actions/discard-matching"):
             return await self._post_matching(path, form.get("q", ""))
-        try:
-            namespace, object_id, owner, job = (form["ns"], form["id"], form["owner"],
-                                                form["job"])
-        except KeyError as exc:
-            raise HttpError(400, f"missing form field {exc.args[0]!r}") from None
+        for field in ("ns", "id", "owner", "job"):
+            if field not in form:
+                raise HttpError(400, f"missing form field {field!r}")
+        namespace, object_id = object_key(form, "give the form fields ns and id")
+        owner, job = form["owner"], form["job"]
         try:
             if path == "/actions/requeue":
                 done = await self.writer.requeue(namespace, object_id, owner, job)
@@ -475,13 +475,12 @@ class _View:
         self.token = token
 
     def detail(self, query: dict[str, str], now: float, job_limit: int) -> ObjectDetail:
-        namespace, object_id = query.get("ns") or query.get("namespace"), query.get("id")
-        if namespace is None or object_id is None:
-            raise HttpError(400, "give ns and id")
+        namespace, object_id = object_key(query, "give ns and id")
         detail = self.source.detail(namespace, object_id, now, job_limit=job_limit,
                                     letter_limit=job_limit)
         if detail is None:
-            raise HttpError(404, f"no object {namespace}/{object_id}")
+            raise HttpError(404, str(UnknownObjectError.absent(namespace, object_id,
+                                                               self.source.label)))
         return detail
 
     def summary(self, now: float) -> dict[str, Any]:

@@ -1,18 +1,41 @@
 """An object's page, its tables: each job's state in words (due in / due ago, running for
 how long and which attempt, paused), Scheduler jobs as their schedule in words, and each
-failed job's (and dead letter's) recent attempts."""
+failed job's (and dead letter's) recent attempts; and the object a request names
+(``object_key``)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
+from nursery_jobs._engines.files._catalog import MAX_OBJECT_ID_LENGTH, check_object_id
+from nursery_jobs._errors import HttpError, ObjectIdError
 from nursery_jobs._ops._inspect_json import preview
 from nursery_jobs._ops._web_html import esc, when
 from nursery_jobs._ops._words import is_schedule, schedule_words, span
 
 if TYPE_CHECKING:
     from nursery_jobs._ops._inspect import AttemptInfo, DeadLetterInfo, JobInfo, ObjectDetail
+
+
+def object_key(fields: Mapping[str, str], missing: str) -> tuple[str, str]:
+    """The (namespace, object id) a page's query or an action's form names (``ns`` or
+    ``namespace``, ``id``), checked as the runtime checks ids: a 400 for one that is
+    missing (``missing`` says what to give), empty, too long or holds a NUL — before
+    any source is read or any object looked for."""
+    namespace, object_id = fields.get("ns") or fields.get("namespace"), fields.get("id")
+    if not namespace or not object_id:
+        raise HttpError(400, missing)
+    if len(namespace) > MAX_OBJECT_ID_LENGTH:
+        raise HttpError(400, f"namespace {namespace[:40]!r}... is {len(namespace)}"
+                             f" characters; the limit is {MAX_OBJECT_ID_LENGTH}")
+    if "\x00" in namespace:
+        raise HttpError(400, f"namespace {namespace!r} holds a NUL character")
+    try:
+        check_object_id(object_id)
+    except ObjectIdError as exc:
+        raise HttpError(400, str(exc)) from None
+    return namespace, object_id
 
 
 def job_state(job: JobInfo, now: float, *, paused: bool) -> str:

@@ -270,6 +270,15 @@ class Catalog:
             )
         return str(row[0]), bool(row[2])
 
+    def registered(self, namespace: str, object_id: str) -> tuple[str, bool] | None:
+        """An object's database file name and whether that file was created, if it is
+        recorded (``register`` without recording it). Writes nothing."""
+        row = self._conn.execute(
+            "SELECT file, created FROM nj_objects WHERE namespace = ? AND object_id = ?",
+            (namespace, object_id),
+        ).fetchone()
+        return None if row is None else (str(row[0]), bool(row[1]))
+
     def _registered(self, namespace: str, class_path: str) -> None:
         """A row of ``namespace`` is written with ``class_path``: the remembered answer
         of ``class_path(namespace)`` stands only if it is that one (whichever row comes

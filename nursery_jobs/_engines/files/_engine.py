@@ -41,6 +41,7 @@ from nursery_jobs._errors import (
     DataLayoutError,
     RuntimeLockedError,
     StorageFaultError,
+    UnknownObjectError,
 )
 from nursery_jobs._policy import LOCKED_RETRY, Backoff
 
@@ -391,15 +392,24 @@ class FilesEngine(CatalogEngine):
             _HeapBudget.release()
 
     # -- objects ----------------------------------------------------------------------------
-    async def open_object(self, namespace: str, object_id: str, class_path: str) -> SqliteObject:
+    async def open_object(self, namespace: str, object_id: str, class_path: str, *,
+                          create: bool = True) -> SqliteObject:
         """Open the object's database. A file locked by another process is tried again
         with backoff (``LOCKED_RETRY``, in Trio sleeps, never SQLite's inline busy wait)
         before ``StorageFaultError`` (cause ``locked``) is raised; a damaged file is
         quarantined; a file the catalog says was created but is gone is never replaced
-        by an empty one."""
+        by an empty one. ``create=False``: only an object the catalog records whose file
+        was created (or is there), else ``UnknownObjectError``, nothing written."""
         await trio.lowlevel.checkpoint()
         label = f"{namespace}/{object_id}"
-        file, created = self.catalog.register(namespace, object_id, class_path, _clock.now())
+        if create:
+            file, created = self.catalog.register(namespace, object_id, class_path,
+                                                  _clock.now())
+        else:
+            found = self.catalog.registered(namespace, object_id)
+            if found is None or not (found[1] or (self.objects_dir / found[0]).exists()):
+                raise UnknownObjectError.absent(namespace, object_id, self.label)
+            file, created = found
         path = self.objects_dir / file
         if created and not path.exists():
             raise self._missing(label, file)

@@ -49,7 +49,12 @@ from nursery_jobs._engines.postgres._listen import Listener
 from nursery_jobs._engines.postgres._schema import ensure_schema
 from nursery_jobs._engines.postgres._ship import Shipper
 from nursery_jobs._engines.postgres._statements import LOCK_TIMEOUT_SHARE, Statements
-from nursery_jobs._errors import ObjectLeasedElsewhere, RpcError, StorageError
+from nursery_jobs._errors import (
+    ObjectLeasedElsewhere,
+    RpcError,
+    StorageError,
+    UnknownObjectError,
+)
 
 logger = logging.getLogger("nursery_jobs")
 
@@ -181,7 +186,8 @@ class PostgresEngine:
             raise StorageError(f"cannot read PostgreSQL {self._label}: {exc}") from exc
 
     # -- objects ----------------------------------------------------------------------
-    async def open_object(self, namespace: str, object_id: str, class_path: str) -> PgObject:
+    async def open_object(self, namespace: str, object_id: str, class_path: str, *,
+                          create: bool = True) -> PgObject:
         key = (namespace, object_id)
         label = f"{namespace}/{object_id}"
         self._classes[namespace] = class_path
@@ -193,13 +199,15 @@ class PostgresEngine:
             raise ObjectLeasedElsewhere(label, hint[0], self._forwarder(
                 key, hint[0], class_path, place=self.client_only))
         if self.client_only:
-            await self._send_to_host(key, label, class_path)
+            await self._send_to_host(key, label, class_path, create=create)
         sent = lease_clock()
         try:
             taken = await self._db(ops.take, self.host_id, self.lease_ttl, namespace,
-                                   object_id, class_path, _clock.now())
+                                   object_id, class_path, _clock.now(), create)
         except psycopg.Error as exc:
             raise StorageError(f"cannot open {label} on PostgreSQL {self._label}: {exc}") from exc
+        if taken is None:
+            raise UnknownObjectError.absent(namespace, object_id, self._label)
         if isinstance(taken, str):
             self._leases.drop(key)
             if len(self._elsewhere) >= 10_000:
@@ -226,15 +234,19 @@ class PostgresEngine:
                 self._site.wake_timer()  # the timer now serves this alarm
         return state
 
-    async def _send_to_host(self, key: Key, label: str, class_path: str) -> NoReturn:
+    async def _send_to_host(self, key: Key, label: str, class_path: str, *,
+                            create: bool) -> NoReturn:
         """(client_only) Raise ``ObjectLeasedElsewhere`` for the host that holds the
         object, or any live host, which takes it.
 
         Raises:
             RpcError: no host is running on this database.
             StorageError: PostgreSQL cannot be read.
+            UnknownObjectError: ``create=False`` and the object is not registered.
         """
         try:
+            if not create and not await self._db(ops.is_stored, key[0], key[1]):
+                raise UnknownObjectError.absent(key[0], key[1], self._label)
             target = await self._db(ops.locate, key[0], key[1], self.lease_ttl)
         except psycopg.Error as exc:
             raise StorageError(f"cannot reach {label} on PostgreSQL {self._label}: {exc}"

@@ -70,31 +70,36 @@ def _inherit_crashes(conn: Conn, taken: list[tuple[str, str, str]]) -> None:
 
 def take(
     conn: Conn, me: str, ttl: float, namespace: str, object_id: str, class_path: str,
-    now: float,
-) -> Taken | str:
+    now: float, create: bool = True,
+) -> Taken | str | None:
     """Register the object, take its lease (epoch + 1) if it is free, expired or ours,
-    and read its state; or return the live owner's host id.
+    and read its state; or return the live owner's host id. ``create=False``: an
+    object that is not registered is not (None, nothing written).
 
     Pipelined: the registration and the lease check travel in one round trip, the
     lease and the state reads in another (8 round trips before: ~5 ms of a ~10 ms
     activation here)."""
     with conn.pipeline(), conn.transaction():
-        conn.execute(
-            "INSERT INTO nj_namespaces (namespace, class_path) VALUES (%s, %s)"
-            " ON CONFLICT (namespace) DO UPDATE SET class_path = excluded.class_path"
-            " WHERE nj_namespaces.class_path <> excluded.class_path",
-            (namespace, class_path),
-        )
-        conn.execute(
-            "INSERT INTO nj_objects (namespace, object_id, class_path, created_at)"
-            " VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING",
-            (namespace, object_id, class_path, now),
-        )
-        owner, free = conn.execute(
+        if create:
+            conn.execute(
+                "INSERT INTO nj_namespaces (namespace, class_path) VALUES (%s, %s)"
+                " ON CONFLICT (namespace) DO UPDATE SET class_path = excluded.class_path"
+                " WHERE nj_namespaces.class_path <> excluded.class_path",
+                (namespace, class_path),
+            )
+            conn.execute(
+                "INSERT INTO nj_objects (namespace, object_id, class_path, created_at)"
+                " VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                (namespace, object_id, class_path, now),
+            )
+        found = conn.execute(
             "SELECT owner, lease_until IS NULL OR lease_until < now() FROM nj_objects"
             " WHERE namespace = %s AND object_id = %s FOR UPDATE",
             (namespace, object_id),
         ).fetchone()
+        if found is None:
+            return None
+        owner, free = found
         if owner is not None and owner != me:
             if not free:
                 return str(owner)
@@ -352,6 +357,14 @@ def claim(
     ]
     return (claimed, None if next_time is None else float(next_time),
             [(str(ns), str(cp)) for ns, cp in unknown])
+
+
+def is_stored(conn: Conn, namespace: str, object_id: str) -> bool:
+    """Whether the object is registered (a ``client_only`` operator face's look)."""
+    return conn.execute(
+        "SELECT 1 FROM nj_objects WHERE namespace = %s AND object_id = %s",
+        (namespace, object_id),
+    ).fetchone() is not None
 
 
 def locate(conn: Conn, namespace: str, object_id: str, ttl: float) -> str | None:

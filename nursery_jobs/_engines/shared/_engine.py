@@ -40,7 +40,12 @@ from nursery_jobs._engines.files._engine import (
 from nursery_jobs._engines.files._flight import FlightRecord
 from nursery_jobs._engines.postgres._copy import SHIPPED, Change, PgObject
 from nursery_jobs._engines.shared._object import POOL_SIZE, CopyPool, SharedObject
-from nursery_jobs._errors import DataLayoutError, RuntimeLockedError, StorageError
+from nursery_jobs._errors import (
+    DataLayoutError,
+    RuntimeLockedError,
+    StorageError,
+    UnknownObjectError,
+)
 
 logger = logging.getLogger("nursery_jobs")
 
@@ -221,12 +226,15 @@ class SharedEngine(CatalogEngine):
         self._to_ship.set()
 
     # -- objects ----------------------------------------------------------------------
-    async def open_object(self, namespace: str, object_id: str, class_path: str) -> SharedObject:
+    async def open_object(self, namespace: str, object_id: str, class_path: str, *,
+                          create: bool = True) -> SharedObject:
         """Register the object (once), load its rows into a working copy. Checkpoints.
 
         Raises:
             StorageError: the shared database cannot be read, or holds rows this
                 version cannot load.
+            UnknownObjectError: ``create=False`` and the object is not registered
+                (nothing is loaded or written).
         """
         await trio.lowlevel.checkpoint()
         key = (namespace, object_id)
@@ -235,6 +243,8 @@ class SharedEngine(CatalogEngine):
         assert conn is not None
         # (Its alarm in the same statement: one search of nj_alarms' key less, ~5 us.)
         registered = conn.execute(_REGISTERED, key).fetchone()
+        if registered is None and not create:
+            raise UnknownObjectError.absent(namespace, object_id, self.label)
         rows: list[tuple[str, str]] = []
         alarm: tuple[float, int] | None = None
         tokens: list[tuple[str, float]] = []
