@@ -181,12 +181,21 @@ class AlarmRunner:
         try:
             now = _clock.now()
             fallback = store.next_alarm_time()
+            backup = now + FALLBACK_ALARM
             if fallback is not None:
-                store.set_alarm(max(fallback, now + FALLBACK_ALARM))
+                # During the run the alarm is only a fallback: a death in it (in
+                # ``on_start`` too) wakes the object again in 30 s, not in a loop.
+                store.set_alarm(max(fallback, backup))
             if not lc.started:
-                await lc.start()
+                # Its own re-arm is left to the run's end (it would lower the alarm to
+                # the due jobs' time, and the backup then raise it again: two catalog
+                # writes of a cold fire's four, with a gap between them where a death
+                # re-ran the object at once).
+                await lc.start(rearm=False)
                 now = _clock.now()
-                if store.has_due(now):
+                alarm = store.alarm()
+                if (alarm is None or alarm < backup) and store.has_due(now):
+                    # ``on_start`` pushed a due job (its push lowered the alarm).
                     store.set_alarm(now + FALLBACK_ALARM)  # the backup alarm
             held = False
             if not store.disabled:
