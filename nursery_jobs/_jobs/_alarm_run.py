@@ -1,10 +1,11 @@
 """The alarm run of a Lifecycle object: what its due alarm does.
 
-fallback alarm -> startup if cold (a backup alarm if it pushed a due job) -> each due job in run order
-(priority, time, push sequence), re-read before it runs -> host ``on_alarm()`` -> alarm
-for the next due job. Each job's start is recorded in the flight record before it runs,
-so a crash is never mistaken for a job that never ran; a failure is the job's (an
-attempt, a durable backoff, a dead letter), a reset or a shutdown is not.
+fallback alarm -> startup if cold (a backup alarm if it pushed a due job) -> each due
+job in run order (priority, time, push sequence), re-read before it runs -> host
+``on_alarm()`` -> alarm for the next due job. Each job's start is recorded in the flight
+record before it runs, so a crash is never mistaken for a job that never ran; a failure
+is the job's (an attempt, a durable backoff, a dead letter), a reset or a shutdown is
+not.
 """
 
 from __future__ import annotations
