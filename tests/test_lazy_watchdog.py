@@ -13,7 +13,8 @@ import trio
 import trio.testing
 
 import nursery_jobs as nj
-from nursery_jobs._jobs._alarm_run import AlarmRunner, _watched
+from nursery_jobs._jobs._slow_dispatch import SlowDispatchWatch
+from nursery_jobs._jobs._slow_dispatch import watched as _watched
 
 
 class _Jobs(nj.DurableObject):
@@ -48,13 +49,13 @@ async def test_a_watchdog_starts_only_for_a_run_whose_job_waits(
     monkeypatch: pytest.MonkeyPatch, autojump_clock: trio.testing.MockClock,
 ) -> None:
     started: list[int] = []
-    watchdog = AlarmRunner._slow_dispatch_watchdog
+    watchdog = SlowDispatchWatch._watchdog
 
-    async def counted(self: AlarmRunner) -> None:
+    async def counted(self: SlowDispatchWatch) -> None:
         started.append(1)
         await watchdog(self)
 
-    monkeypatch.setattr(AlarmRunner, "_slow_dispatch_watchdog", counted)
+    monkeypatch.setattr(SlowDispatchWatch, "_watchdog", counted)
     ran: list[str] = []
     events: list[Any] = []
     async with nj.open_runtime(None, env=ran) as rt:

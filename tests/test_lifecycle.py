@@ -1072,7 +1072,7 @@ async def test_one_slow_dispatch_watchdog_per_object_while_its_alarm_runs(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     def watchdogs(o: Host) -> int:
-        return sum("slow_dispatch_watchdog" in task.name for task in o.ctx.nursery.child_tasks)
+        return sum("SlowDispatchWatch" in task.name for task in o.ctx.nursery.child_tasks)
 
     seen: list[int] = []
 

@@ -1,10 +1,11 @@
 """The alarm run of a Lifecycle object: what its due alarm does.
 
-fallback alarm -> startup if cold -> backup alarm -> each due job in run order
-(priority, time, push sequence), re-read before it runs -> host ``on_alarm()`` -> alarm
-for the next due job. Each job's start is recorded in the flight record before it runs,
-so a crash is never mistaken for a job that never ran; a failure is the job's (an
-attempt, a durable backoff, a dead letter), a reset or a shutdown is not.
+fallback alarm -> startup if cold (a backup alarm if it pushed a due job) -> each due
+job in run order (priority, time, push sequence), re-read before it runs -> host
+``on_alarm()`` -> alarm for the next due job. Each job's start is recorded in the flight
+record before it runs, so a crash is never mistaken for a job that never ran; a failure
+is the job's (an attempt, a durable backoff, a dead letter), a reset or a shutdown is
+not.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import contextvars
 import logging
 import math
 import random
-import types
 from collections.abc import Awaitable, Callable
 from types import CoroutineType
 from typing import TYPE_CHECKING, Any, Final
@@ -36,6 +36,7 @@ from nursery_jobs._jobs._records import (
     completion_of,
     job_context,
 )
+from nursery_jobs._jobs._slow_dispatch import SlowDispatchWatch, watched
 from nursery_jobs._jobs._steering import CancelRequest, run_with_timeout
 from nursery_jobs._jobs._table import BACKLOG_WINDOW, Cursor, JobRow
 
@@ -91,35 +92,6 @@ def _at_least(count: int) -> str:
     return f"{count:,} or more" if count >= BACKLOG_WINDOW else str(count)
 
 
-@types.coroutine
-def _watched(running: CoroutineType[Any, Any, Any], waits: Callable[[], None]) -> Any:
-    """``await running``, calling ``waits()`` when it first suspends (waits for
-    something). What ``await`` does for a coroutine, spelled out: every value sent or
-    exception thrown in goes on to it, and its result or exception comes out."""
-    send = running.send
-    try:
-        trap = send(None)
-    except StopIteration as done:
-        return done.value
-    waits()
-    while True:
-        try:
-            sent = yield trap
-        except GeneratorExit:
-            running.close()
-            raise
-        except BaseException as exc:  # (thrown in: it goes on to the job)
-            try:
-                trap = running.throw(exc)
-            except StopIteration as done:
-                return done.value
-        else:
-            try:
-                trap = send(sent)
-            except StopIteration as done:
-                return done.value
-
-
 def memory_reset_of(claim: AlarmClaim) -> bool:
     """Whether the object was reset for memory (the watchdog, a MemoryError)."""
     cause = claim.reset_cause
@@ -136,8 +108,8 @@ def error_text(error: BaseException) -> str:
 
 
 class AlarmRunner:
-    """Runs a Lifecycle's alarm: the dispatch loop, job failures, the slow-dispatch
-    watch. One per Lifecycle."""
+    """Runs a Lifecycle's alarm: the dispatch loop and job failures. One per
+    Lifecycle."""
 
     def __init__(self, lifecycle: Lifecycle, rng: random.Random) -> None:
         self._lc = lifecycle
@@ -149,12 +121,7 @@ class AlarmRunner:
         self._turns = lifecycle.claim.turns
         self._steering = lifecycle.steering
         self._rng = rng
-        self._watch_scope: trio.CancelScope | None = None
-        self._watch_job: Job | None = None
-        self._watch_deadline = math.inf
-        # The watch scope's deadline as set here (read per job: trio's property costs
-        # more than the comparison it serves).
-        self._scope_deadline = math.inf
+        self._watch = SlowDispatchWatch(lifecycle)
         # The permits of the object's namespace (None: not limited, no cost per job).
         self._limit = lifecycle.claim.limit
         self._object_id = lifecycle.ctx.id
@@ -181,12 +148,21 @@ class AlarmRunner:
         try:
             now = _clock.now()
             fallback = store.next_alarm_time()
+            backup = now + FALLBACK_ALARM
             if fallback is not None:
-                store.set_alarm(max(fallback, now + FALLBACK_ALARM))
+                # During the run the alarm is only a fallback: a death in it (in
+                # ``on_start`` too) wakes the object again in 30 s, not in a loop.
+                store.set_alarm(max(fallback, backup))
             if not lc.started:
-                await lc.start()
+                # Its own re-arm is left to the run's end (it would lower the alarm to
+                # the due jobs' time, and the backup then raise it again: two catalog
+                # writes of a cold fire's four, with a gap between them where a death
+                # re-ran the object at once).
+                await lc.start(rearm=False)
                 now = _clock.now()
-                if store.has_due(now):
+                alarm = store.alarm()
+                if (alarm is None or alarm < backup) and store.has_due(now):
+                    # ``on_start`` pushed a due job (its push lowered the alarm).
                     store.set_alarm(now + FALLBACK_ALARM)  # the backup alarm
             held = False
             if not store.disabled:
@@ -224,7 +200,7 @@ class AlarmRunner:
             run.active = False
             self._run = None
             current_run.reset(token)
-            self._unwatch()
+            self._watch.stop()
         if not lc.tracked:
             lc.breaker.clear()  # a clean, quiescent alarm run
         if held:
@@ -301,7 +277,7 @@ class AlarmRunner:
         way out): delete the job — no retry, no dead letter — commit, and tell the
         canceller once that is durable."""
         job = request.job
-        self._watch_job = None
+        self._watch.job = None
         self._store.delete_cancelled(job)
         self._lc.emit("job:cancelled", id=job.id, owner=job.owner, fn=job.fn,
                       _log=(logging.INFO, "job %r of %s: its run was cancelled (jobs.cancel)",
@@ -473,7 +449,8 @@ class AlarmRunner:
         store.begin_run(row)  # the group transaction and the job's savepoint
         run.job, run.started, run.tracked = job, started, False
         ctx = job_context(job, row.attempts + 1)
-        self._watch(job, clock)
+        watch = self._watch
+        watch.watch(job, clock)
         if self._tracing is not None:  # (tracing) the run in a span linked to its push
             on_job = traced_run(self._tracing, self._namespace, self._lc.ctx.id, job.id,
                                 job.fn, job.owner, store.trace(row), on_job)
@@ -485,15 +462,15 @@ class AlarmRunner:
             if job.timeout is None:
                 running = on_job(ctx)
                 if type(running) is CoroutineType:
-                    # Watched once it waits for something (``_watchdog``).
-                    outcome = await _watched(running, self._watchdog)
+                    # Watched once it waits for something (``SlowDispatchWatch.waits``).
+                    outcome = await watched(running, watch.waits)
                 else:
-                    self._watchdog()
+                    watch.waits()
                     outcome = await running
                 if outcome is not None:  # (None, most outcomes, needs no check)
                     outcome = coerce_outcome(outcome)
             else:
-                self._watchdog()
+                watch.waits()
                 outcome = coerce_outcome(await run_with_timeout(on_job, ctx, self._lc.label))
             if run.cancel is not None:
                 # Cancelled (jobs.cancel), the job went on to the end: its run's scope
@@ -540,7 +517,7 @@ class AlarmRunner:
         except BaseException as exc:
             await self._job_failed(run, owner, ctx, exc, clock)
         else:
-            self._watch_job = None
+            self._watch.job = None
             self._metrics.job_ran(self._namespace, job.owner, run.time() - clock, True)
             store.complete(job, DONE if outcome is None else completion_of(
                 job, outcome, keep_marker=self._lc.keeps_marker(run, job)))
@@ -562,7 +539,7 @@ class AlarmRunner:
             # attempt; its writes go, and its run's scope raises the Cancelled here.
             self._store.fail()
             await trio.lowlevel.checkpoint()
-        self._watch_job = None
+        self._watch.job = None
         seconds = run.time() - clock
         self._metrics.job_ran(self._namespace, ctx.job.owner, seconds, False)
         self._store.fail()
@@ -614,31 +591,6 @@ class AlarmRunner:
                           _log=(logging.ERROR, "job %r of %s failed after %d attempts: %s",
                                 (job.id, label, ctx.attempt, safe_repr(error))))
 
-    # -- slow dispatch --------------------------------------------------------------
-    # The watchdog's deadline is moved only when it must come earlier; a stale, later
-    # deadline just wakes it once to look (setting a deadline per job cost ~5 µs).
-    def _watch(self, job: Job, clock: float) -> None:
-        """Watch ``job``, started at Trio time ``clock``."""
-        self._watch_job = job
-        self._watch_deadline = deadline = clock + job.hung_timeout
-        scope = self._watch_scope
-        if scope is not None and deadline < self._scope_deadline:
-            scope.deadline = self._scope_deadline = deadline
-
-    def _watchdog(self) -> None:
-        """The running job waits for something (or may: a timeout's, an awaitable that
-        is no coroutine): start the watchdog that tells when it outlives its
-        ``hung_timeout``, unless it runs. A job that never waits needs none: nothing
-        else can run before it ends, and the watchdog would find it gone. (A task per
-        alarm run was ~2% of a cold fire's CPU, its start and its cancel, measured.)
-        Does not checkpoint."""
-        if self._watch_scope is None and self._watch_job is not None:
-            # Made here, not in the task: the job goes on before the task first runs.
-            deadline = self._watch_deadline
-            self._watch_scope = trio.CancelScope(deadline=deadline)
-            self._scope_deadline = deadline
-            self._lc.ctx.nursery.start_soon(self._slow_dispatch_watchdog)
-
     def running_for(self) -> tuple[str, float] | None:
         """The job running now and how many seconds it has run (read from the alarm
         run's own record of it: nothing more is recorded per job for this)."""
@@ -646,32 +598,3 @@ class AlarmRunner:
         if run is None or run.job is None:
             return None
         return run.job.id, run.epoch + run.time() - run.started
-
-    def _unwatch(self) -> None:
-        """The alarm run is over: the watchdog ends (an idle object keeps no task in its
-        nursery, so it can doze); the next run's first job starts another."""
-        self._watch_job = None
-        if self._watch_scope is not None:
-            self._watch_scope.cancel(reason="alarm run over")
-
-    async def _slow_dispatch_watchdog(self) -> None:
-        while True:
-            scope = self._watch_scope
-            assert scope is not None
-            with scope:
-                await trio.sleep_forever()
-            job = self._watch_job
-            if job is not None and trio.current_time() >= self._watch_deadline:
-                self._lc.emit(
-                    "job:slow_dispatch", id=job.id, owner=job.owner, fn=job.fn,
-                    threshold=job.hung_timeout,
-                    _log=(logging.WARNING,
-                          "job %r (fn %r) of %s has run longer than its hung_timeout"
-                          " of %.1f s", (job.id, job.fn, self._lc.label, job.hung_timeout)))
-                job = self._watch_job = None
-            if job is None:
-                self._watch_scope = None  # nothing to watch: the next job starts a watchdog
-                return
-            # Another job runs now: watch it.
-            self._watch_scope = trio.CancelScope(deadline=self._watch_deadline)
-            self._scope_deadline = self._watch_deadline

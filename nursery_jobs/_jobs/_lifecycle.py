@@ -167,16 +167,18 @@ class Lifecycle:
         return self._capabilities.get(cap_id)
 
     # -- startup --------------------------------------------------------------------
-    async def start(self) -> None:
+    async def start(self, *, rearm: bool = True) -> None:
         """Recover from a crash (crash strikes), then run each capability's
-        ``on_start``. Runs once per activation; later calls return at once."""
+        ``on_start``, then set the alarm for the next due job (unless not ``rearm``:
+        an alarm run re-arms at its end). Runs once per activation; later calls
+        return at once."""
         if self.started:
             await trio.lowlevel.checkpoint()
             return
         if self._starting is not None:
             await self._starting.wait()
             if not self.started:
-                await self.start()
+                await self.start(rearm=rearm)
             return
         self._starting = starting = trio.Event()
         try:
@@ -193,7 +195,8 @@ class Lifecycle:
         finally:
             self._starting = None
             starting.set()
-        self.store.rearm()
+        if rearm:
+            self.store.rearm()
 
     # -- the alarm --------------------------------------------------------------------
     async def rearm_alarm(self) -> None:

@@ -518,6 +518,10 @@ class JobStore:
         if self._alarm.ships and not self.conn.in_transaction:
             await self._alarm.sync()
 
+    def alarm(self) -> float | None:
+        """The alarm's time as last written (None: no alarm)."""
+        return self._alarm.get()
+
     def set_alarm(self, time: float) -> None:
         """Set the alarm to ``time`` outright (the fallback and backup alarms)."""
         if not self.disabled:
