@@ -25,7 +25,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import nursery_jobs as nj
-from nursery_jobs._capabilities._scheduler import next_grid_slot
+from nursery_jobs._capabilities._slots import next_grid_slot
 
 
 # Every test of this suite runs on every engine (see conftest.ENGINES).
