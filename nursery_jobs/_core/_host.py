@@ -282,12 +282,19 @@ class ObjectHost:
                         nursery.cancel_scope.cancel(reason="evicted: idle")
         except Exception as exc:
             if self.phase is Phase.STARTING:
+                self.error = exc  # (see the finally clause)
                 raise
             # A task the object started in its nursery crashed: the object is reset.
             logger.exception("object %s crashed", self.label)
             site.events.emit("object:error", self.namespace, self.object_id,
                              error=safe_repr(exc))
         finally:
+            if start_error is not None:
+                # Set before close() wakes the calls waiting for this start
+                # (``Runtime._activate``), so that each of them hears its error. (Set
+                # only by the starting task once it resumed, a waiter heard it or
+                # started the object again by the scheduler's order.)
+                self.error = start_error
             await self._ship_before_close()
             self.close()
         if start_error is not None:
@@ -607,21 +614,23 @@ class ObjectHost:
                 await trio.lowlevel.checkpoint()
                 raise ObjectMoved(str(exc)) from exc
         kind = method_turn(fn)
+        run = partial(_run, fn, args, kwargs)
         if kind == "write":
-            return await self.run_write(f"call {name}()", partial(_run, fn, args, kwargs))
+            return await self.run_write(f"call {name}()", run)
         turns = self.turns
         with self.working() as scope:
             if self.dormant:
                 await self.awaken()
             if self._startup:
                 async with turns.turn("write", "startup"):
-                    await self.call_startup()
+                    await self._gated(self.call_startup)
             if kind == "read":
+                # Gated too: a write call that raised or was cancelled, or a task's
+                # ctx.turn(), may have left commits unshipped that this call reads.
                 async with turns.turn("read", f"call {name}()"):
-                    result = await _run(fn, args, kwargs)
+                    result = await self._gated(run)
             else:  # @nj.interleave: no turn (it enters ctx.turn() to write)
-                result = await _run(fn, args, kwargs)
-                await self.sync()
+                result = await self._gated(run)
         if scope.cancelled_caught:
             raise ObjectResetError(f"{self.label} was reset during {name}()")
         return result
@@ -630,9 +639,10 @@ class ObjectHost:
         """``await fn()`` as a write call of the object runs: resident and awake from
         here to its end, in one write turn with startup. Writes outside the alarm run's
         group commit as they are made; where commits ship (PostgreSQL, the shared
-        layout) they ship before the turn ends. So what the caller is told has happened
-        is durable (the output gate), and nothing else has run in the object since. (A
-        call that re-entered a job's turn commits with the job.) Checkpoints.
+        layout) they ship before the turn ends, also when ``fn`` raised (``_gated``). So
+        what the caller is told has happened is durable (the output gate), and nothing
+        else has run in the object since. (A call that re-entered a job's turn commits
+        with the job.) Checkpoints.
 
         Raises:
             ObjectResetError: the object was reset meanwhile.
@@ -641,13 +651,46 @@ class ObjectHost:
             if self.dormant:
                 await self.awaken()
             async with self.turns.turn("write", holder):
-                if self._startup:
-                    await self.call_startup()
-                result = await fn()
+                # (``_gated``, inlined: this is every write call's path.)
+                try:
+                    if self._startup:
+                        await self.call_startup()
+                    result = await fn()
+                except Exception:
+                    await self._gate_failed()
+                    raise
                 await self.sync()
         if scope.cancelled_caught:
             raise ObjectResetError(f"{self.label} was reset during {holder}")
         return result
+
+    async def _gated(self, fn: Callable[[], Awaitable[Any]]) -> Any:
+        """``await fn()``, then the output gate: what the object has committed is
+        durable before the caller hears of the call — also when ``fn`` raised, since a
+        call is not rolled back (its writes commit as they are made): no caller may hear
+        of a write, or read one, that a crash or a fence could still take back. (A
+        cancelled call's commits ship with the next call's gate, or the ship loop.)
+        Called holding the call's turn where it has one: an alarm run could otherwise
+        open its group in between, and what is committed would wait for that group.
+        Checkpoints.
+
+        Raises:
+            ObjectFencedError, StorageError: the commits could not ship (after ``fn``
+                raised: chained to its error).
+        """
+        try:
+            result = await fn()
+        except Exception:
+            await self._gate_failed()
+            raise
+        await self.sync()
+        return result
+
+    async def _gate_failed(self) -> None:
+        """The output gate of a call that raised (``_gated``). Checkpoints where
+        something is to ship."""
+        if self.reset_cause is None:  # (a reset or fenced object ships nothing)
+            await self.sync()
 
     def on_startup(self, hook: Callable[[], Awaitable[None]]) -> None:
         """Run ``hook`` before the first call of this activation (and before its alarm
@@ -752,6 +795,12 @@ class ObjectHost:
                             await handler(AlarmInfo(retry_count=retry, is_retry=retry > 0))
                     except Exception as exc:
                         failure = exc
+                        if not scope.cancel_called:
+                            # Re-timed now, not after the ship below (it checkpoints
+                            # where commits ship): a call that has the object meanwhile
+                            # (its startup re-arms the alarm) keeps what it set, as on
+                            # the file engine, and the retry ships with this run.
+                            alarm.failed(failure, retry)
                     try:
                         await self.sync()
                     except ObjectFencedError:
@@ -779,11 +828,8 @@ class ObjectHost:
             assert scope is not None
             if scope.cancelled_caught:
                 return  # reset: a Lifecycle's breaker decided what happens to its alarm
-            if failure is None:
-                if alarm.version == version:
-                    alarm.write(None, 0)
-                return
-            alarm.failed(failure, retry)
+            if failure is None and alarm.version == version:
+                alarm.write(None, 0)
         finally:
             done.set()
 
