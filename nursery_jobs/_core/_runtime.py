@@ -457,22 +457,23 @@ class Runtime:
 
     async def activate(self, cls: type[DurableObject], object_id: str) -> DurableObject:
         """Activate an object (running its startup) and return its instance."""
-        return await self.run_in(cls, object_id, "startup (rt.activate)", _itself)
+        return await self.run_in(cls, object_id, "startup (rt.activate)", _itself,
+                                 create=True)
 
     async def run_in(self, cls: type[DurableObject], object_id: str, holder: str,
                      fn: Callable[[DurableObject], Awaitable[T]], *,
-                     namespace: str | None = None) -> T:
+                     namespace: str | None = None, create: bool = False) -> T:
         """``await fn(instance)`` in the object, as a write call of it runs
         (``ObjectHost.run_write``): resident and awake from activation to the end,
         startup first, in one write turn whose commits are durable when it returns.
         ``namespace`` is the object's (default the class's: a namespace served through
         its recorded class path may name another). For the operator faces (the
-        dashboard's actions): an object that does not exist is not created.
-        Checkpoints.
+        dashboard's actions): an object that does not exist is not created, unless
+        ``create`` (``rt.activate``). Checkpoints.
 
         Raises:
-            UnknownObjectError: no such object is resident or stored; nothing was
-                created.
+            UnknownObjectError: (not ``create``) no such object is resident or stored;
+                nothing was created.
             ObjectResetError: the object was reset meanwhile.
             ObjectLeasedElsewhere: (PostgreSQL) another live host holds it.
             ObjectFencedError: (PostgreSQL) this host's lease went meanwhile; nothing
@@ -480,7 +481,7 @@ class Runtime:
         """
         namespace = cls.namespace if namespace is None else namespace
         object_id = check_object_id(object_id)
-        host = await self._activate(cls, namespace, object_id, create=False)
+        host = await self._activate(cls, namespace, object_id, create=create)
         state = host.state
         if state is not None and state.ships:
             try:
@@ -489,7 +490,7 @@ class Runtime:
                 # (hook(pg)) This host's lease lapsed (as for a call, ``ObjectHost.call``):
                 # the object was dropped here before anything ran; activate it again,
                 # once (taken again here, or ObjectLeasedElsewhere).
-                host = await self._activate(cls, namespace, object_id, create=False)
+                host = await self._activate(cls, namespace, object_id, create=create)
                 if host.state is not None and host.state.ships:
                     host.state.admit()
 
