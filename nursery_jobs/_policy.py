@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any, Final
 
 import attrs
@@ -36,8 +37,21 @@ class Backoff:
         """The wait before retry ``retry + 1`` (``retry`` failures so far), or None."""
         if self.max_retries is not None and retry >= self.max_retries:
             return None
-        grown = self.base * (retry + 1) if self.linear else self.base * 2.0 ** min(retry, 1024)
+        if self.base == 0 or self.cap <= self.base:
+            return min(self.cap, self.base)  # every delay (no delay is below the base)
+        if self._reaches_cap(retry):
+            return self.cap
+        grown = self.base * (retry + 1) if self.linear else math.ldexp(self.base, retry)
         return min(self.cap, grown)
+
+    def _reaches_cap(self, retry: int) -> bool:
+        """Whether the delay before retry ``retry + 1`` is at least the cap: from there on
+        every delay is the cap, and growing further only overflows (``2.0 ** 1024`` is an
+        OverflowError). Decided in log2, where an int of any size compares exactly with
+        a float, so no retry count reaches the arithmetic that could overflow; an
+        infinite cap is reached where floats end."""
+        room = math.log2(min(self.cap, sys.float_info.max)) - math.log2(self.base)
+        return (math.log2(retry + 1) if self.linear else retry) >= room
 
 
 # A plain object's alarm, as Durable Objects retry it: 2 s doubling, 6 retries.

@@ -27,6 +27,7 @@ from conftest import EPOCH, engine
 
 import nursery_jobs as nj
 from nursery_jobs import _clock
+from nursery_jobs import _policy as nj_policy
 
 HANG = 10_000_000
 
@@ -200,11 +201,6 @@ class AlwaysFails(nj.DurableObject):
         raise RuntimeError("always")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review: RetryOptions.backoff_bound(1025) raises OverflowError (Backoff.delay computes"
-    " 2.0 ** min(retry, 1024), and 2.0 ** 1024 overflows), so attempt 1025 of a job allowed"
-    " more attempts fails forever as an alarm-run error: its attempt never advances, it is"
-    " never dead-lettered"))
 async def test_a_job_allowed_1030_attempts_runs_all_of_them_then_is_dead_lettered(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -222,6 +218,26 @@ async def test_a_job_allowed_1030_attempts_runs_all_of_them_then_is_dead_lettere
             # alarm:retry with OverflowError each time), no dead letter.
             assert attempts == list(range(1, 1031))
             assert await obj.state() == ([], [("j", 1030, "RuntimeError: always")])
+
+
+@pytest.mark.parametrize("backoff", [
+    nj_policy.LIFECYCLE_RETRY, nj_policy.STRIKE_DELAY, nj_policy.Backoff(base=2.0),
+    nj_policy.Backoff(base=5e-324, cap=1e308), nj_policy.Backoff(base=1e308),
+    nj_policy.Backoff(base=3.0, linear=True), nj_policy.Backoff(base=0.0),
+    nj_policy.RetryOptions(base_delay=1e308, max_delay=1e308),
+], ids=repr)
+def test_no_retry_count_overflows_a_backoff(backoff: Any) -> None:
+    """Past the retry whose delay reaches the cap, every delay is the cap (an infinite cap
+    is reached where floats end): no count of retries makes the arithmetic overflow."""
+    if isinstance(backoff, nj.RetryOptions):
+        delay, base, cap = (lambda r: backoff.backoff_bound(r + 1)), backoff.base_delay, \
+            backoff.max_delay
+    else:
+        delay, base, cap = backoff.delay, backoff.base, backoff.cap
+    delays = [delay(r) for r in (0, 1, 1023, 1024, 1025, 2**31, 10**400)]
+    assert delays == sorted(delays)
+    assert delays[:2] == [min(cap, base), min(cap, base * 2)]
+    assert delays[-1] == (min(cap, math.inf) if base else 0.0)
 
 
 class FailingStart(nj.Capability):
@@ -246,11 +262,6 @@ class Starts(nj.DurableObject):
         pass
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review: the runtime's retry of a failing Lifecycle alarm run overflows at retry 1024"
-    " (LIFECYCLE_RETRY.delay -> 2.0 ** 1024 in _policy.Backoff.delay): the object's task"
-    " crashes ('object ... crashed', OverflowError in ObjectAlarm.failed) and the backoff"
-    " starts again at 2 s instead of staying at 5 minutes"))
 async def test_an_alarm_run_failing_for_days_is_retried_every_five_minutes_for_good(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
