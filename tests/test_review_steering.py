@@ -293,10 +293,6 @@ async def test_an_alarm_run_failing_for_days_is_retried_every_five_minutes_for_g
 # == timeouts ================================================================================
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review: a run cancelled by its timeout whose clean-up raises another error is recorded"
-    " as that error, not JobTimeoutError (run_with_timeout checks scope.cancel_called only"
-    " when on_job returns), so give_up_on=(JobTimeoutError,) is ignored: 3 runs, not 1"))
 async def test_a_run_cut_by_its_timeout_is_a_timeout_whatever_its_clean_up_raises(
     autojump_clock: trio.testing.MockClock, on_every_engine: str
 ) -> None:

@@ -185,14 +185,28 @@ async def run_with_timeout(
     job = ctx.job
     timeout = job.timeout
     assert timeout is not None
-    with trio.move_on_after(timeout) as scope:
-        outcome = await on_job(ctx)
+    try:
+        with trio.move_on_after(timeout) as scope:
+            outcome = await on_job(ctx)
+    except MemoryError:
+        raise  # (resets the object, whenever it is raised)
+    except Exception as exc:
+        if not scope.cancel_called:
+            raise
+        # Cut by its timeout, the run's clean-up raised: still a timeout (the error it
+        # raised is the cause), so give_up_on and the retries see what happened.
+        raise _timed_out(job, label, timeout, f"; its clean-up raised {type(exc).__name__}") \
+            from exc
     if not scope.cancel_called:
         return outcome
     # Still going at its timeout, whether or not it let the Cancelled through (a job
-    # that swallowed it and returned had its result stand, as a clean run).
-    raise JobTimeoutError(
+    # that swallowed it and returned is timed out all the same).
+    raise _timed_out(job, label, timeout, "")
+
+
+def _timed_out(job: Job, label: str, timeout: float, more: str) -> JobTimeoutError:
+    return JobTimeoutError(
         f"job {job.id!r} of {label} ran longer than its timeout of {timeout:g} s; its run"
-        " was cancelled",
+        f" was cancelled{more}",
         job_id=job.id, timeout=timeout,
     )
