@@ -314,10 +314,6 @@ async def test_a_run_cut_by_its_timeout_is_a_timeout_whatever_its_clean_up_raise
 # == jobs.cancel of a job with tracked work ===================================================
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review: tracked work is filed by job id alone (Steering._work), so the host's"
-    " jobs.cancel of its own job 'x' cancels the tracked work that the 'sync' capability's"
-    " job 'x' started"))
 async def test_a_host_cancel_never_ends_the_tracked_work_of_another_owners_job(
     autojump_clock: trio.testing.MockClock, on_every_engine: str
 ) -> None:

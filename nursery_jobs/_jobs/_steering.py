@@ -66,9 +66,10 @@ class Steering:
         self._store = store
         self._turns = turns
         self.run: AlarmRun | None = None
-        # The cancel scopes of tracked work in progress, by the id of the job that
-        # started it (work started outside a job is not steered).
-        self._work: dict[str, set[trio.CancelScope]] = {}
+        # The cancel scopes of tracked work in progress, by the (owner, id) of the job
+        # that started it (work started outside a job is not steered): ids are reused,
+        # and each owner cancels only its own jobs' work.
+        self._work: dict[tuple[str, str], set[trio.CancelScope]] = {}
         # Cancels waiting for the turn, by (owner, job id): the alarm run looks here
         # before it starts a job (an empty dict: one truth test per job).
         self.waiting: dict[tuple[str, str], list[_TurnWait]] = {}
@@ -122,7 +123,7 @@ class Steering:
             request = run.cancel = CancelRequest(job)
             assert run.scope is not None
             run.scope.cancel(reason=f"jobs.cancel({job_id!r}) of the running job")
-            self.cancel_work(job_id)
+            self.cancel_work(owner, job_id)
         return request
 
     def starting(self, job: Job) -> bool:
@@ -148,7 +149,7 @@ class Steering:
         the job was there. Does not checkpoint."""
         cancelled = self._store.cancel(owner, job_id)
         if cancelled:
-            self.cancel_work(job_id)
+            self.cancel_work(owner, job_id)
         return cancelled
 
     # -- tracked work ---------------------------------------------------------------------
@@ -159,18 +160,20 @@ class Steering:
         if job is None:
             yield
             return
+        key = (job.owner, job.id)
         with trio.CancelScope() as scope:
-            scopes = self._work.setdefault(job.id, set())
+            scopes = self._work.setdefault(key, set())
             scopes.add(scope)
             try:
                 yield
             finally:
                 scopes.discard(scope)
-                if not scopes and self._work.get(job.id) is scopes:
-                    del self._work[job.id]
+                if not scopes and self._work.get(key) is scopes:
+                    del self._work[key]
 
-    def cancel_work(self, job_id: str) -> None:
-        for scope in self._work.pop(job_id, ()):
+    def cancel_work(self, owner: str, job_id: str) -> None:
+        """End the tracked work that runs of ``owner``'s job ``job_id`` started."""
+        for scope in self._work.pop((owner, job_id), ()):
             scope.cancel(reason=f"jobs.cancel({job_id!r}): the work of a cancelled job")
 
 
