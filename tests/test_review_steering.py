@@ -333,10 +333,6 @@ async def test_a_host_cancel_never_ends_the_tracked_work_of_another_owners_job(
             assert env["log"] == [("sync", "run", 0), ("sync", "work ended", 100)]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review: jobs.cancel ends the job's tracked work at once (Steering.cancel_queued), before"
-    " what cancelled it commits; when that rolls back (a storage.transaction() that raises,"
-    " a job that cancels it and then fails) the job is back but its work is gone"))
 @pytest.mark.parametrize("undone_by", ["a rolled-back transaction", "a failing job"])
 async def test_a_cancel_that_is_undone_leaves_the_tracked_work_running(
     autojump_clock: trio.testing.MockClock, on_every_engine: str, undone_by: str

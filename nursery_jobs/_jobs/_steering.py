@@ -64,6 +64,7 @@ class Steering:
 
     def __init__(self, store: JobStore, turns: TurnGate) -> None:
         self._store = store
+        store.end_work = self.cancel_work  # (once a cancel of the job is committed)
         self._turns = turns
         self.run: AlarmRun | None = None
         # The cancel scopes of tracked work in progress, by the (owner, id) of the job
@@ -143,14 +144,12 @@ class Steering:
         return True
 
     def cancel_queued(self, owner: str, job_id: str) -> bool:
-        """Delete a job that is not running now (the caller holds the turn), and end the
-        tracked work an earlier run of it started: a heartbeat job's work, cancelled
-        between two runs, ran on orphaned with nothing left to stop it. Returns whether
-        the job was there. Does not checkpoint."""
-        cancelled = self._store.cancel(owner, job_id)
-        if cancelled:
-            self.cancel_work(owner, job_id)
-        return cancelled
+        """Delete a job that is not running now (the caller holds the turn). The tracked
+        work an earlier run of it started ends once the delete is committed (the store
+        calls ``cancel_work``; a heartbeat job's work, cancelled between two runs, ran on
+        orphaned with nothing left to stop it), and goes on if it rolls back — the job is
+        back. Returns whether the job was there. Does not checkpoint."""
+        return self._store.cancel(owner, job_id)
 
     # -- tracked work ---------------------------------------------------------------------
     @contextmanager
