@@ -363,10 +363,6 @@ async def test_a_cancel_that_is_undone_leaves_the_tracked_work_running(
 # == single-flight while tracked work runs ===================================================
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review: a push of the same id, jobs.reschedule and a retry each clear the running"
-    " marker (nj_jobs UPSERT, JobTable.retime and retry_later set running_since = NULL), so"
-    " a single-flight job runs again beside the tracked work its earlier run started"))
 @pytest.mark.parametrize("change", ["push again", "reschedule", "retry"])
 async def test_singleflight_holds_a_changed_job_until_its_tracked_work_ends(
     autojump_clock: trio.testing.MockClock, on_every_engine: str, change: str

@@ -284,13 +284,19 @@ class Lifecycle:
         self.ctx.nursery.start_soon(self._tracked_work, fn, args, job, started)
         return True
 
-    def keeps_marker(self, run: AlarmRun, job: Job) -> bool:
-        """Whether the job's running marker must stay after this run: its tracked work
-        goes on, started by this run or an earlier one (a heartbeat that found the work
-        running must not erase what a crash during it is attributed by)."""
+    def running_marker(self, run: AlarmRun, job: Job) -> float | None:
+        """The job's running marker after this run: when its tracked work in progress
+        started (this run's, else the latest earlier run's that goes on), or None. A
+        heartbeat that found the work running must not erase what a crash during it is
+        attributed by, nor a retry what single-flight holds it by (a failed run's own
+        marker was rolled back with its writes)."""
+        if run.tracked:
+            return run.started
         if not self.tracked:
-            return run.tracked
-        return run.tracked or any(key[:2] == (job.owner, job.id) for key in self.tracked)
+            return None
+        owner, job_id = job.owner, job.id
+        return max((started for (o, i, started) in self.tracked if o == owner and i == job_id),
+                   default=None)
 
     async def _tracked_work(
         self, fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...], job: Job | None,

@@ -132,7 +132,8 @@ class JobStore:
                 return None
             if kind == "retry":
                 with self.writing():
-                    self.table.retry_later(job.id, completion.time, completion.attempts)
+                    self.table.retry_later(job.id, completion.time, completion.attempts,
+                                           completion.marker)
                     self._record_attempt(job, completion)
                 self.flush()
                 return job
@@ -151,7 +152,7 @@ class JobStore:
                 # row cannot have been replaced (that would have superseded the run).
                 table.finished(self.running_seq)
             else:
-                table.later(self.running_seq, completion.time, completion.keep_marker)
+                table.later(self.running_seq, completion.time, completion.marker)
             if self.running_attempts and not self.superseded:
                 # Its failed attempts go with it (attempts clear); only a job that
                 # failed before costs this statement.
