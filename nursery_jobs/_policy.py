@@ -12,15 +12,8 @@ from typing import Any, Final
 
 import attrs
 
+from nursery_jobs._clock import is_finite as is_finite
 from nursery_jobs._errors import JobError, LimitError
-
-
-def is_finite(value: int | float) -> bool:
-    """math.isfinite, also for an int too large for a float (which is not finite here)."""
-    try:
-        return math.isfinite(value)
-    except OverflowError:
-        return False
 
 
 @attrs.frozen(kw_only=True)

@@ -684,10 +684,6 @@ async def _limit(**kwargs: Any) -> None:
 
 # What the implementation gets wrong today (each case a finding).
 FINDINGS = {
-    "hung_timeout a huge int": (
-        "review: check_hung_timeout calls math.isfinite on the value, which raises"
-        " OverflowError (no NurseryJobsError, no ValueError) for an int too large for a float;"
-        " every other check uses _policy.is_finite"),
     "RetryOptions jitter an int": (
         "review: RetryOptions.jitter is checked by attrs.validators.instance_of(bool), whose"
         " plain TypeError is no NurseryJobsError (every other RetryOptions field raises JobError)"),

@@ -233,7 +233,7 @@ def check_fn(fn: object) -> str:
 
 def check_hung_timeout(value: object, *, job: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-        math.isfinite(value) and value >= 0
+        is_finite(value) and value >= 0
     ):
         raise JobError(f"job {job!r}: hung_timeout must be a finite number >= 0, got {value!r}")
     return float(value)
