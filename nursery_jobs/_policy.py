@@ -82,6 +82,11 @@ def _check_retry(instance: RetryOptions, attribute: Any, value: Any) -> None:
         raise JobError(f"RetryOptions.{attribute.name} must be a finite number >= 0, got {value!r}")
 
 
+def _check_jitter(instance: RetryOptions, attribute: Any, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise JobError(f"RetryOptions.jitter must be a bool, got {value!r}")
+
+
 def error_name(error_type: type[BaseException]) -> str:
     """How an exception type is named in ``give_up_on`` (and stored): ``module.QualName``."""
     return f"{error_type.__module__}.{error_type.__qualname__}"
@@ -130,7 +135,7 @@ class RetryOptions:
     max_attempts: int = attrs.field(default=3, validator=_check_retry)
     base_delay: float = attrs.field(default=0.1, validator=_check_retry)
     max_delay: float = attrs.field(default=3.0, validator=_check_retry)
-    jitter: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
+    jitter: bool = attrs.field(default=True, validator=_check_jitter)
     """With ``jitter=False`` the wait is exactly the bound (the Agent's 1, 2, 4 ... s)."""
     give_up_on: tuple[str, ...] = attrs.field(default=(), converter=_give_up_on)
     """Errors that end the job at once, remaining attempts skipped (Temporal's

@@ -683,11 +683,7 @@ async def _limit(**kwargs: Any) -> None:
 
 
 # What the implementation gets wrong today (each case a finding).
-FINDINGS = {
-    "RetryOptions jitter an int": (
-        "review: RetryOptions.jitter is checked by attrs.validators.instance_of(bool), whose"
-        " plain TypeError is no NurseryJobsError (every other RetryOptions field raises JobError)"),
-}
+FINDINGS: dict[str, str] = {}
 CASES = [pytest.param(case, marks=pytest.mark.xfail(strict=True, reason=FINDINGS[case]))
          if case in FINDINGS else case for case in HOSTILE]
 
