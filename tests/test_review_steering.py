@@ -719,9 +719,6 @@ class Tasks(nj.Agent):
         return len(self.list_queued())
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review: Agent max_retries past 2**31 - 2 is refused by RetryOptions, whose message names"
-    " max_attempts and a value the caller never gave (max_retries + 1), not max_retries"))
 async def test_an_agent_max_retries_too_large_is_refused_naming_max_retries() -> None:
     """DESIGN §7: every message names the argument that is wrong."""
     with trio.fail_after(10):
