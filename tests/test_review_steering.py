@@ -229,12 +229,13 @@ async def test_a_job_allowed_1030_attempts_runs_all_of_them_then_is_dead_lettere
 def test_no_retry_count_overflows_a_backoff(backoff: Any) -> None:
     """Past the retry whose delay reaches the cap, every delay is the cap (an infinite cap
     is reached where floats end): no count of retries makes the arithmetic overflow."""
+    retries = (0, 1, 1023, 1024, 1025, 2**31, 10**400)
     if isinstance(backoff, nj.RetryOptions):
-        delay, base, cap = (lambda r: backoff.backoff_bound(r + 1)), backoff.base_delay, \
-            backoff.max_delay
+        base, cap = backoff.base_delay, backoff.max_delay
+        delays = [backoff.backoff_bound(r + 1) for r in retries]
     else:
-        delay, base, cap = backoff.delay, backoff.base, backoff.cap
-    delays = [delay(r) for r in (0, 1, 1023, 1024, 1025, 2**31, 10**400)]
+        base, cap = backoff.base, backoff.cap
+        delays = [backoff.delay(r) for r in retries]
     assert delays == sorted(delays)
     assert delays[:2] == [min(cap, base), min(cap, base * 2)]
     assert delays[-1] == (min(cap, math.inf) if base else 0.0)
