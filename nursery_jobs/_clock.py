@@ -240,10 +240,19 @@ def coerce_delay(value: object, *, name: str = "delay") -> float:
     return seconds
 
 
+def is_finite(value: int | float) -> bool:
+    """math.isfinite, also for an int too large for a float (which is not finite here:
+    math.isfinite raises OverflowError)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
 def jitter(base: float, fraction: float = 0.5) -> float:
     """Return ``base + uniform(0, base * fraction)``: spread wake-ups of many objects."""
-    if not math.isfinite(base) or base < 0:
+    if not is_finite(base) or base < 0:
         raise TimeArgumentError(f"jitter: base {base!r} must be a finite number >= 0")
-    if not math.isfinite(fraction) or fraction < 0:
+    if not is_finite(fraction) or fraction < 0:
         raise TimeArgumentError(f"jitter: fraction {fraction!r} must be a finite number >= 0")
     return base + random.uniform(0.0, base * fraction)

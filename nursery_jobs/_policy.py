@@ -7,19 +7,13 @@
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any, Final
 
 import attrs
 
+from nursery_jobs._clock import is_finite as is_finite
 from nursery_jobs._errors import JobError, LimitError
-
-
-def is_finite(value: int | float) -> bool:
-    """math.isfinite, also for an int too large for a float (which is not finite here)."""
-    try:
-        return math.isfinite(value)
-    except OverflowError:
-        return False
 
 
 @attrs.frozen(kw_only=True)
@@ -36,8 +30,21 @@ class Backoff:
         """The wait before retry ``retry + 1`` (``retry`` failures so far), or None."""
         if self.max_retries is not None and retry >= self.max_retries:
             return None
-        grown = self.base * (retry + 1) if self.linear else self.base * 2.0 ** min(retry, 1024)
+        if self.base == 0 or self.cap <= self.base:
+            return min(self.cap, self.base)  # every delay (no delay is below the base)
+        if self._reaches_cap(retry):
+            return self.cap
+        grown = self.base * (retry + 1) if self.linear else math.ldexp(self.base, retry)
         return min(self.cap, grown)
+
+    def _reaches_cap(self, retry: int) -> bool:
+        """Whether the delay before retry ``retry + 1`` is at least the cap: from there on
+        every delay is the cap, and growing further only overflows (``2.0 ** 1024`` is an
+        OverflowError). Decided in log2, where an int of any size compares exactly with
+        a float, so no retry count reaches the arithmetic that could overflow; an
+        infinite cap is reached where floats end."""
+        room = math.log2(min(self.cap, sys.float_info.max)) - math.log2(self.base)
+        return (math.log2(retry + 1) if self.linear else retry) >= room
 
 
 # A plain object's alarm, as Durable Objects retry it: 2 s doubling, 6 retries.
@@ -73,6 +80,11 @@ def _check_retry(instance: RetryOptions, attribute: Any, value: Any) -> None:
         or value < 0
     ):
         raise JobError(f"RetryOptions.{attribute.name} must be a finite number >= 0, got {value!r}")
+
+
+def _check_jitter(instance: RetryOptions, attribute: Any, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise JobError(f"RetryOptions.jitter must be a bool, got {value!r}")
 
 
 def error_name(error_type: type[BaseException]) -> str:
@@ -123,7 +135,7 @@ class RetryOptions:
     max_attempts: int = attrs.field(default=3, validator=_check_retry)
     base_delay: float = attrs.field(default=0.1, validator=_check_retry)
     max_delay: float = attrs.field(default=3.0, validator=_check_retry)
-    jitter: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
+    jitter: bool = attrs.field(default=True, validator=_check_jitter)
     """With ``jitter=False`` the wait is exactly the bound (the Agent's 1, 2, 4 ... s)."""
     give_up_on: tuple[str, ...] = attrs.field(default=(), converter=_give_up_on)
     """Errors that end the job at once, remaining attempts skipped (Temporal's

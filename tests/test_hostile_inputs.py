@@ -106,6 +106,8 @@ SYNC_CASES: dict[str, Callable[[Target], Any]] = {
     "RetryOptions give_up_on an instance": lambda t: nj.RetryOptions(
         give_up_on=(ValueError("x"),)),
     "jitter of a negative base": lambda t: nj.jitter(-1),
+    "jitter of a huge int base": lambda t: nj.jitter(10**400),
+    "jitter of a huge int fraction": lambda t: nj.jitter(1, 10**400),
 }
 
 
@@ -124,3 +126,17 @@ async def test_a_hostile_object_id_gets_object_id_error(bad: Any) -> None:
     async with nj.open_runtime() as rt:
         with pytest.raises(nj.ObjectIdError):
             rt.get(Target, bad)
+
+
+@pytest.mark.parametrize("option", ["idle_timeout", "dormant_after", "memory_limit",
+                                    "turn_warning"])
+@pytest.mark.parametrize("bad", [10**400, math.nan], ids=["a huge int", "nan"])
+async def test_an_open_runtime_option_no_float_holds_is_refused_naming_it(
+    tmp_path: Any, option: str, bad: Any
+) -> None:
+    """An int too large for a float is no finite number of seconds (or bytes): refused as
+    a ValueError naming the option, as NaN is, not an OverflowError; nothing is opened."""
+    with pytest.raises(ValueError, match=option):
+        async with nj.open_runtime(tmp_path / "data", **{option: bad}):
+            pass
+    assert not (tmp_path / "data").exists()

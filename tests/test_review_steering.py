@@ -27,6 +27,7 @@ from conftest import EPOCH, engine
 
 import nursery_jobs as nj
 from nursery_jobs import _clock
+from nursery_jobs import _policy as nj_policy
 
 HANG = 10_000_000
 
@@ -200,11 +201,6 @@ class AlwaysFails(nj.DurableObject):
         raise RuntimeError("always")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review: RetryOptions.backoff_bound(1025) raises OverflowError (Backoff.delay computes"
-    " 2.0 ** min(retry, 1024), and 2.0 ** 1024 overflows), so attempt 1025 of a job allowed"
-    " more attempts fails forever as an alarm-run error: its attempt never advances, it is"
-    " never dead-lettered"))
 async def test_a_job_allowed_1030_attempts_runs_all_of_them_then_is_dead_lettered(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -222,6 +218,27 @@ async def test_a_job_allowed_1030_attempts_runs_all_of_them_then_is_dead_lettere
             # alarm:retry with OverflowError each time), no dead letter.
             assert attempts == list(range(1, 1031))
             assert await obj.state() == ([], [("j", 1030, "RuntimeError: always")])
+
+
+@pytest.mark.parametrize("backoff", [
+    nj_policy.LIFECYCLE_RETRY, nj_policy.STRIKE_DELAY, nj_policy.Backoff(base=2.0),
+    nj_policy.Backoff(base=5e-324, cap=1e308), nj_policy.Backoff(base=1e308),
+    nj_policy.Backoff(base=3.0, linear=True), nj_policy.Backoff(base=0.0),
+    nj_policy.RetryOptions(base_delay=1e308, max_delay=1e308),
+], ids=repr)
+def test_no_retry_count_overflows_a_backoff(backoff: Any) -> None:
+    """Past the retry whose delay reaches the cap, every delay is the cap (an infinite cap
+    is reached where floats end): no count of retries makes the arithmetic overflow."""
+    retries = (0, 1, 1023, 1024, 1025, 2**31, 10**400)
+    if isinstance(backoff, nj.RetryOptions):
+        base, cap = backoff.base_delay, backoff.max_delay
+        delays = [backoff.backoff_bound(r + 1) for r in retries]
+    else:
+        base, cap = backoff.base, backoff.cap
+        delays = [backoff.delay(r) for r in retries]
+    assert delays == sorted(delays)
+    assert delays[:2] == [min(cap, base), min(cap, base * 2)]
+    assert delays[-1] == (min(cap, math.inf) if base else 0.0)
 
 
 class FailingStart(nj.Capability):
@@ -246,11 +263,6 @@ class Starts(nj.DurableObject):
         pass
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review: the runtime's retry of a failing Lifecycle alarm run overflows at retry 1024"
-    " (LIFECYCLE_RETRY.delay -> 2.0 ** 1024 in _policy.Backoff.delay): the object's task"
-    " crashes ('object ... crashed', OverflowError in ObjectAlarm.failed) and the backoff"
-    " starts again at 2 s instead of staying at 5 minutes"))
 async def test_an_alarm_run_failing_for_days_is_retried_every_five_minutes_for_good(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -282,10 +294,6 @@ async def test_an_alarm_run_failing_for_days_is_retried_every_five_minutes_for_g
 # == timeouts ================================================================================
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review: a run cancelled by its timeout whose clean-up raises another error is recorded"
-    " as that error, not JobTimeoutError (run_with_timeout checks scope.cancel_called only"
-    " when on_job returns), so give_up_on=(JobTimeoutError,) is ignored: 3 runs, not 1"))
 async def test_a_run_cut_by_its_timeout_is_a_timeout_whatever_its_clean_up_raises(
     autojump_clock: trio.testing.MockClock, on_every_engine: str
 ) -> None:
@@ -307,10 +315,6 @@ async def test_a_run_cut_by_its_timeout_is_a_timeout_whatever_its_clean_up_raise
 # == jobs.cancel of a job with tracked work ===================================================
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review: tracked work is filed by job id alone (Steering._work), so the host's"
-    " jobs.cancel of its own job 'x' cancels the tracked work that the 'sync' capability's"
-    " job 'x' started"))
 async def test_a_host_cancel_never_ends_the_tracked_work_of_another_owners_job(
     autojump_clock: trio.testing.MockClock, on_every_engine: str
 ) -> None:
@@ -330,10 +334,6 @@ async def test_a_host_cancel_never_ends_the_tracked_work_of_another_owners_job(
             assert env["log"] == [("sync", "run", 0), ("sync", "work ended", 100)]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review: jobs.cancel ends the job's tracked work at once (Steering.cancel_queued), before"
-    " what cancelled it commits; when that rolls back (a storage.transaction() that raises,"
-    " a job that cancels it and then fails) the job is back but its work is gone"))
 @pytest.mark.parametrize("undone_by", ["a rolled-back transaction", "a failing job"])
 async def test_a_cancel_that_is_undone_leaves_the_tracked_work_running(
     autojump_clock: trio.testing.MockClock, on_every_engine: str, undone_by: str
@@ -364,10 +364,6 @@ async def test_a_cancel_that_is_undone_leaves_the_tracked_work_running(
 # == single-flight while tracked work runs ===================================================
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review: a push of the same id, jobs.reschedule and a retry each clear the running"
-    " marker (nj_jobs UPSERT, JobTable.retime and retry_later set running_since = NULL), so"
-    " a single-flight job runs again beside the tracked work its earlier run started"))
 @pytest.mark.parametrize("change", ["push again", "reschedule", "retry"])
 async def test_singleflight_holds_a_changed_job_until_its_tracked_work_ends(
     autojump_clock: trio.testing.MockClock, on_every_engine: str, change: str
@@ -688,15 +684,7 @@ async def _limit(**kwargs: Any) -> None:
 
 
 # What the implementation gets wrong today (each case a finding).
-FINDINGS = {
-    "hung_timeout a huge int": (
-        "review: check_hung_timeout calls math.isfinite on the value, which raises"
-        " OverflowError (no NurseryJobsError, no ValueError) for an int too large for a float;"
-        " every other check uses _policy.is_finite"),
-    "RetryOptions jitter an int": (
-        "review: RetryOptions.jitter is checked by attrs.validators.instance_of(bool), whose"
-        " plain TypeError is no NurseryJobsError (every other RetryOptions field raises JobError)"),
-}
+FINDINGS: dict[str, str] = {}
 CASES = [pytest.param(case, marks=pytest.mark.xfail(strict=True, reason=FINDINGS[case]))
          if case in FINDINGS else case for case in HOSTILE]
 
@@ -732,9 +720,6 @@ class Tasks(nj.Agent):
         return len(self.list_queued())
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review: Agent max_retries past 2**31 - 2 is refused by RetryOptions, whose message names"
-    " max_attempts and a value the caller never gave (max_retries + 1), not max_retries"))
 async def test_an_agent_max_retries_too_large_is_refused_naming_max_retries() -> None:
     """DESIGN §7: every message names the argument that is wrong."""
     with trio.fail_after(10):

@@ -18,7 +18,7 @@ from nursery_jobs._core._object import DurableObject, ObjectContext
 from nursery_jobs._errors import JobError, UnknownCallbackError, safe_repr
 from nursery_jobs._jobs._lifecycle import Lifecycle
 from nursery_jobs._jobs._records import DeadLetter, Job, JobContext, JobOutcome
-from nursery_jobs._policy import RetryOptions
+from nursery_jobs._policy import MAX_ATTEMPTS, RetryOptions
 
 logger = logging.getLogger("nursery_jobs")
 
@@ -63,8 +63,13 @@ _RUNNING_TASK: contextvars.ContextVar[tuple[Agent, TaskInfo] | None] = contextva
 
 def agent_retry(max_retries: int) -> RetryOptions:
     """1 s doubling, capped at 5 minutes, ``max_retries`` after the first delivery."""
-    if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
-        raise JobError(f"max_retries must be an int >= 0, got {max_retries!r}")
+    if isinstance(max_retries, bool) or not isinstance(max_retries, int) or not (
+        0 <= max_retries < MAX_ATTEMPTS
+    ):
+        # (Checked here, not left to RetryOptions: its message named max_attempts and
+        # max_retries + 1, neither of which the caller gave.)
+        raise JobError(
+            f"max_retries must be an int in [0, {MAX_ATTEMPTS - 1}], got {max_retries!r}")
     return RetryOptions(max_attempts=max_retries + 1, base_delay=1.0, max_delay=300.0,
                         jitter=False)
 

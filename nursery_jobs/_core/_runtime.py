@@ -49,7 +49,7 @@ from nursery_jobs._errors import (
     safe_repr,
 )
 from nursery_jobs._events import Event, EventBus
-from nursery_jobs._policy import Limit
+from nursery_jobs._policy import Limit, is_finite
 
 logger = logging.getLogger("nursery_jobs")
 T = TypeVar("T")
@@ -707,25 +707,30 @@ async def open_runtime(
     signals = _check_stop_on(stop_on)
     checked_limits = check_limits(limits)
     tracer = tracing_for(tracing)
+    # (is_finite, not math.isfinite: an int too large for a float is refused, where
+    # math.isfinite raised OverflowError.)
     if (isinstance(turn_warning, bool) or not isinstance(turn_warning, (int, float))
-            or math.isnan(turn_warning) or turn_warning <= 0):
-        raise ValueError(f"turn_warning must be a number of seconds > 0, got {turn_warning!r}")
+            or not (is_finite(turn_warning) or turn_warning == math.inf) or turn_warning <= 0):
+        raise ValueError(
+            f"turn_warning must be a number of seconds > 0 (inf: never warn), got"
+            f" {turn_warning!r}")
     if memory_limit is not None and (
         isinstance(memory_limit, bool) or not isinstance(memory_limit, (int, float))
-        or not (memory_limit > 0 and math.isfinite(memory_limit))
+        or not (memory_limit > 0 and is_finite(memory_limit))
     ):
-        raise ValueError(f"memory_limit must be a number of bytes > 0, got {memory_limit!r}")
+        raise ValueError(
+            f"memory_limit must be a finite number of bytes > 0, got {memory_limit!r}")
     if memory_probe is not None and not callable(memory_probe):
         raise TypeError(f"memory_probe must be a callable returning bytes, got {memory_probe!r}")
     if not isinstance(idle_timeout, (int, float)) or isinstance(idle_timeout, bool) or not (
-        idle_timeout > 0 and math.isfinite(idle_timeout)
+        idle_timeout > 0 and is_finite(idle_timeout)
     ):
         raise ValueError(
             f"idle_timeout must be a finite number of seconds > 0, got {idle_timeout!r}"
         )
     if dormant_after is not None and (
         not isinstance(dormant_after, (int, float)) or isinstance(dormant_after, bool)
-        or not (dormant_after > 0 and math.isfinite(dormant_after))
+        or not (dormant_after > 0 and is_finite(dormant_after))
     ):
         raise ValueError(
             f"dormant_after must be None or a finite number of seconds > 0, got"

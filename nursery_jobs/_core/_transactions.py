@@ -91,6 +91,9 @@ class BlockWatcher(Protocol):
     def undo(self, mark: object) -> None:
         """The block rolled back: what it did in memory goes too."""
 
+    def committed(self) -> None:
+        """The block committed (it was the outermost transaction)."""
+
     def release(self, stand_in: sqlite3.Connection) -> None:
         """The object left memory: hold ``stand_in`` in place of its connection."""
 
@@ -264,6 +267,8 @@ class ObjectTransactions:
             if not conn.in_transaction:
                 with atomic(conn):
                     yield
+                if self.blocks is not None:
+                    self.blocks.committed()
                 return
             self._settle()
             self._user_savepoints += 1

@@ -520,7 +520,7 @@ class AlarmRunner:
             self._watch.job = None
             self._metrics.job_ran(self._namespace, job.owner, run.time() - clock, True)
             store.complete(job, DONE if outcome is None else completion_of(
-                job, outcome, keep_marker=self._lc.keeps_marker(run, job)))
+                job, outcome, marker=self._lc.running_marker(run, job)))
         finally:
             if store.tx.job_running:  # (something above was cut off)
                 store.tx.end_job(keep=False)
@@ -543,11 +543,11 @@ class AlarmRunner:
         seconds = run.time() - clock
         self._metrics.job_ran(self._namespace, ctx.job.owner, seconds, False)
         self._store.fail()
-        await self._failed(owner, ctx, error, keep_marker=self._lc.keeps_marker(run, ctx.job),
+        await self._failed(owner, ctx, error, marker=self._lc.running_marker(run, ctx.job),
                            started=run.epoch + clock, seconds=seconds)
 
     async def _failed(
-        self, owner: Any, ctx: JobContext, error: BaseException, *, keep_marker: bool,
+        self, owner: Any, ctx: JobContext, error: BaseException, *, marker: float | None,
         started: float = math.nan, seconds: float = math.nan,
     ) -> None:
         store, job, label = self._store, ctx.job, self._lc.label
@@ -560,6 +560,7 @@ class AlarmRunner:
             delay = self._rng.uniform(0.0, bound) if job.retry.jitter else bound
             store.complete(job, Completion(kind="retry", kept=False,
                                            time=_clock.now() + delay, attempts=ctx.attempt,
+                                           marker=marker,
                                            error=error_text(error), started=started,
                                            seconds=seconds))
             self._lc.emit("job:retry", id=job.id, owner=job.owner, fn=job.fn,
@@ -580,7 +581,7 @@ class AlarmRunner:
             if store.superseded:
                 return
         if outcome is not None:
-            store.complete(job, completion_of(job, outcome, kept=False, keep_marker=keep_marker))
+            store.complete(job, completion_of(job, outcome, kept=False, marker=marker))
             return
         buried = store.complete(job, Completion(kind="bury", kept=False, error=error_text(error),
                                                 attempts=ctx.attempt, started=started,

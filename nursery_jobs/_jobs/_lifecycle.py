@@ -98,8 +98,8 @@ class Lifecycle:
         self._capabilities: dict[str, Capability] = {}
         self.started = False
         self._starting: trio.Event | None = None
-        # Tracked alarm work in progress: (job id, started) -> how many tasks.
-        self.tracked: dict[tuple[str, float], int] = {}
+        # Tracked alarm work in progress: (job owner, job id, started) -> how many tasks.
+        self.tracked: dict[tuple[str, str, float], int] = {}
         # Startup (crash strikes, capabilities' on_start, re-arming the alarm from the
         # queue) runs before the first call too, not only when an alarm wakes us.
         self.claim.on_startup(self.start)
@@ -279,18 +279,24 @@ class Lifecycle:
                 # death meanwhile is a crash strike of this job).
                 self.store.set_marker(job.id, started)
             run.tracked = True
-            key = (job.id, started)
+            key = (job.owner, job.id, started)
             self.tracked[key] = self.tracked.get(key, 0) + 1
         self.ctx.nursery.start_soon(self._tracked_work, fn, args, job, started)
         return True
 
-    def keeps_marker(self, run: AlarmRun, job: Job) -> bool:
-        """Whether the job's running marker must stay after this run: its tracked work
-        goes on, started by this run or an earlier one (a heartbeat that found the work
-        running must not erase what a crash during it is attributed by)."""
+    def running_marker(self, run: AlarmRun, job: Job) -> float | None:
+        """The job's running marker after this run: when its tracked work in progress
+        started (this run's, else the latest earlier run's that goes on), or None. A
+        heartbeat that found the work running must not erase what a crash during it is
+        attributed by, nor a retry what single-flight holds it by (a failed run's own
+        marker was rolled back with its writes)."""
+        if run.tracked:
+            return run.started
         if not self.tracked:
-            return run.tracked
-        return run.tracked or any(key[0] == job.id for key in self.tracked)
+            return None
+        owner, job_id = job.owner, job.id
+        return max((started for (o, i, started) in self.tracked if o == owner and i == job_id),
+                   default=None)
 
     async def _tracked_work(
         self, fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...], job: Job | None,
@@ -320,7 +326,7 @@ class Lifecycle:
                               error=safe_repr(exc))
         finally:
             if job is not None:
-                key = (job.id, started)
+                key = (job.owner, job.id, started)
                 left = self.tracked[key] - 1
                 if left:
                     self.tracked[key] = left

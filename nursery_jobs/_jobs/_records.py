@@ -147,8 +147,9 @@ class Completion:
       ``attempts``; ``drop``: deleted, nobody can run it.
 
     ``kept``: the run's writes stand (a clean run) — or were undone (a failure, then
-    ``on_job_error`` or the retry policy decided). ``keep_marker``: its tracked work
-    goes on, so its running marker stays. ``started`` (wall clock) and ``seconds``: the
+    ``on_job_error`` or the retry policy decided). ``marker``: when the tracked work in
+    progress that a run of it started began (its running marker, ``retime`` and
+    ``retry``), or None. ``started`` (wall clock) and ``seconds``: the
     failed attempt (``retry``, ``bury``), kept in the job's attempt history.
     """
 
@@ -157,7 +158,7 @@ class Completion:
     time: float = math.nan
     attempts: int = 0
     error: str = ""
-    keep_marker: bool = False
+    marker: float | None = None
     started: float = math.nan
     seconds: float = math.nan
 
@@ -168,13 +169,13 @@ DONE: Final = Completion(kind="done")
 
 
 def completion_of(
-    job: Job, outcome: JobOutcome, *, kept: bool = True, keep_marker: bool = False
+    job: Job, outcome: JobOutcome, *, kept: bool = True, marker: float | None = None
 ) -> Completion:
     """The completion an ``on_job`` (or ``on_job_error``) outcome stands for."""
     if outcome is None:
         return DONE if kept else Completion(kind="done", kept=False)
     time = outcome.time if isinstance(outcome, Reschedule) else job.time  # YIELD: its own
-    return Completion(kind="retime", kept=kept, time=time, keep_marker=keep_marker)
+    return Completion(kind="retime", kept=kept, time=time, marker=marker)
 
 
 def check_job_id(job_id: object, *, name: str = "id") -> str:
@@ -232,7 +233,7 @@ def check_fn(fn: object) -> str:
 
 def check_hung_timeout(value: object, *, job: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-        math.isfinite(value) and value >= 0
+        is_finite(value) and value >= 0
     ):
         raise JobError(f"job {job!r}: hung_timeout must be a finite number >= 0, got {value!r}")
     return float(value)

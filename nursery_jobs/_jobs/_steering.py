@@ -64,11 +64,13 @@ class Steering:
 
     def __init__(self, store: JobStore, turns: TurnGate) -> None:
         self._store = store
+        store.end_work = self.cancel_work  # (once a cancel of the job is committed)
         self._turns = turns
         self.run: AlarmRun | None = None
-        # The cancel scopes of tracked work in progress, by the id of the job that
-        # started it (work started outside a job is not steered).
-        self._work: dict[str, set[trio.CancelScope]] = {}
+        # The cancel scopes of tracked work in progress, by the (owner, id) of the job
+        # that started it (work started outside a job is not steered): ids are reused,
+        # and each owner cancels only its own jobs' work.
+        self._work: dict[tuple[str, str], set[trio.CancelScope]] = {}
         # Cancels waiting for the turn, by (owner, job id): the alarm run looks here
         # before it starts a job (an empty dict: one truth test per job).
         self.waiting: dict[tuple[str, str], list[_TurnWait]] = {}
@@ -122,7 +124,7 @@ class Steering:
             request = run.cancel = CancelRequest(job)
             assert run.scope is not None
             run.scope.cancel(reason=f"jobs.cancel({job_id!r}) of the running job")
-            self.cancel_work(job_id)
+            self.cancel_work(owner, job_id)
         return request
 
     def starting(self, job: Job) -> bool:
@@ -142,14 +144,12 @@ class Steering:
         return True
 
     def cancel_queued(self, owner: str, job_id: str) -> bool:
-        """Delete a job that is not running now (the caller holds the turn), and end the
-        tracked work an earlier run of it started: a heartbeat job's work, cancelled
-        between two runs, ran on orphaned with nothing left to stop it. Returns whether
-        the job was there. Does not checkpoint."""
-        cancelled = self._store.cancel(owner, job_id)
-        if cancelled:
-            self.cancel_work(job_id)
-        return cancelled
+        """Delete a job that is not running now (the caller holds the turn). The tracked
+        work an earlier run of it started ends once the delete is committed (the store
+        calls ``cancel_work``; a heartbeat job's work, cancelled between two runs, ran on
+        orphaned with nothing left to stop it), and goes on if it rolls back — the job is
+        back. Returns whether the job was there. Does not checkpoint."""
+        return self._store.cancel(owner, job_id)
 
     # -- tracked work ---------------------------------------------------------------------
     @contextmanager
@@ -159,18 +159,20 @@ class Steering:
         if job is None:
             yield
             return
+        key = (job.owner, job.id)
         with trio.CancelScope() as scope:
-            scopes = self._work.setdefault(job.id, set())
+            scopes = self._work.setdefault(key, set())
             scopes.add(scope)
             try:
                 yield
             finally:
                 scopes.discard(scope)
-                if not scopes and self._work.get(job.id) is scopes:
-                    del self._work[job.id]
+                if not scopes and self._work.get(key) is scopes:
+                    del self._work[key]
 
-    def cancel_work(self, job_id: str) -> None:
-        for scope in self._work.pop(job_id, ()):
+    def cancel_work(self, owner: str, job_id: str) -> None:
+        """End the tracked work that runs of ``owner``'s job ``job_id`` started."""
+        for scope in self._work.pop((owner, job_id), ()):
             scope.cancel(reason=f"jobs.cancel({job_id!r}): the work of a cancelled job")
 
 
@@ -185,14 +187,28 @@ async def run_with_timeout(
     job = ctx.job
     timeout = job.timeout
     assert timeout is not None
-    with trio.move_on_after(timeout) as scope:
-        outcome = await on_job(ctx)
+    try:
+        with trio.move_on_after(timeout) as scope:
+            outcome = await on_job(ctx)
+    except MemoryError:
+        raise  # (resets the object, whenever it is raised)
+    except Exception as exc:
+        if not scope.cancel_called:
+            raise
+        # Cut by its timeout, the run's clean-up raised: still a timeout (the error it
+        # raised is the cause), so give_up_on and the retries see what happened.
+        raise _timed_out(job, label, timeout, f"; its clean-up raised {type(exc).__name__}") \
+            from exc
     if not scope.cancel_called:
         return outcome
     # Still going at its timeout, whether or not it let the Cancelled through (a job
-    # that swallowed it and returned had its result stand, as a clean run).
-    raise JobTimeoutError(
+    # that swallowed it and returned is timed out all the same).
+    raise _timed_out(job, label, timeout, "")
+
+
+def _timed_out(job: Job, label: str, timeout: float, more: str) -> JobTimeoutError:
+    return JobTimeoutError(
         f"job {job.id!r} of {label} ran longer than its timeout of {timeout:g} s; its run"
-        " was cancelled",
+        f" was cancelled{more}",
         job_id=job.id, timeout=timeout,
     )

@@ -40,9 +40,9 @@ class JobStore:
     """The jobs and dead letters of one object, and the alarm they imply."""
 
     __slots__ = (
-        "_alarm", "_done", "_dropped", "completion_group", "conn", "dead_letter_limit",
-        "disabled", "paused", "running_attempts", "running_id", "running_seq", "ships_group",
-        "superseded", "table", "tracing", "tx", "version",
+        "_alarm", "_cancels", "_cancels_at_job", "_done", "_dropped", "completion_group", "conn",
+        "dead_letter_limit", "disabled", "end_work", "paused", "running_attempts", "running_id",
+        "running_seq", "ships_group", "superseded", "table", "tracing", "tx", "version",
     )
 
     def __init__(
@@ -81,6 +81,14 @@ class JobStore:
         # ``disabled``, when a rollback may have undone a pause or resume.
         self.paused: frozenset[str | None] = frozenset()
         self._read_paused()
+        # Jobs cancelled in the open transaction, (owner, id): the tracked work their runs
+        # started ends once it commits, and goes on if it rolls back (the job is back).
+        # A savepoint rolled back takes those cancelled since it opened (``_cancels_at_job``
+        # for the running job's).
+        self._cancels: list[tuple[str, str]] = []
+        self._cancels_at_job = 0
+        # What ends that work (``Steering.cancel_work``).
+        self.end_work: Callable[[str, str], None] = lambda owner, job_id: None
 
     def _read_paused(self) -> None:
         self.paused = paused = self.table.paused()
@@ -94,6 +102,7 @@ class JobStore:
     # writes with their outcomes: their re-runs find the storage as it was.
     def begin_run(self, row: JobRow) -> None:
         self.tx.begin_job()
+        self._cancels_at_job = len(self._cancels)
         self.running_id, self.running_seq, self.superseded = row.job.id, row.seq, False
         self.running_attempts = row.attempts
 
@@ -123,7 +132,8 @@ class JobStore:
                 return None
             if kind == "retry":
                 with self.writing():
-                    self.table.retry_later(job.id, completion.time, completion.attempts)
+                    self.table.retry_later(job.id, completion.time, completion.attempts,
+                                           completion.marker)
                     self._record_attempt(job, completion)
                 self.flush()
                 return job
@@ -142,7 +152,7 @@ class JobStore:
                 # row cannot have been replaced (that would have superseded the run).
                 table.finished(self.running_seq)
             else:
-                table.later(self.running_seq, completion.time, completion.keep_marker)
+                table.later(self.running_seq, completion.time, completion.marker)
             if self.running_attempts and not self.superseded:
                 # Its failed attempts go with it (attempts clear); only a job that
                 # failed before costs this statement.
@@ -173,6 +183,7 @@ class JobStore:
         except BaseException:
             self._abort()  # (as in complete: the writes must not outlive the run)
             raise
+        self._cancels_undone(self._cancels_at_job)
         if was_written:
             self._reread()
 
@@ -180,6 +191,7 @@ class JobStore:
         """Roll the group back after a failure to record a run (see ``complete``)."""
         self._done = 0
         self.tx.abort_group()
+        self._cancels_undone(0)
         self._reread()
 
     def _reread(self) -> None:
@@ -191,13 +203,15 @@ class JobStore:
         self._read_paused()
 
     # -- storage.transaction() blocks (the ``BlockWatcher`` of ``_transactions``) --------
-    def mark(self) -> tuple[str | None, bool]:
-        return self.running_id, self.superseded
+    def mark(self) -> tuple[str | None, bool, int]:
+        return self.running_id, self.superseded, len(self._cancels)
 
     def undo(self, mark: object) -> None:
         """A block rolled back: a push, cancel or re-time of the running job's id made in
-        it did not happen (the job's outcome stands), nor did a disable_alarms()."""
-        running_id, superseded = cast("tuple[str | None, bool]", mark)
+        it did not happen (the job's outcome stands), nor did a disable_alarms(); the
+        jobs it cancelled keep their tracked work."""
+        running_id, superseded, cancels = cast("tuple[str | None, bool, int]", mark)
+        self._cancels_undone(cancels)
         if running_id == self.running_id:
             self.superseded = superseded
         self.version += 1
@@ -223,12 +237,34 @@ class JobStore:
         self.tx.check_read()
         return self.table
 
+    def committed(self) -> None:
+        """A block committed, no transaction is left open: the jobs it cancelled lose
+        their tracked work."""
+        self._cancels_committed(committed=True)
+
     def flush(self) -> None:
         """Commit the group transaction now (unless a user block is open). Does not
         checkpoint."""
+        was_open = self.conn.in_transaction
         self.tx.commit_group()
         if not self.tx.group:
             self._done = 0
+        self._cancels_committed(committed=was_open)
+
+    def _cancels_committed(self, *, committed: bool) -> None:
+        """If no transaction is open any more, the cancels made in it were committed (the
+        tracked work of those jobs ends) or, ``committed`` False, rolled back underneath
+        us (a failed statement: the work goes on). Does not checkpoint."""
+        if self._cancels and not self.conn.in_transaction:
+            cancels, self._cancels = self._cancels, []
+            if committed:
+                for owner, job_id in cancels:
+                    self.end_work(owner, job_id)
+
+    def _cancels_undone(self, mark: int) -> None:
+        """A rollback: the cancels made since ``mark`` did not happen (all of them, if it
+        left no transaction open)."""
+        del self._cancels[mark if self.conn.in_transaction else 0:]
 
     def _touch(self, job_id: str) -> None:
         """A mutation through the API is about to change ``job_id``."""
@@ -311,11 +347,17 @@ class JobStore:
             if deleted:
                 self.table.forget_attempts(owner, job_id)
                 self._touch(job_id)
-        # Inside storage.transaction() the alarm must not be raised: a rollback would
-        # bring the job back with the alarm above it (an early wake is harmless).
-        if deleted and not in_transaction:
-            self.rearm()
-        return deleted
+        if not deleted:
+            return False
+        if in_transaction:
+            # Its tracked work ends when this commits: a rollback brings the job back.
+            # Nor may the alarm be raised: the job would be back with the alarm above
+            # it (an early wake is harmless).
+            self._cancels.append((owner, job_id))
+            return True
+        self.end_work(owner, job_id)  # (committed)
+        self.rearm()
+        return True
 
     def delete_cancelled(self, job: Job) -> bool:
         """``jobs.cancel`` ended the run of ``job`` (the alarm run, which holds the turn,

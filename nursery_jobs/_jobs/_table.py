@@ -38,7 +38,6 @@ UPSERT: Final = (
     " exclusive = excluded.exclusive, recovery_loop = excluded.recovery_loop,"
     " priority = excluded.priority, timeout = excluded.timeout,"
     " give_up_on = excluded.give_up_on, trace = excluded.trace, attempts = 0,"
-    " running_since = NULL,"
     " crash_strikes = 0"
     " WHERE owner = excluded.owner"
 )
@@ -412,7 +411,9 @@ class JobTable:
     # -- writes ---------------------------------------------------------------------
     def upsert(self, job: Job, payload_text: str | None, trace: str | None = None) -> None:
         """Insert ``job``, or replace the same owner's job of that id in place (it keeps
-        its push sequence and creation time; attempts, marker and strikes reset).
+        its push sequence and creation time; attempts and strikes reset, the running
+        marker kept: the replaced job's tracked work goes on, and single-flight holds
+        the new one until it ends).
         ``trace``: the pushing span's context (tracing on), the newest push's wins."""
         retry = job.retry
         self.conn.execute(
@@ -430,8 +431,9 @@ class JobTable:
         return cursor.rowcount > 0
 
     def retime(self, owner: str, job_id: str, time: float) -> bool:
+        """Move the job to ``time`` (its running marker kept, as in ``upsert``)."""
         cursor = self.conn.execute(
-            "UPDATE nj_jobs SET time = ?, running_since = NULL WHERE id = ? AND owner = ?",
+            "UPDATE nj_jobs SET time = ? WHERE id = ? AND owner = ?",
             (time, job_id, owner),
         )
         return cursor.rowcount > 0
@@ -446,13 +448,13 @@ class JobTable:
         if len(finished) >= _MAX_STAGED:
             self.settle()
 
-    def later(self, seq: int, time: float, keep_marker: bool) -> None:
-        """Re-time a kept job, attempts and strikes cleared (the running marker kept
-        where tracked work goes on)."""
+    def later(self, seq: int, time: float, marker: float | None) -> None:
+        """Re-time a kept job, attempts and strikes cleared, its running marker
+        ``marker`` (when its tracked work in progress started, or None)."""
         self.conn.execute(
             "UPDATE nj_jobs SET time = ?, attempts = 0, crash_strikes = 0,"
-            " running_since = CASE WHEN ? THEN running_since END WHERE seq = ?",
-            (time, keep_marker, seq),
+            " running_since = ? WHERE seq = ?",
+            (time, marker, seq),
         )
 
     def clean(self, job_id: str) -> None:
@@ -463,11 +465,13 @@ class JobTable:
             (job_id,),
         )
 
-    def retry_later(self, job_id: str, time: float, attempts: int) -> None:
-        """A failed attempt with attempts left: re-time it and record the attempt."""
+    def retry_later(self, job_id: str, time: float, attempts: int, marker: float | None) -> None:
+        """A failed attempt with attempts left: re-time it, record the attempt, and set
+        its running marker to ``marker`` (as ``later``: the failed run's own marker was
+        rolled back with its writes, its work was not)."""
         self.conn.execute(
-            "UPDATE nj_jobs SET time = ?, attempts = ?, running_since = NULL WHERE id = ?",
-            (time, attempts, job_id),
+            "UPDATE nj_jobs SET time = ?, attempts = ?, running_since = ? WHERE id = ?",
+            (time, attempts, marker, job_id),
         )
 
     def set_marker(self, job_id: str, started: float) -> None:
