@@ -214,3 +214,8 @@ class ShipBatcher:
             else:
                 pending.error = error
             pending.wake()
+            # Answered: nothing cancels this round trip now. Each ship referred to its
+            # batch, which referred to it: a cycle per ship, with its change and events,
+            # that only the collector freed (~20% of the Trio thread's CPU with 100
+            # callers, measured: 34 us a push, ~6 objects a push collected).
+            pending.batch = pending.scope = None
