@@ -5,12 +5,13 @@ first-capture callback once."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from typing import Any
 
 import pytest
 
-from nursery_jobs._engines.postgres._copy import capture, load_copy, take_captured
+from nursery_jobs._engines.postgres._copy import capture, dump_row, load_copy, take_captured
 from nursery_jobs._engines.shared._object import new_copy
 
 
@@ -58,7 +59,7 @@ def test_a_rolled_back_write_ships_the_state_it_left() -> None:
 
 def _take(conn: sqlite3.Connection) -> tuple[list[Any], list[Any], list[Any]]:
     """What a ship takes of a copy: the captured keys, and the rows behind them."""
-    return take_captured(conn)
+    return take_captured(conn, conn.captured)
 
 
 def test_the_captured_rows_are_taken_with_their_keys_once() -> None:
@@ -95,3 +96,14 @@ def test_a_failed_read_of_the_captured_rows_leaves_the_keys_captured() -> None:
             _take(conn)
         assert sorted(conn.captured.keys) == [("nj_kv", "k"), ("nj_unknown", "x")], name
         conn.close()
+
+
+def test_a_row_is_dumped_as_json_dumps_dumps_it() -> None:
+    """The rows a ship carries are dumped by an encoder made once (``dump_row``): the
+    same text as ``json.dumps``, and the same refusal of what JSON cannot hold."""
+    rows = [(1, "k", None, 1.5, 1764871234.1234567, -0.0, 10**20, 'q"u\\o\u00e9\n'),
+            (), (float("nan"), float("inf"))]
+    for row in rows:
+        assert dump_row(row) == json.dumps(row)
+    with pytest.raises(TypeError):
+        dump_row((b"blob",))

@@ -559,7 +559,7 @@ def edit_unheld(
         copy = load_copy(f"{namespace}/{object_id}", rows, captured=_nothing)
         try:
             done = edit(copy)
-            _, upserts, deletes = take_captured(copy)
+            _, upserts, deletes = take_captured(copy, copy.captured)
         finally:
             copy.close()
         if not upserts and not deletes:

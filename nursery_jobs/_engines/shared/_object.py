@@ -68,7 +68,7 @@ def new_copy() -> SharedCopy:
     return conn
 
 
-def _fill(conn: sqlite3.Connection, label: str, rows: list[tuple[str, str]], *,
+def _fill(conn: SharedCopy, label: str, rows: list[tuple[str, str]], *,
           wipe: bool) -> None:
     """Make a copy hold ``rows`` ((table, JSON row)) and nothing else, with nothing
     captured: delete (``wipe``: a pooled copy) from the tables that hold rows
