@@ -1,17 +1,18 @@
 """The working copies' change capture (PostgreSQL engine and shared layout): each
-write records its row's key in ``nj_changed`` once, whatever conflict clause the
-writing statement carries, and the first key since the last ship calls
-``nj_captured`` once."""
+write hands its row's key to the copy's ``Captured`` (a set), whatever conflict clause
+the writing statement carries, and the first key since the last take calls the copy's
+first-capture callback once."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from typing import Any
 
 import pytest
 
-from nursery_jobs._engines.postgres._copy import captured_rows, load_copy
-from nursery_jobs._engines.shared._object import Capture, new_copy
+from nursery_jobs._engines.postgres._copy import capture, dump_row, load_copy, take_captured
+from nursery_jobs._engines.shared._object import new_copy
 
 
 def _copies() -> list[tuple[str, sqlite3.Connection, list[int]]]:
@@ -19,8 +20,7 @@ def _copies() -> list[tuple[str, sqlite3.Connection, list[int]]]:
     pg = load_copy("t/pg", [], captured=lambda: calls_pg.append(1))
     calls_shared: list[int] = []
     shared = new_copy()
-    shared.capture = Capture(lambda state: None)
-    shared.create_function("nj_captured", 0, lambda: calls_shared.append(1))
+    capture(shared, lambda: calls_shared.append(1))
     return [("pg", pg, calls_pg), ("shared", shared, calls_shared)]
 
 
@@ -34,26 +34,32 @@ def test_a_key_written_twice_is_captured_once_under_any_conflict_clause(clause: 
         conn.execute(f"UPDATE {clause} nj_kv SET value = '3' WHERE key = 'k'")
         conn.execute(f"INSERT {clause} INTO nj_kv (key, value) VALUES ('j', '1')")
         conn.execute("COMMIT")
-        assert sorted(conn.execute("SELECT tbl, key FROM nj_changed").fetchall()) == [
-            ("nj_kv", "j"), ("nj_kv", "k")], name
+        assert sorted(conn.captured.keys) == [("nj_kv", "j"), ("nj_kv", "k")], name
         assert conn.execute("SELECT value FROM nj_kv WHERE key = 'k'").fetchone() == ("3",)
         assert len(calls) == 1, name  # the first key only
         conn.close()
 
 
-def test_a_rolled_back_write_leaves_no_key() -> None:
+def test_a_rolled_back_write_ships_the_state_it_left() -> None:
+    """A rolled-back write's key stays captured, and ships what the copy holds: the
+    row as it was, or its absence (the same state as shipping nothing)."""
     for name, conn, _ in _copies():
+        conn.execute("INSERT INTO nj_kv (key, value) VALUES ('old', '1')")
+        _take(conn)
         conn.execute("BEGIN")
         conn.execute("INSERT INTO nj_kv (key, value) VALUES ('k', '1')")
+        conn.execute("UPDATE nj_kv SET value = '2' WHERE key = 'old'")
         conn.execute("ROLLBACK")
-        assert conn.execute("SELECT count(*) FROM nj_changed").fetchone() == (0,), name
+        keys, upserts, deletes = _take(conn)
+        assert sorted(keys) == [("nj_kv", "k"), ("nj_kv", "old")], name
+        assert upserts == [("nj_kv", "old", '["old", "1"]')], name
+        assert deletes == [("nj_kv", "k")], name
         conn.close()
 
 
 def _take(conn: sqlite3.Connection) -> tuple[list[Any], list[Any], list[Any]]:
     """What a ship takes of a copy: the captured keys, and the rows behind them."""
-    keys = conn.execute("SELECT tbl, key FROM nj_changed").fetchall()
-    return (keys, *captured_rows(conn, keys))
+    return take_captured(conn, conn.captured)
 
 
 def test_the_captured_rows_are_taken_with_their_keys_once() -> None:
@@ -85,9 +91,19 @@ def test_the_captured_rows_are_taken_with_their_keys_once() -> None:
 def test_a_failed_read_of_the_captured_rows_leaves_the_keys_captured() -> None:
     for name, conn, _ in _copies():
         conn.execute("INSERT INTO nj_kv (key, value) VALUES ('k', '1')")
-        conn.execute("INSERT INTO nj_changed (tbl, key) VALUES ('nj_unknown', 'x')")
+        conn.captured.keys.add(("nj_unknown", "x"))
         with pytest.raises(KeyError):
             _take(conn)
-        assert sorted(conn.execute("SELECT tbl, key FROM nj_changed").fetchall()) == [
-            ("nj_kv", "k"), ("nj_unknown", "x")], name
+        assert sorted(conn.captured.keys) == [("nj_kv", "k"), ("nj_unknown", "x")], name
         conn.close()
+
+
+def test_a_row_is_dumped_as_json_dumps_dumps_it() -> None:
+    """The rows a ship carries are dumped by an encoder made once (``dump_row``): the
+    same text as ``json.dumps``, and the same refusal of what JSON cannot hold."""
+    rows = [(1, "k", None, 1.5, 1764871234.1234567, -0.0, 10**20, 'q"u\\o\u00e9\n'),
+            (), (float("nan"), float("inf"))]
+    for row in rows:
+        assert dump_row(row) == json.dumps(row)
+    with pytest.raises(TypeError):
+        dump_row((b"blob",))

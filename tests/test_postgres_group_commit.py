@@ -6,6 +6,7 @@ timed. Real time (PostgreSQL I/O runs in threads)."""
 
 from __future__ import annotations
 
+import gc
 import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -414,3 +415,38 @@ async def test_a_caller_cancelled_while_its_batch_is_out_leaves_the_others_their
         assert outcomes == {"a": "left", "b": SHIPPED}
         nursery.cancel_scope.cancel()
     assert batcher.queued == 0 and batcher.statistics().round_trips == 2
+
+
+async def test_a_round_trip_leaves_no_reference_cycle_behind() -> None:
+    """Each batched ship referred to its batch, which referred to it: a cycle per ship
+    (with its change, rows and events) that only the collector freed, ~20% of the Trio
+    thread's CPU with 100 callers (issue 26). Once answered, they are freed at once."""
+    release = trio.Event()
+
+    async def send(changes: list[Change], finished: Callable[[], object]) -> list[str]:
+        if changes[0].object_id == "first":
+            await release.wait()
+        finished()
+        return [SHIPPED] * len(changes)
+
+    batcher = ShipBatcher(send)
+    gc.collect()
+    gc.disable()
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(batcher.ship, change("first"), trio.Event())
+            await trio.testing.wait_all_tasks_blocked()
+            for oid in ("a", "b", "c"):
+                nursery.start_soon(batcher.ship, change(oid), trio.Event())
+            await trio.testing.wait_all_tasks_blocked()
+            release.set()
+        assert batcher.statistics().round_trips == 2
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        left = [type(o).__name__ for o in gc.garbage
+                if isinstance(o, Change) or type(o).__name__ == "_Pending"]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert left == []

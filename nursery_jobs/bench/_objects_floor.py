@@ -153,6 +153,7 @@ class Copies:
     def __init__(self, how: str | None) -> None:
         self.how = how
         self.free: list[sqlite3.Connection] = []
+        self.captured: dict[int, set[tuple[str, str]]] = {}  # id(copy) -> its keys
         if how == "image":
             conn = self._ddl()
             self.image = conn.serialize()
@@ -173,26 +174,34 @@ class Copies:
         else:
             conn = sqlite3.connect(":memory:", isolation_level=None)
             conn.deserialize(self.image)
-        conn.executescript(
-            "CREATE TEMP TABLE nj_changed (tbl TEXT NOT NULL, key TEXT NOT NULL,"
-            " PRIMARY KEY (tbl, key)) WITHOUT ROWID;"
-            + "".join(s + ";" for t in ROW_TABLES for s in capture_sql(t)))
+        conn.executescript("".join(s + ";" for t in ROW_TABLES for s in capture_sql(t)))
+        keys = self.captured[id(conn)] = set()
+        conn.create_function("nj_capture", 2, lambda tbl, key: keys.add((tbl, key)))
         return conn
+
+    def take(self, conn: sqlite3.Connection) -> list[tuple[str, str]]:
+        """The keys the copy captured, forgotten."""
+        keys = self.captured[id(conn)]
+        taken = list(keys)
+        keys.clear()
+        return taken
 
     def close(self, conn: sqlite3.Connection) -> None:
         """Done with a copy: ``pool`` wipes it and keeps it for the next object (its
         parsed schema, triggers and prepared statements kept); the others close it."""
         if self.how != "pool":
+            del self.captured[id(conn)]
             conn.close()
             return
         conn.execute("BEGIN")
         for table in WIPE:
             conn.execute(table)
         conn.execute("COMMIT")
+        self.captured[id(conn)].clear()
         self.free.append(conn)
 
 
-WIPE = [f"DELETE FROM main.{t.name}" for t in ROW_TABLES] + ["DELETE FROM temp.nj_changed"]
+WIPE = [f"DELETE FROM main.{t.name}" for t in ROW_TABLES]
 INSERT_JOB = (f"INSERT INTO nj_jobs ({', '.join(JOB_COLUMNS)}) VALUES"
               f" ({', '.join('?' * len(JOB_COLUMNS))})")
 
@@ -207,10 +216,9 @@ def shared_create(root: str, n: int, sync: str, batch: int, copies: Copies) -> N
                 data = json.dumps(job_row(i))
             else:  # the push in the copy, and the changed row read out for the ship
                 copy.execute(INSERT_JOB, job_row(i))
-                keys = copy.execute("SELECT tbl, key FROM temp.nj_changed").fetchall()
+                keys = copies.take(copy)
                 row = copy.execute(f"SELECT {', '.join(JOB_COLUMNS)} FROM nj_jobs"
                                    " WHERE id = ?", (keys[0][1],)).fetchone()
-                copy.execute("DELETE FROM temp.nj_changed")
                 data = json.dumps(row)
                 copies.close(copy)
             rows.append((oid(i), data))
@@ -242,11 +250,11 @@ def shared_fire(root: str, n: int, sync: str, batch: int, copies: Copies) -> Non
                 copy.executemany(INSERT_JOB, [json.loads(d) for t, _, d in rows
                                               if t == "nj_jobs"])
                 copy.execute("COMMIT")
-                copy.execute("DELETE FROM temp.nj_changed")
+                copies.take(copy)
                 seq = copy.execute("SELECT seq FROM nj_jobs WHERE time <= 2.0 ORDER BY time"
                                    " LIMIT 1").fetchone()[0]
                 copy.execute("DELETE FROM nj_jobs WHERE seq = ?", (seq,))
-                key = copy.execute("SELECT key FROM temp.nj_changed").fetchone()[0]
+                key = copies.take(copy)[0][1]
                 copies.close(copy)
             done.append((ns, object_id, key))
         db.execute("BEGIN")

@@ -2,8 +2,8 @@
 with the object schema, loaded from PostgreSQL at activation, whose commits are shipped
 back by ``sync`` as one fenced transaction each.
 
-Change capture: TEMP triggers record the key of every row a write touches into
-``temp.nj_changed`` (a rollback takes the record back with the write). ``sync`` reads the
+Change capture: TEMP triggers hand the key of every row a write touches to the copy's
+``Captured`` (a set; a rolled-back write's key stays: harmless). ``sync`` reads the
 current version of each changed row — an upsert, or a delete where it is gone — and
 ships them with the alarm, in one statement that first checks the lease's epoch and
 the stored ``version`` the copy builds on (issue 22 #1: after a server crash lost the last
@@ -41,6 +41,41 @@ class WorkingCopy(sqlite3.Connection):
     """The working database's connection class: storage refuses raw SQL on it."""
 
     refuses_raw_sql = "the PostgreSQL engine"  # read by _storage (hook(pg))
+    captured: Captured  # the keys its writes changed (``capture``)
+
+
+class Captured:
+    """The keys ((table, key)) a working copy's writes changed since they were last
+    taken: its capture triggers call it (``nj_capture``). The first key since the last
+    take calls ``first``, which wakes an engine's ship loop. (It looked every 50 ms for
+    as long as objects were resident: 72,000 passes a virtual hour, most of the time of
+    the long-span tests, measured.) Once: the loop keeps looking while a copy has
+    anything unshipped, and a captured key stays until it ships."""
+
+    __slots__ = ("_first", "keys")
+
+    def __init__(self, first: Callable[[], object]) -> None:
+        self._first = first
+        self.keys: set[tuple[str, str]] = set()
+
+    def __call__(self, tbl: str, key: str) -> None:
+        keys = self.keys
+        if not keys:
+            self._first()
+        keys.add((tbl, key))
+
+    def restore(self, keys: list[tuple[str, str]]) -> None:
+        """Keys taken by a ship that failed: captured again."""
+        if keys and not self.keys:
+            self._first()
+        self.keys.update(keys)
+
+
+def capture(conn: WorkingCopy, first: Callable[[], object]) -> Captured:
+    """Give ``conn`` (its triggers made by ``_schema.capture_sql``) its ``Captured``."""
+    conn.captured = captured = Captured(first)
+    conn.create_function("nj_capture", 2, captured)
+    return captured
 
 
 @attrs.define
@@ -66,72 +101,95 @@ class Change:
     shipped_version: int = 0  # the stored version once it shipped (set by the ship)
 
 
-# An engine's ship loop sleeps until a copy has something to ship: the first key
-# captured since the last ship (``nj_changed`` was empty) calls ``nj_captured()``, which
-# wakes it. (It looked every 50 ms for as long as objects were resident: 72,000 passes a
-# virtual hour, most of the time of the long-span tests, measured.) Once: the loop keeps
-# looking while a copy has anything unshipped, and a captured key stays until it ships.
-# ``LIMIT 2`` keeps the check O(1) in a transaction that captures thousands of keys.
-# ``{temp}``: "TEMP " where ``nj_changed`` is a temporary table (PostgreSQL's copies).
-FIRST_CAPTURE: Final = (
-    "CREATE {temp}TRIGGER nj_changed_first AFTER INSERT ON nj_changed"
-    " WHEN (SELECT count(*) FROM (SELECT 1 FROM nj_changed LIMIT 2)) = 1"
-    " BEGIN SELECT nj_captured(); END"
-)
-
-
 def load_copy(
-    label: str, rows: list[tuple[str, str]], *, captured: Callable[[], None],
-    factory: type[sqlite3.Connection] = WorkingCopy,
-) -> sqlite3.Connection:
+    label: str, rows: list[tuple[str, str]], *, captured: Callable[[], object],
+    factory: type[WorkingCopy] = WorkingCopy,
+) -> WorkingCopy:
     """A working copy holding ``rows`` ((table, JSON row)), with change capture on
     (``factory``: its connection class, a ``WorkingCopy``); ``captured`` is called when
-    it captures a first key since its last ship (``FIRST_CAPTURE``)."""
+    it captures a first key since its last take (``Captured``)."""
     conn = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False,
                            factory=factory)
     conn.execute("PRAGMA cache_size=-8192")
     prepare(conn, label=label)
     load_rows(conn, label, rows)
-    conn.execute(
-        "CREATE TEMP TABLE nj_changed (tbl TEXT NOT NULL, key TEXT NOT NULL,"
-        " PRIMARY KEY (tbl, key)) WITHOUT ROWID"
-    )
     for table in ROW_TABLES:
         for statement in capture_sql(table):
             conn.execute(statement)
-    conn.create_function("nj_captured", 0, captured)
-    conn.execute(FIRST_CAPTURE.format(temp="TEMP "))
+    capture(conn, captured)
     return conn
 
 
-# Per table: its rows whose keys were captured (built once: ``RowTable.key`` and
-# ``select`` build their text on every use, ~50 µs a ship, measured).
-_CHANGED_ROWS: Final = {
-    table.name: f"{table.select} WHERE {table.key} IN"
-                " (SELECT key FROM nj_changed WHERE tbl = ?)"
+# Per table: the row of one key, and the rows of several (a JSON array of them). Built
+# once: ``RowTable.key`` and ``select`` build their text on every use, ~50 µs a ship.
+_ROW_OF: Final = {table.name: f"{table.select} WHERE {table.key} = ?"
+                  for table in ROW_TABLES}
+_ROWS_OF: Final = {
+    table.name: f"{table.select} WHERE {table.key} IN (SELECT value FROM json_each(?))"
     for table in ROW_TABLES
 }
+
+
+def _row_dumper() -> Callable[[tuple[object, ...]], str]:
+    """``json.dumps`` of a row (a tuple of SQLite values), without the encoder it
+    builds on every call: 6.1 -> 3.0 us a row, measured (a push ships one). The same
+    text, and the same ``TypeError`` for a value JSON cannot hold (a BLOB)."""
+    make = getattr(json.encoder, "c_make_encoder", None)  # (None without the C module)
+    if make is None:
+        return json.dumps
+    encode = make(None, json.JSONEncoder().default, json.encoder.encode_basestring_ascii,
+                  None, ": ", ", ", False, False, True)
+
+    def dump_row(row: tuple[object, ...]) -> str:
+        return "".join(encode(row, 0))
+
+    return dump_row
+
+
+dump_row: Final = _row_dumper()
 
 
 def captured_rows(
     conn: sqlite3.Connection, keys: list[tuple[str, str]]
 ) -> tuple[list[tuple[str, str, str]], list[tuple[str, str]]]:
-    """The rows behind the changed ``keys`` of a working copy (as read from
-    ``temp.nj_changed``): (table, key, JSON row) for those that exist, (table, key) for
-    those deleted. Forgets the captured keys."""
+    """The rows behind the changed ``keys`` of a working copy: (table, key, JSON row)
+    for those that exist, (table, key) for those deleted.
+
+    Raises:
+        KeyError: a key of a table the object schema does not have.
+    """
     upserts: list[tuple[str, str, str]] = []
     deletes: list[tuple[str, str]] = []
+    if len(keys) == 1:  # (a push: one statement on the key's index)
+        tbl, key = keys[0]
+        row = conn.execute(_ROW_OF[tbl], (key,)).fetchone()
+        if row is None:
+            deletes.append((tbl, key))
+        else:
+            upserts.append((tbl, key, dump_row(row[1:])))
+        return upserts, deletes
     by_table: dict[str, list[str]] = defaultdict(list)
     for tbl, key in keys:
         by_table[tbl].append(key)
     for tbl, table_keys in by_table.items():
         found = set()
-        for row in conn.execute(_CHANGED_ROWS[tbl], (tbl,)):
+        for row in conn.execute(_ROWS_OF[tbl], (json.dumps(table_keys),)):
             found.add(row[0])
-            upserts.append((tbl, row[0], json.dumps(row[1:])))
+            upserts.append((tbl, row[0], dump_row(row[1:])))
         deletes.extend((tbl, key) for key in table_keys if key not in found)
-    conn.execute("DELETE FROM nj_changed")
     return upserts, deletes
+
+
+def take_captured(
+    conn: sqlite3.Connection, captured: Captured,
+) -> tuple[list[tuple[str, str]], list[tuple[str, str, str]], list[tuple[str, str]]]:
+    """The keys a working copy captured (``captured``: its ``Captured``), and the rows
+    behind them (``captured_rows``); forgets the keys (not where reading the rows
+    failed)."""
+    keys = list(captured.keys)
+    upserts, deletes = captured_rows(conn, keys)
+    captured.keys.clear()
+    return keys, upserts, deletes
 
 
 def load_rows(conn: sqlite3.Connection, label: str, rows: list[tuple[str, str]]) -> None:
@@ -175,14 +233,14 @@ class PgObject:
     """One active object's state under the PostgreSQL engine (an ``ObjectState``)."""
 
     __slots__ = (
-        "_admit", "_clear_crashes", "_closed", "_lock", "_on_alarm_cb", "_on_close",
-        "_pending_alarm", "_ship", "_shipped_changes", "_to_ship", "_tokens", "_unsure",
+        "_admit", "_captured", "_clear_crashes", "_closed", "_lock", "_on_alarm_cb",
+        "_on_close", "_pending_alarm", "_ship", "_to_ship", "_tokens", "_unsure",
         "alarm", "conn", "epoch", "key", "label", "version",
     )
     ships = True
 
     def __init__(
-        self, key: Key, epoch: int, conn: sqlite3.Connection,
+        self, key: Key, epoch: int, conn: WorkingCopy,
         alarm: tuple[float, int] | None, tokens: list[tuple[str, float]], *,
         ship: Callable[[Change], Awaitable[str]],
         on_close: Callable[[PgObject], None],
@@ -198,7 +256,7 @@ class PgObject:
         self._admit = admit
         self.label = f"{key[0]}/{key[1]}"
         self.epoch = epoch
-        self.conn = conn
+        self.conn: sqlite3.Connection = conn
         self.alarm = alarm
         self._tokens = tokens
         self._ship = ship
@@ -208,7 +266,7 @@ class PgObject:
         self._clear_crashes = False
         self._closed = False
         self._lock = trio.Lock()
-        self._shipped_changes = conn.total_changes
+        self._captured = conn.captured
 
     dormant = False  # the working copy is the object's only copy here: never closed
     can_sleep = False
@@ -229,7 +287,7 @@ class PgObject:
     def changed(self) -> bool:
         """Whether something may wait to ship (a cheap check, no query)."""
         return not self._closed and (
-            self.conn.total_changes != self._shipped_changes
+            bool(self._captured.keys)
             or self._pending_alarm is not None or self._clear_crashes
         )
 
@@ -238,7 +296,7 @@ class PgObject:
         """Nothing written since the last take, and no ship in flight (that the
         caller's commits may ride in): ``sync`` has nothing to do. No query."""
         return not self._lock.locked() and (self._closed or (
-            self.conn.total_changes == self._shipped_changes
+            not self._captured.keys
             and self._pending_alarm is None and not self._clear_crashes))
 
     def write_alarm(self, time: float | None, retry: int) -> None:
@@ -260,12 +318,8 @@ class PgObject:
             self._clear_crashes = True
             self._wake()
 
-    def _snapshot(self) -> Change | None:
-        conn = self.conn
-        keys = conn.execute("SELECT tbl, key FROM nj_changed").fetchall()
-        if not keys and self._pending_alarm is None and not self._clear_crashes:
-            return None
-        upserts, deletes = captured_rows(conn, keys)
+    def _snapshot(self) -> Change:
+        keys, upserts, deletes = take_captured(self.conn, self._captured)
         change = Change(
             namespace=self.key[0], object_id=self.key[1], epoch=self.epoch, keys=keys,
             upserts=upserts, deletes=deletes, alarm=self._pending_alarm,
@@ -279,9 +333,7 @@ class PgObject:
         """A ship failed in transport: what it carried ships with the next sync."""
         if self._closed:
             return
-        self.conn.executemany(
-            "INSERT OR IGNORE INTO nj_changed (tbl, key) VALUES (?, ?)", change.keys
-        )
+        self._captured.restore(change.keys)
         if self._pending_alarm is None:
             self._pending_alarm = change.alarm
         self._clear_crashes = self._clear_crashes or change.clear_crashes
@@ -291,15 +343,13 @@ class PgObject:
         whose changes are not committed). Does not checkpoint."""
         if self._closed or self.conn.in_transaction:
             return None
-        if self.conn.total_changes == self._shipped_changes and (
+        if not self._captured.keys and (
                 self._pending_alarm is None and not self._clear_crashes):
-            # Nothing written since the last take (a captured key is a write; a key put
-            # back by ``_restore`` is one too): no query. A push syncs, then its call's
-            # output gate syncs again: ~2 of every 3 syncs find nothing (issue 26).
+            # Nothing written since the last take (a key put back by ``_restore``
+            # counts): no query. A push syncs, then its call's output gate syncs again:
+            # ~2 of every 3 syncs find nothing (issue 26).
             return None
-        change = self._snapshot()
-        self._shipped_changes = self.conn.total_changes
-        return change
+        return self._snapshot()
 
     async def sync(self) -> None:
         """Ship every commit so far to PostgreSQL in one fenced transaction. Checkpoints.

@@ -17,8 +17,8 @@ from nursery_jobs._engines.postgres._copy import (
     SHIPPED,
     STALE,
     Change,
-    captured_rows,
     load_copy,
+    take_captured,
 )
 
 Key = tuple[str, str]
@@ -572,8 +572,7 @@ def edit_unheld(
         copy = load_copy(f"{namespace}/{object_id}", rows, captured=_nothing)
         try:
             done = edit(copy)
-            keys = copy.execute("SELECT tbl, key FROM temp.nj_changed").fetchall()
-            upserts, deletes = captured_rows(copy, keys)
+            _, upserts, deletes = take_captured(copy, copy.captured)
         finally:
             copy.close()
         if not upserts and not deletes:

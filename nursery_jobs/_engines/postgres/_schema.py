@@ -181,21 +181,22 @@ TABLES_BY_NAME: Final = {table.name: table for table in ROW_TABLES}
 
 
 def capture_sql(table: RowTable) -> list[str]:
-    """TEMP triggers recording the keys a write changes into ``temp.nj_changed`` (rolled
-    back with the transaction that made them)."""
+    """TEMP triggers handing the key of every row a write changes to the copy's
+    ``nj_capture(tbl, key)`` (``_copy.Captured``: a set in Python). A rolled-back write's
+    key stays captured: a ship writes each captured key's current row, or its absence, so
+    a superset of the changed keys ships the same state. (They inserted into a TEMP
+    table, read back and emptied by every ship: a push and its snapshot 23.6 -> 15.4 us
+    in a loop of their own, and three statements fewer a ship, measured.)"""
     new_key, old_key = table.key_of("NEW."), table.key_of("OLD.")
-    # Not INSERT OR IGNORE: an outer statement's conflict clause (an upsert's) would
-    # override it inside the trigger. An upsert clause of its own is not overridden
-    # (checked under every outer OR clause), and costs one search of nj_changed where
-    # a NOT EXISTS guard cost two (a push into a working copy 22.6 -> 17.2 us).
-    record = ("INSERT INTO nj_changed (tbl, key) VALUES ('{t}', {k})"
-              " ON CONFLICT DO NOTHING;")
     name = table.name
+    record = "SELECT nj_capture('{t}', {k}){where};"
     return [
         f"CREATE TEMP TRIGGER {name}_ins AFTER INSERT ON main.{name} BEGIN"
-        f" {record.format(t=name, k=new_key)} END",
+        f" {record.format(t=name, k=new_key, where='')} END",
         f"CREATE TEMP TRIGGER {name}_upd AFTER UPDATE ON main.{name} BEGIN"
-        f" {record.format(t=name, k=old_key)} {record.format(t=name, k=new_key)} END",
+        f" {record.format(t=name, k=old_key, where='')}"
+        f" {record.format(t=name, k=new_key, where=f' WHERE {new_key} IS NOT {old_key}')}"
+        " END",
         f"CREATE TEMP TRIGGER {name}_del AFTER DELETE ON main.{name} BEGIN"
-        f" {record.format(t=name, k=old_key)} END",
+        f" {record.format(t=name, k=old_key, where='')} END",
     ]

@@ -122,7 +122,7 @@ class Shipper:
         """Ship commits made outside calls and alarm runs within ``SHIP_INTERVAL``.
 
         Asleep until an active object has something to ship: a working copy captured
-        its first key since its last ship (``FIRST_CAPTURE``), an alarm was written,
+        its first key since its last ship (``Captured``), an alarm was written,
         crash tokens cleared. Then it looks every ``SHIP_INTERVAL`` until nothing is
         left unshipped. (It looked every 50 ms while objects were resident: a test over
         two virtual days took minutes, measured.)"""

@@ -195,7 +195,7 @@ class SharedEngine(CatalogEngine):
         """Ship commits made outside calls and alarm runs within ``SHIP_INTERVAL``.
 
         The loop sleeps until an active object notes something to ship: its working
-        copy captured its first key since its last ship (``nj_captured()``, see
+        copy captured its first key since its last ship (``Captured``, see
         ``_object.Capture``), it wrote an alarm or cleared crash tokens. Then it looks at
         the objects that noted something every ``SHIP_INTERVAL``, until nothing they
         hold is left unshipped (a transaction still open keeps its writes back until it

@@ -9,8 +9,8 @@ again — costs ~650 µs (1,200-1,500 objects/s, whatever the disk;
 ``benchmarks/layout_floor.py``), many times the storage itself (~10 µs an object in the
 shared database). Two things bring it down:
 
-- an *image*: the empty database with its schema, the triggers and ``nj_changed`` in
-  ``main`` (an image cannot hold TEMP objects), serialized once per process; a copy is
+- an *image*: the empty database with its schema and the triggers in ``main`` (an
+  image cannot hold TEMP objects), serialized once per process; a copy is
   ``deserialize`` of it, its schema parsed once, on first use (~8x cheaper, measured);
 - a *pool*: a copy whose object left memory is wiped (its rows deleted; the parsed
   schema and prepared statements kept) and handed to the next object (~35 µs).
@@ -26,10 +26,10 @@ from typing import Final, cast
 from nursery_jobs._engines._schema import prepare
 from nursery_jobs._engines.base import RELEASED
 from nursery_jobs._engines.postgres._copy import (
-    FIRST_CAPTURE,
     Change,
     PgObject,
     WorkingCopy,
+    capture,
     insert_rows,
 )
 from nursery_jobs._engines.postgres._schema import ROW_TABLES, capture_sql
@@ -51,7 +51,7 @@ POOL_MAX_PAGES: Final = 256
 # that lived for one job leaves rows in one or two of the six (a wipe of all six took
 # ~90 µs). Statements, not one script: ``executescript`` compiles each anew (~285 µs a
 # wipe, measured), where ``execute`` reuses the copy's prepared statements.
-_WIPED: Final = (*(f"main.{table.name}" for table in ROW_TABLES), "nj_changed")
+_WIPED: Final = tuple(f"main.{table.name}" for table in ROW_TABLES)
 _WIPE_LOOK: Final = "SELECT " + ", ".join(
     f"EXISTS (SELECT 1 FROM {name})" for name in _WIPED)
 _WIPE: Final = tuple(f"DELETE FROM {name}" for name in _WIPED)
@@ -68,33 +68,32 @@ def new_copy() -> SharedCopy:
     return conn
 
 
-def _fill(conn: sqlite3.Connection, label: str, rows: list[tuple[str, str]], *,
+def _fill(conn: SharedCopy, label: str, rows: list[tuple[str, str]], *,
           wipe: bool) -> None:
     """Make a copy hold ``rows`` ((table, JSON row)) and nothing else, with nothing
     captured: delete (``wipe``: a pooled copy) from the tables that hold rows
-    (``_WIPE_LOOK``), insert ``rows``, forget the keys both captured — in one
-    transaction (the wipe and the load each in its own, with ``nj_changed`` cleared
-    after each, took ~39 us for one job's row against ~16, measured).
+    (``_WIPE_LOOK``), insert ``rows`` — in one transaction (the wipe and the load each
+    in its own took ~39 us for one job's row against ~16, measured) — and forget the
+    keys captured (by both, or by a stale handle of the copy's last object).
 
     Raises:
         StorageError: a row of a table the object schema lacks (nothing changed).
     """
     held = conn.execute(_WIPE_LOOK).fetchone() if wipe else None
-    if not rows and (held is None or not any(held)):
-        return
-    conn.execute("BEGIN")
-    try:
-        if held is not None:
-            for statement, found in zip(_WIPE[:-1], held, strict=False):
-                if found:
-                    conn.execute(statement)
-        if rows:
-            insert_rows(conn, label, rows)
-        conn.execute(_WIPE[-1])  # (last: the capture triggers wrote it)
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
-    conn.execute("COMMIT")
+    if rows or (held is not None and any(held)):
+        conn.execute("BEGIN")
+        try:
+            if held is not None:
+                for statement, found in zip(_WIPE, held, strict=False):
+                    if found:
+                        conn.execute(statement)
+            if rows:
+                insert_rows(conn, label, rows)
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+    conn.captured.keys.clear()
 
 
 def _build_image() -> bytes:
@@ -102,15 +101,12 @@ def _build_image() -> bytes:
     try:
         conn.execute(f"PRAGMA page_size={IMAGE_PAGE_SIZE}")
         prepare(conn, label="the working copy image")
-        conn.execute("CREATE TABLE nj_changed (tbl TEXT NOT NULL, key TEXT NOT NULL,"
-                     " PRIMARY KEY (tbl, key)) WITHOUT ROWID")
         for table in ROW_TABLES:
             for statement in capture_sql(table):
-                # In main, not TEMP: an image holds no TEMP objects. The triggers write
-                # ``nj_changed`` unqualified, which finds main's.
+                # In main, not TEMP: an image holds no TEMP objects. (``nj_capture``
+                # is each copy's own: ``CopyPool.take`` gives it one.)
                 conn.execute(statement.replace("CREATE TEMP TRIGGER", "CREATE TRIGGER")
                              .replace(" ON main.", " ON "))
-        conn.execute(FIRST_CAPTURE.format(temp=""))
         return conn.serialize()
     finally:
         conn.close()
@@ -120,12 +116,12 @@ class SharedCopy(WorkingCopy):
     """A working copy of the shared layout: storage refuses raw SQL on it."""
 
     refuses_raw_sql = "the shared layout (shared:<directory>)"  # read by _storage
-    capture: Capture  # its ``nj_captured()`` (set when it is built)
+    capture: Capture  # its first-capture callback (set when it is built)
 
 
 class Capture:
-    """A copy's ``nj_captured()`` (its capture triggers call it on the first key
-    captured since its last ship): tells the engine which object has something to ship.
+    """A copy's first-capture callback (its ``Captured`` calls it on the first key
+    captured since its last take): tells the engine which object has something to ship.
     No owner while the copy is loaded, wiped or in the pool: those writes ship nothing.
     """
 
@@ -175,7 +171,7 @@ class CopyPool:
             if kept is None:
                 self.built += 1
                 conn.capture = Capture(self._note)
-                conn.create_function("nj_captured", 0, conn.capture)
+                capture(conn, conn.capture)
             else:
                 self.reused += 1
             _fill(conn, label, rows, wipe=kept is not None)
