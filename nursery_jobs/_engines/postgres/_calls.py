@@ -4,8 +4,8 @@ local stub call and answers the same way. Arguments and results go through the p
 codec, in the envelope every engine's stub call copies through (``_codec.encode_call``,
 ``encode_result``); an exception raised by the call travels as data — its class's name,
 its args and attributes through the same codec — and is rebuilt by the caller from a
-class it has loaded (an ``RpcError`` naming it where it cannot be): never pickled, since
-anyone who may NOTIFY on a host's channel can forge an answer.
+class it has loaded (a ``RemoteError`` naming it where it cannot be): never pickled,
+since anyone who may NOTIFY on a host's channel can forge an answer (``_call_errors``).
 
 Three round trips carry a call (issue 26): the caller's insert + notify; the owner's take,
 run by its listening thread on its own connection in the moment it hears of the call (no
@@ -26,22 +26,14 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import sys
-import types
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 import trio
 
-from nursery_jobs._codec import (
-    decode_call,
-    decode_payload,
-    encode_call,
-    encode_payload,
-    encode_result,
-)
+from nursery_jobs._codec import decode_call, decode_payload, encode_call, encode_result
+from nursery_jobs._engines.postgres._call_errors import dump_error, load_error
 from nursery_jobs._errors import (
-    ERROR_TEXT_LIMIT,
     NurseryJobsError,
     ObjectLeasedElsewhere,
     ObjectMoved,
@@ -215,114 +207,6 @@ def _pending(conn: Conn, me: str) -> list[int]:
     )]
 
 
-def _dump_error(exc: BaseException, label: str) -> str:
-    """An exception as answer text: its class (module and qualified name), ``args`` and
-    attributes through the payload codec — data, never a pickle (an answer can be
-    forged by anyone who may NOTIFY on the caller's channel or write ``nj_calls``); a
-    group's exceptions each as one of their own. One this host cannot rebuild from
-    that, as the caller will (``_load_error``), or whose parts the codec cannot carry,
-    travels as an ``RpcError`` naming it. Never raises: whatever of the exception fails
-    (its size, its ``__str__``, its ``__reduce__``), the caller gets an answer, and an
-    error escaping here would end this host's call router."""
-    try:
-        text = encode_payload(_record(exc))
-        _rebuilt(decode_payload(text))
-    except Exception:
-        text = encode_payload(_record(RpcError(f"{label} raised {describe_error(exc)}")))
-    assert text is not None
-    return text
-
-
-def _record(exc: BaseException) -> dict[str, object]:
-    """The data ``_rebuilt`` builds ``exc`` again from."""
-    cls = type(exc)
-    record: dict[str, object] = {"type": f"{cls.__module__}:{cls.__qualname__}"}
-    if isinstance(exc, BaseExceptionGroup):
-        # (Its exceptions are no payload: each travels as a record, in "group".)
-        record["args"] = [exc.message]
-        record["group"] = [_record(sub) for sub in exc.exceptions]
-    else:
-        # The arguments it is built again from, as a pickle would rebuild it: its
-        # ``__reduce__``'s where that names its class (an OSError's carry its
-        # filename, which ``args`` lacks), else ``args``.
-        reduced = exc.__reduce__()
-        args = reduced[1] if isinstance(reduced, tuple) and reduced[0] is cls else exc.args
-        record["args"] = list(args)
-    record["state"] = dict(vars(exc))
-    return record
-
-
-def _load_error(text: str | None, label: str) -> BaseException:
-    """The exception an answer carries (``_dump_error``), or an ``RpcError`` naming what
-    cannot be rebuilt. Runs no code but the exception class's own ``__init__``: a class
-    is only looked up among the modules this process has imported, in their namespaces
-    as they stand (nothing is imported for it, no module ``__getattr__`` runs), and
-    must be an ``Exception``."""
-    try:
-        return _rebuilt(decode_payload(text))
-    except _Unknown as unknown:
-        return RpcError(f"{label} raised {unknown}: no exception class this host has"
-                        " loaded")
-    except Exception as exc:
-        return RpcError(f"{label} raised an exception this host cannot read:"
-                        f" {describe_error(exc)}")
-
-
-class _Unknown(Exception):
-    """An answer names no ``Exception`` class loaded here (its text: the name and the
-    args)."""
-
-
-_FIELDS: Final = frozenset({"type", "args", "state"})
-
-
-def _rebuilt(record: object) -> Exception:
-    if not isinstance(record, dict) or not _FIELDS <= set(record) <= _FIELDS | {"group"}:
-        raise ValueError("not an exception record")
-    kind, args, state = record["type"], record["args"], record["state"]
-    group = record.get("group")
-    if (not isinstance(kind, str) or not isinstance(args, list) or not isinstance(state, dict)
-            or not (group is None or (isinstance(group, list) and len(args) == 1))):
-        raise ValueError("not an exception record")
-    found = _loaded_class(kind)
-    if not (isinstance(found, type) and issubclass(found, Exception)):
-        named = f"{kind}: {', '.join(map(str, args))}"
-        if len(named) > ERROR_TEXT_LIMIT:  # (a forged answer's may be a MiB)
-            named = f"{named[:ERROR_TEXT_LIMIT]}... ({len(named)} chars)"
-        raise _Unknown(named)
-    if group is not None:
-        args = [args[0], [_rebuilt(sub) for sub in group]]
-    try:
-        exc = found(*args)
-    except TypeError:
-        # Its ``__init__`` takes what ``args`` lacks (keyword-only state, say): built
-        # as a pickle of it would be without its ``__reduce__``, its attributes set below.
-        exc = found.__new__(found, *args)
-        exc.args = tuple(args)
-    exc.__dict__.update(state)
-    return exc
-
-
-def _loaded_class(kind: str) -> object:
-    """What ``kind`` (``module:Qual.Name``) names in a module this process has imported,
-    or None: looked up in the namespaces of the module and of the classes on the way
-    as they stand (dict lookups: no module ``__getattr__``, property or lazy load runs,
-    nothing is imported)."""
-    module_name, _, qualname = kind.partition(":")
-    module = sys.modules.get(module_name)
-    if not isinstance(module, types.ModuleType):
-        return None
-    # (object.__getattribute__: a lazily loaded module's own would load it.)
-    names: Mapping[str, object] = object.__getattribute__(module, "__dict__")
-    found: object = None
-    for part in qualname.split("."):
-        found = names.get(part)
-        if not isinstance(found, type):
-            return None
-        names = found.__dict__
-    return found
-
-
 class CallRouter:
     """The calls one host forwards and the calls it serves."""
 
@@ -476,7 +360,7 @@ class CallRouter:
             return decode_payload(result)
         if state == "moved":
             return await again(name, *args, **kwargs)
-        raise _load_error(result, label)
+        raise load_error(result, label)
 
     async def _abandon(self, call_id: int) -> None:
         """The caller stopped waiting: withdraw the call if it has not started, or
@@ -559,7 +443,7 @@ class CallRouter:
         try:
             args, kwargs, chain, place, trace = decode_call(payload)
         except Exception as exc:
-            state, result, place, trace = "error", _dump_error(exc, label), True, None
+            state, result, place, trace = "error", dump_error(exc, label), True, None
         if not place and not self._holds(namespace, object_id):
             # Released since the caller looked (or the caller's hint of where it lives
             # is stale): the caller activates it, as it does any object nobody holds,
@@ -576,7 +460,7 @@ class CallRouter:
                 # of it ran here.) The caller routes the call again.
                 state = "moved"
             except Exception as exc:
-                state, result = "error", _dump_error(exc, label)
+                state, result = "error", dump_error(exc, label)
         # The caller waits for this answer while this host holds the object: it is
         # written again until it lands (the result is in memory), not dropped.
         for attempt in range(ANSWER_ATTEMPTS):
