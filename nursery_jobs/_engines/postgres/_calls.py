@@ -16,15 +16,22 @@ all the same, so a caller that misses the notification finds it there (its check
 in batches (``tidy``, ``TIDY_DELAY`` after the first), off the path of its calls. A big
 answer is only in the row, and the caller collects it (a fourth round trip).
 
-Only the host a call is sent to takes it. A take that fails may still have landed (the
-connection dropped after the commit): the call is then ``running`` and nobody runs it,
-so the caller would wait for as long as that host lives. The host remembers those calls
-and its next poll runs the ones it finds running, once (``CallRouter.take_failed``).
+Only the host a call is sent to takes it, and each take writes its own id in the rows it
+takes (``take_id``). A take that fails may still have landed (the connection dropped
+after the commit), or land later (the server ran it on): the call is then ``running``
+and nobody runs it, so the caller would wait for as long as that host lives. The host
+remembers the take, and its polls run the calls they find running under that take's
+id, once; a call no longer pending under another id, answered or gone, the take can no
+longer land on (``CallRouter.take_failed``). Which take holds a call is read from its
+row, never inferred from what a poll saw: a poll's view of a call as pending may be
+stale by the time it is read (a take landed meanwhile); a poll that took that view for
+"no take landed" forgot the failed take, and nobody ran the call.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final, NamedTuple
@@ -172,23 +179,27 @@ def _collect(conn: Conn, call_id: int) -> tuple[str, str | None] | None:
     return None if row is None else (str(row[0]), row[1])
 
 
-def take(conn: Conn, me: str, call_ids: list[int]) -> list[TakenCall]:
-    """Take the calls ``call_ids`` to host ``me`` that are still pending (one statement;
-    the listening thread runs it on its own connection). Blocks."""
+def take(conn: Conn, me: str, call_ids: list[int], take_id: int) -> list[TakenCall]:
+    """Take the calls ``call_ids`` to host ``me`` that are still pending, as take
+    ``take_id`` (``CallRouter.new_take``; one statement: the listening thread runs it on
+    its own connection). Blocks."""
     return [TakenCall(int(row[0]), *row[1:]) for row in conn.execute(
-        "UPDATE nj_calls SET state = 'running' WHERE id = ANY(%s::bigint[]) AND target = %s"
-        " AND state = 'pending'"
+        "UPDATE nj_calls SET state = 'running', take_id = %s WHERE id = ANY(%s::bigint[])"
+        " AND target = %s AND state = 'pending'"
         " RETURNING id, caller, namespace, object_id, class_path, name, payload",
-        (call_ids, me),
+        (take_id, call_ids, me),
     )]
 
 
-def _taken(conn: Conn, me: str, call_ids: list[int]) -> list[TakenCall]:
-    """The calls ``call_ids`` to host ``me`` that are running: taken by a take of this
-    host whose outcome it never learned (``CallRouter.take_failed``). Blocks."""
-    return [TakenCall(int(row[0]), *row[1:]) for row in conn.execute(
-        "SELECT id, caller, namespace, object_id, class_path, name, payload FROM nj_calls"
-        " WHERE id = ANY(%s::bigint[]) AND target = %s AND state = 'running'",
+def _unsettled(conn: Conn, me: str,
+               call_ids: list[int]) -> list[tuple[str, int | None, TakenCall]]:
+    """``(state, take_id, call)`` of the calls ``call_ids`` to host ``me`` that are
+    pending or running (failed takes of this host may have taken them, or may still:
+    ``CallRouter.take_failed``). Blocks."""
+    return [(str(row[0]), row[1], TakenCall(int(row[2]), *row[3:])) for row in conn.execute(
+        "SELECT state, take_id, id, caller, namespace, object_id, class_path, name,"
+        " payload FROM nj_calls WHERE id = ANY(%s::bigint[]) AND target = %s"
+        " AND state IN ('pending', 'running')",
         (call_ids, me),
     )]
 
@@ -221,10 +232,13 @@ class CallRouter:
         self._answers: dict[int, Answer | None] = {}
         # Calls whose caller stopped waiting while they ran: their answers are spent.
         self._abandoned: set[int] = set()
-        # Calls a take of this host may have taken: the take failed, so whether it landed
-        # is unknown. Only this host takes calls sent to it, so one that did is running
-        # and nobody runs it: the next poll looks (``poll``) and runs those, once.
-        self._unsure: set[int] = set()
+        # Takes of this host that failed (take id -> the calls it was for): whether they
+        # landed is unknown, and one may land for as long as its call is pending. A call
+        # one landed on is running under its id and nobody runs it: polls look
+        # (``poll``) and run those, once.
+        self._unsure: dict[int, list[int]] = {}
+        # Take ids (the listening thread draws them too: next() of a count is atomic).
+        self._takes = itertools.count(1)
         # Rows of answers read from notifications, to delete (``tidy``).
         self._spent: list[int] = []
         self._spent_wake = trio.Event()
@@ -256,10 +270,15 @@ class CallRouter:
         for call in calls:
             self.incoming_send.send_nowait(call)
 
-    def take_failed(self, call_ids: list[int]) -> None:
-        """A take of ``call_ids`` failed: it may have landed (see ``_unsure``). The
-        caller asks for a poll (the listening thread polls when it has reconnected)."""
-        self._unsure.update(call_ids)
+    def new_take(self) -> int:
+        """The id of a take about to be sent (``take``). Thread-safe."""
+        return next(self._takes)
+
+    def take_failed(self, take_id: int, call_ids: list[int]) -> None:
+        """Take ``take_id`` of ``call_ids`` failed: it may have landed, or land yet (see
+        ``_unsure``). The caller asks for a poll (the listening thread polls when it has
+        reconnected)."""
+        self._unsure[take_id] = call_ids
 
     def _spend(self, call_id: int) -> None:
         self._spent.append(call_id)
@@ -406,29 +425,40 @@ class CallRouter:
         """Pick up calls whose notification was missed (a reconnecting listener), and
         run those a failed take of this host took after all (``_unsure``)."""
         for call_id in await self._db(_pending, self._me):
-            self._unsure.discard(call_id)  # (no take landed: it is taken now)
-            self.incoming_send.send_nowait(call_id)
+            self.incoming_send.send_nowait(call_id)  # (taken by a take of its own)
         if not self._unsure:
             return
         # Taken out before the query, so that a poll running meanwhile cannot run
         # them too; put back if it fails.
-        unsure, self._unsure = self._unsure, set()
+        unsure, self._unsure = self._unsure, {}
         try:
-            found = await self._db(_taken, self._me, sorted(unsure))
+            rows = await self._db(_unsettled, self._me,
+                                  sorted({i for ids in unsure.values() for i in ids}))
         except BaseException:
-            self._unsure |= unsure
+            self._unsure.update(unsure)
             raise
-        for call in found:
-            self.incoming_send.send_nowait(call)
+        found = {call.call_id: (state, holder, call) for state, holder, call in rows}
+        for take_id, call_ids in unsure.items():
+            waiting = []
+            for call_id in call_ids:
+                state, holder, call = found.get(call_id, ("", None, None))
+                if state == "running" and holder == take_id:
+                    self.incoming_send.send_nowait(call)  # it landed: run it, once
+                elif state == "pending":
+                    waiting.append(call_id)  # it may land yet
+                # (else answered, gone or another take's: it can no longer land)
+            if waiting:
+                self._unsure[take_id] = waiting
 
     async def _take_and_run(self, site: EngineSite, classes: dict[str, str],
                             call_id: int) -> None:
+        take_id = self.new_take()
         try:
-            calls = await self._db(take, self._me, [call_id])
+            calls = await self._db(take, self._me, [call_id], take_id)
         except Exception:
             logger.warning("cannot take forwarded call %s; looking again in %.0f s",
                            call_id, CHECK_INTERVAL, exc_info=True)
-            self.take_failed([call_id])
+            self.take_failed(take_id, [call_id])
             await trio.sleep(CHECK_INTERVAL)
             self.incoming_send.send_nowait(POLL)
             return
