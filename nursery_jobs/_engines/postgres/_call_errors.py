@@ -109,7 +109,8 @@ def _records(exc: BaseException, label: str, depth: int,
         kept = reduced[2] if ours and len(reduced) > 2 else None
         state = dict(kept if isinstance(kept, dict) else vars(exc))
     if isinstance(exc, psycopg.Error) and isinstance(state.get("_info"), dict):
-        state["_info"] = {int(k): v for k, v in state["_info"].items() if v is not None}
+        state["_info"] = {int(k): v for k, v in state["_info"].items()
+                          if isinstance(k, int) and v is not None}
     held: list[list[Any]] = []
     for part, items in (("args", enumerate(args)), ("state", state.items())):
         for key, value in list(items):
