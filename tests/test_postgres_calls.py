@@ -60,6 +60,14 @@ async def _rows_gone(dsn: str) -> None:
     await eventually(lambda: sql(dsn, "SELECT count(*) FROM nj_calls")[0][0] == 0)
 
 
+async def _listening(dsn: str, engine: Any) -> None:
+    """Until the listening thread of ``engine`` listens on its call channel (its
+    connection's last statement: it has not taken a call yet)."""
+    listen = f'LISTEN "{channel(engine.host_id)}"'
+    await eventually(lambda: sql(dsn, "SELECT count(*) FROM pg_stat_activity"
+                                      " WHERE query = %s", (listen,))[0][0] == 1)
+
+
 async def test_small_and_big_answers_and_errors_arrive_and_leave_no_row(pg_dsn: str) -> None:
     async with nj.open_runtime(PostgresEngine(pg_dsn), env="A") as a, \
             nj.open_runtime(PostgresEngine(pg_dsn), env="B") as b:
@@ -140,7 +148,7 @@ async def test_a_take_whose_answer_was_lost_still_runs_the_call_once(
     import nursery_jobs._engines.postgres._listen as pg_listen
 
     lost: list[list[int]] = []
-    real_take = calls.take
+    real_take, real_pending = calls.take, calls._pending
 
     def take_then_lose(conn: Any, me: str, call_ids: list[int], take_id: int) -> Any:
         taken = real_take(conn, me, call_ids, take_id)
@@ -156,9 +164,12 @@ async def test_a_take_whose_answer_was_lost_still_runs_the_call_once(
         assert await a.get(Echo, "e").bump() == 1
         if path == "listener":  # the listening thread takes the call it hears of
             monkeypatch.setattr(pg_listen, "take", take_then_lose)
-            # (No poll takes it first: the poll after each renewal found it pending,
-            # under load, before the listener heard of it — 1 run in 27 here.)
-            monkeypatch.setattr(calls, "_pending", lambda conn, me: [])
+            # No poll takes it first (the one after each renewal found it pending,
+            # under load, before the listener heard of it: 1 run in 27 here), and the
+            # call is sent once the listener listens (or it is a poll's to take).
+            monkeypatch.setattr(calls, "_pending",
+                                lambda conn, me: real_pending(conn, me) if lost else [])
+            await _listening(pg_dsn, a.engine)
         else:  # a poll takes it (its notification was missed)
             monkeypatch.setattr(calls, "take", take_then_lose)
             monkeypatch.setattr(a.engine._calls, "serving", False)  # (not the listener)
@@ -200,6 +211,8 @@ async def test_a_lost_take_runs_its_call_though_a_poll_saw_the_call_pending(
             raise psycopg.OperationalError("the connection was lost (test)")
 
         def pending_then_wait(conn: Any, me: str) -> Any:
+            if me == holder.host_id and not stage:
+                return []  # (the call is the listener's to take first)
             found = real_pending(conn, me)
             if me == holder.host_id and stage == ["looking"]:
                 stage.append("looked")
@@ -216,6 +229,7 @@ async def test_a_lost_take_runs_its_call_though_a_poll_saw_the_call_pending(
         monkeypatch.setattr(pg_listen, "take", take_then_lose)
         monkeypatch.setattr(calls, "_pending", pending_then_wait)
         monkeypatch.setattr(router, "take_failed", noting)
+        await _listening(pg_dsn, holder)
         with trio.fail_after(15):
             assert await b.get(Echo, "e").bump() == 2
         assert stage == ["looking", "looked"]
