@@ -26,6 +26,9 @@ lookup errors derive from :class:`LookupError`::
      │                                    object, or a write in a read-only turn  .object_label
      ├─ ObjectFencedError                 another host took the object over; the write was refused
      ├─ RpcError (TypeError)              a stub call to a private name or a non-method
+     │   └─ RemoteError                   (PostgreSQL) a method raised, on another host, an
+     │                                    exception that cannot be rebuilt here
+     │                                    .method .type_name .message
      ├─ ObjectResetError                  the object was evicted or reset during a call
      ├─ AlarmOwnedError                   set_alarm on an object whose Lifecycle owns the alarm
      ├─ JobError (ValueError)             a bad job argument
@@ -193,6 +196,25 @@ class ObjectFencedError(NurseryJobsError):
 
 class RpcError(NurseryJobsError, TypeError):
     """A stub call named a private attribute or something that is not a method."""
+
+
+class RemoteError(RpcError):
+    """A stub call's method raised, on the host that holds the object, an exception that
+    cannot be rebuilt here as itself (its class is not loaded in this process, or its
+    parts cannot be carried as data). ``method`` names the call (``ns/id.name()``),
+    ``type_name`` the class raised (``module.QualName``; a builtin's bare name),
+    ``message`` its text (cut to ``ERROR_TEXT_LIMIT``)."""
+
+    def __init__(self, text: str, method: str = "", type_name: str = "",
+                 message: str = "") -> None:
+        super().__init__(text)
+        self.method = method
+        self.type_name = type_name
+        self.message = message
+
+    def __reduce__(self) -> tuple[Any, ...]:  # (what it is built from again: by a pickle,
+        return (type(self), (str(self), self.method, self.type_name,  # and between hosts)
+                             self.message))
 
 
 class ObjectResetError(NurseryJobsError):

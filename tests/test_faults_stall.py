@@ -138,12 +138,13 @@ async def test_a_busy_but_responsive_loop_is_no_stall(
 async def test_the_watchdog_stays_off_under_a_mock_clock(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
+    # Only threads this test's runtime started: another test's runtime (in this worker
+    # process) may have left its watchdog still ending, which failed this by name alone.
+    before = set(threading.enumerate())
     async with nj.open_runtime():
         await trio.sleep(3600)  # a 50 ms tick would be 72,000 autojumps
-        # (Its own thread, by name: a worker thread another test left may still be
-        # ending, so the count of all threads is no measure.)
         assert not [t for t in threading.enumerate()
-                    if t.name == "nursery_jobs stall watchdog"]
+                    if t not in before and t.name == "nursery_jobs stall watchdog"]
         assert trio.current_time() == 3600
 
 

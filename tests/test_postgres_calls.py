@@ -7,6 +7,7 @@ process on a fresh database (``pg_dsn``); real time.
 
 from __future__ import annotations
 
+import threading
 from typing import Any, ClassVar
 
 import pytest
@@ -57,6 +58,14 @@ class Echo(nj.DurableObject):
 
 async def _rows_gone(dsn: str) -> None:
     await eventually(lambda: sql(dsn, "SELECT count(*) FROM nj_calls")[0][0] == 0)
+
+
+async def _listening(dsn: str, engine: Any) -> None:
+    """Until the listening thread of ``engine`` listens on its call channel (its
+    connection's last statement: it has not taken a call yet)."""
+    listen = f'LISTEN "{channel(engine.host_id)}"'
+    await eventually(lambda: sql(dsn, "SELECT count(*) FROM pg_stat_activity"
+                                      " WHERE query = %s", (listen,))[0][0] == 1)
 
 
 async def test_small_and_big_answers_and_errors_arrive_and_leave_no_row(pg_dsn: str) -> None:
@@ -139,10 +148,10 @@ async def test_a_take_whose_answer_was_lost_still_runs_the_call_once(
     import nursery_jobs._engines.postgres._listen as pg_listen
 
     lost: list[list[int]] = []
-    real_take = calls.take
+    real_take, real_pending = calls.take, calls._pending
 
-    def take_then_lose(conn: Any, me: str, call_ids: list[int]) -> Any:
-        taken = real_take(conn, me, call_ids)
+    def take_then_lose(conn: Any, me: str, call_ids: list[int], take_id: int) -> Any:
+        taken = real_take(conn, me, call_ids, take_id)
         if not lost:
             lost.append(call_ids)
             raise psycopg.OperationalError("the connection was lost (test)")
@@ -155,12 +164,75 @@ async def test_a_take_whose_answer_was_lost_still_runs_the_call_once(
         assert await a.get(Echo, "e").bump() == 1
         if path == "listener":  # the listening thread takes the call it hears of
             monkeypatch.setattr(pg_listen, "take", take_then_lose)
+            # No poll takes it first (the one after each renewal found it pending,
+            # under load, before the listener heard of it: 1 run in 27 here), and the
+            # call is sent once the listener listens (or it is a poll's to take).
+            monkeypatch.setattr(calls, "_pending",
+                                lambda conn, me: real_pending(conn, me) if lost else [])
+            await _listening(pg_dsn, a.engine)
         else:  # a poll takes it (its notification was missed)
             monkeypatch.setattr(calls, "take", take_then_lose)
             monkeypatch.setattr(a.engine._calls, "serving", False)  # (not the listener)
         with trio.fail_after(15):
             assert await b.get(Echo, "e").bump() == 2
         assert lost
+        await trio.sleep(0.5)
+        assert await a.get(Echo, "e").read() == 2  # once
+
+
+async def test_a_lost_take_runs_its_call_though_a_poll_saw_the_call_pending(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A poll reads the pending calls just before the listener's take lands, and that
+    take's answer is lost; the poll's answer is read after the failed take was noted.
+    The poll took the call for one no take had landed on and forgot the failed take; its
+    own take found the call running: nobody ran it, and the caller waited for as long
+    as the holder lived (this failed at ``fail_after``)."""
+    import nursery_jobs._engines.postgres._listen as pg_listen
+
+    looked, noted = threading.Event(), threading.Event()
+    stage: list[str] = []
+    real_take, real_pending = pg_listen.take, calls._pending
+
+    async with nj.open_runtime(PostgresEngine(pg_dsn, lease_ttl=3.0), env="A") as a, \
+            nj.open_runtime(PostgresEngine(pg_dsn, lease_ttl=3.0), env="B") as b:
+        assert await a.get(Echo, "e").bump() == 1
+        holder: Any = a.engine
+        router = holder._calls
+        trio_token = trio.lowlevel.current_trio_token()
+
+        def take_then_lose(conn: Any, me: str, *args: Any) -> Any:
+            if stage:
+                return real_take(conn, me, *args)
+            stage.append("looking")
+            trio_token.run_sync_soon(router.incoming_send.send_nowait, calls.POLL)
+            assert looked.wait(10)  # a poll has read the call as pending
+            real_take(conn, me, *args)  # lands
+            raise psycopg.OperationalError("the connection was lost (test)")
+
+        def pending_then_wait(conn: Any, me: str) -> Any:
+            if me == holder.host_id and not stage:
+                return []  # (the call is the listener's to take first)
+            found = real_pending(conn, me)
+            if me == holder.host_id and stage == ["looking"]:
+                stage.append("looked")
+                looked.set()
+                assert noted.wait(10)  # read once the failed take is noted
+            return found
+
+        real_failed = router.take_failed
+
+        def noting(*args: Any) -> None:
+            real_failed(*args)
+            noted.set()
+
+        monkeypatch.setattr(pg_listen, "take", take_then_lose)
+        monkeypatch.setattr(calls, "_pending", pending_then_wait)
+        monkeypatch.setattr(router, "take_failed", noting)
+        await _listening(pg_dsn, holder)
+        with trio.fail_after(15):
+            assert await b.get(Echo, "e").bump() == 2
+        assert stage == ["looking", "looked"]
         await trio.sleep(0.5)
         assert await a.get(Echo, "e").read() == 2  # once
 

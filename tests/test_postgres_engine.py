@@ -113,13 +113,21 @@ def test_an_unreachable_server_is_a_storage_error_without_the_password() -> None
 def test_schema_is_created_and_a_newer_one_refused(pg_dsn: str) -> None:
     with opened(pg_dsn):
         pass
-    assert sql(pg_dsn, "SELECT version, object_schema FROM nj_schema") == [(2, 3)]
+    assert sql(pg_dsn, "SELECT version, object_schema FROM nj_schema") == [(3, 3)]
     with opened(pg_dsn):  # an existing schema of this version is fine
         pass
     sql(pg_dsn, "UPDATE nj_schema SET object_schema = 2")  # older objects: brought up
     with opened(pg_dsn):
         pass
-    assert sql(pg_dsn, "SELECT version, object_schema FROM nj_schema") == [(2, 3)]
+    assert sql(pg_dsn, "SELECT version, object_schema FROM nj_schema") == [(3, 3)]
+    # A version 2 database (no nj_calls.take_id) is brought up in place.
+    sql(pg_dsn, "ALTER TABLE nj_calls DROP COLUMN take_id")
+    sql(pg_dsn, "UPDATE nj_schema SET version = 2")
+    with opened(pg_dsn):
+        pass
+    assert sql(pg_dsn, "SELECT version, object_schema FROM nj_schema") == [(3, 3)]
+    assert sql(pg_dsn, "SELECT count(*) FROM information_schema.columns"
+                       " WHERE table_name = 'nj_calls' AND column_name = 'take_id'") == [(1,)]
     sql(pg_dsn, "UPDATE nj_schema SET version = 99")
     with pytest.raises(StorageError, match=r"schema version 99 \(objects 3\), newer than"):
         PostgresEngine(pg_dsn).open(NOW)

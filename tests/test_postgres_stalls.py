@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import threading
 import time
+import types
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import pytest
 import trio
+import trio.testing
 from pg_support import eventually, sql
 
 psycopg = pytest.importorskip("psycopg")  # the postgres extra; CI installs it (dev)
@@ -148,3 +151,100 @@ async def test_a_lone_host_whose_renewals_stall_never_calls_it_a_takeover(
         assert "taken over by another host" not in caplog.text
         with trio.fail_after(10):
             assert await c.increment() == 2  # healed: taken back, reloaded
+
+
+class _Conn:
+    def cancel_safe(self, timeout: float) -> None:
+        pass  # (the statement's thread is abandoned; the gate releases it)
+
+
+class _Pool:
+    @contextmanager
+    def connection(self) -> Iterator[_Conn]:
+        yield _Conn()
+
+
+class _Events:
+    def __init__(self) -> None:
+        self.slow: list[dict[str, object]] = []
+
+    def emit(self, type_: str, namespace: str, object_id: str, **data: object) -> None:
+        assert type_ == "storage:slow"
+        self.slow.append(data)
+
+
+async def test_a_stall_is_one_while_the_next_statement_waits_behind_the_same_lock(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The stall watch on a clock of the test's: a statement blocked behind a lock
+    (a ship) is given up by its caller; a statement on another table answers at once (a
+    lease take), and the next one sent behind the same lock (the activation's read)
+    waits. Until it had waited the whole threshold, the watch took the quick answer to
+    mean the server answers again: one stall, two ``storage:slow`` events (CI, in
+    test_a_deadline_holds_under_a_foreign_lock_and_the_runtime_heals)."""
+    from nursery_jobs._engines.postgres import _statements
+
+    now = [0.0]
+    permits_send, permits = trio.open_memory_channel[None](0)
+
+    async def sleep(seconds: float, stopping: threading.Event) -> None:
+        await permits.receive()  # (the test moves the clock, then lets a tick run)
+
+    async def tick_at(when: float) -> None:
+        now[0] = when
+        await permits_send.send(None)
+        await trio.testing.wait_all_tasks_blocked()
+
+    monkeypatch.setattr(_statements, "lease_clock", lambda: now[0])
+    monkeypatch.setattr(_statements, "lease_sleep", sleep)
+    statements = _statements.Statements("db", 10.0, 4, threading.Event())  # 1 s: a stall
+    statements.pool = _Pool()  # type: ignore[assignment]
+    events = _Events()
+    site: Any = types.SimpleNamespace(events=events)
+    locked = threading.Event()
+
+    def behind_the_lock(conn: _Conn) -> None:
+        locked.wait(10)
+
+    async def blocked(scope: trio.CancelScope, done: trio.Event | None = None) -> None:
+        with scope:
+            await statements.run(behind_the_lock)
+        if done is not None:
+            done.set()
+
+    try:
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(statements.watch_stalls, site)
+                ship, read = trio.CancelScope(), trio.CancelScope()
+                nursery.start_soon(blocked, ship)
+                await trio.testing.wait_all_tasks_blocked()
+                for step in range(1, 9):  # 0.25 s ticks to 2 s: slow from 1 s
+                    await tick_at(step / 4)
+                assert len(events.slow) == 1
+                ship.cancel()  # (its caller gives up on it)
+                await trio.testing.wait_all_tasks_blocked()
+                now[0] = 2.05
+                await statements.run(lambda conn: None)  # answered at once
+                now[0] = 2.1
+                answered = trio.Event()
+                nursery.start_soon(blocked, read, answered)  # behind the same lock
+                await trio.testing.wait_all_tasks_blocked()
+                for step in range(9, 17):  # to 4 s: the read waits 1.9 s
+                    await tick_at(step / 4)
+                assert len(events.slow) == 1, events.slow  # (it was 2)
+                locked.set()  # the lock goes: the read is answered
+                await answered.wait()
+                await trio.testing.wait_all_tasks_blocked()
+                for step in range(17, 21):  # a second with none out
+                    await tick_at(step / 4)
+                assert statements._stalled_since is None  # the stall is over
+                locked.clear()  # a stall later is a stall of its own
+                nursery.start_soon(blocked, trio.CancelScope())
+                await trio.testing.wait_all_tasks_blocked()
+                for step in range(21, 25):
+                    await tick_at(step / 4)
+                assert len(events.slow) == 2, events.slow
+                nursery.cancel_scope.cancel()
+    finally:
+        locked.set()

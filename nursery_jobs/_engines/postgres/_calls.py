@@ -4,8 +4,8 @@ local stub call and answers the same way. Arguments and results go through the p
 codec, in the envelope every engine's stub call copies through (``_codec.encode_call``,
 ``encode_result``); an exception raised by the call travels as data — its class's name,
 its args and attributes through the same codec — and is rebuilt by the caller from a
-class it has loaded (an ``RpcError`` naming it where it cannot be): never pickled, since
-anyone who may NOTIFY on a host's channel can forge an answer.
+class it has loaded (a ``RemoteError`` naming it where it cannot be): never pickled,
+since anyone who may NOTIFY on a host's channel can forge an answer (``_call_errors``).
 
 Three round trips carry a call (issue 26): the caller's insert + notify; the owner's take,
 run by its listening thread on its own connection in the moment it hears of the call (no
@@ -16,32 +16,31 @@ all the same, so a caller that misses the notification finds it there (its check
 in batches (``tidy``, ``TIDY_DELAY`` after the first), off the path of its calls. A big
 answer is only in the row, and the caller collects it (a fourth round trip).
 
-Only the host a call is sent to takes it. A take that fails may still have landed (the
-connection dropped after the commit): the call is then ``running`` and nobody runs it,
-so the caller would wait for as long as that host lives. The host remembers those calls
-and its next poll runs the ones it finds running, once (``CallRouter.take_failed``).
+Only the host a call is sent to takes it, and each take writes its own id in the rows it
+takes (``take_id``). A take that fails may still have landed (the connection dropped
+after the commit), or land later (the server ran it on): the call is then ``running``
+and nobody runs it, so the caller would wait for as long as that host lives. The host
+remembers the take, and its polls run the calls they find running under that take's
+id, once; a call no longer pending under another id, answered or gone, the take can no
+longer land on (``CallRouter.take_failed``). Which take holds a call is read from its
+row, never inferred from what a poll saw: a poll's view of a call as pending may be
+stale by the time it is read (a take landed meanwhile); a poll that took that view for
+"no take landed" forgot the failed take, and nobody ran the call.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
-import sys
-import types
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 import trio
 
-from nursery_jobs._codec import (
-    decode_call,
-    decode_payload,
-    encode_call,
-    encode_payload,
-    encode_result,
-)
+from nursery_jobs._codec import decode_call, decode_payload, encode_call, encode_result
+from nursery_jobs._engines.postgres._call_errors import dump_error, load_error
 from nursery_jobs._errors import (
-    ERROR_TEXT_LIMIT,
     NurseryJobsError,
     ObjectLeasedElsewhere,
     ObjectMoved,
@@ -180,23 +179,27 @@ def _collect(conn: Conn, call_id: int) -> tuple[str, str | None] | None:
     return None if row is None else (str(row[0]), row[1])
 
 
-def take(conn: Conn, me: str, call_ids: list[int]) -> list[TakenCall]:
-    """Take the calls ``call_ids`` to host ``me`` that are still pending (one statement;
-    the listening thread runs it on its own connection). Blocks."""
+def take(conn: Conn, me: str, call_ids: list[int], take_id: int) -> list[TakenCall]:
+    """Take the calls ``call_ids`` to host ``me`` that are still pending, as take
+    ``take_id`` (``CallRouter.new_take``; one statement: the listening thread runs it on
+    its own connection). Blocks."""
     return [TakenCall(int(row[0]), *row[1:]) for row in conn.execute(
-        "UPDATE nj_calls SET state = 'running' WHERE id = ANY(%s::bigint[]) AND target = %s"
-        " AND state = 'pending'"
+        "UPDATE nj_calls SET state = 'running', take_id = %s WHERE id = ANY(%s::bigint[])"
+        " AND target = %s AND state = 'pending'"
         " RETURNING id, caller, namespace, object_id, class_path, name, payload",
-        (call_ids, me),
+        (take_id, call_ids, me),
     )]
 
 
-def _taken(conn: Conn, me: str, call_ids: list[int]) -> list[TakenCall]:
-    """The calls ``call_ids`` to host ``me`` that are running: taken by a take of this
-    host whose outcome it never learned (``CallRouter.take_failed``). Blocks."""
-    return [TakenCall(int(row[0]), *row[1:]) for row in conn.execute(
-        "SELECT id, caller, namespace, object_id, class_path, name, payload FROM nj_calls"
-        " WHERE id = ANY(%s::bigint[]) AND target = %s AND state = 'running'",
+def _unsettled(conn: Conn, me: str,
+               call_ids: list[int]) -> list[tuple[str, int | None, TakenCall]]:
+    """``(state, take_id, call)`` of the calls ``call_ids`` to host ``me`` that are
+    pending or running (failed takes of this host may have taken them, or may still:
+    ``CallRouter.take_failed``). Blocks."""
+    return [(str(row[0]), row[1], TakenCall(int(row[2]), *row[3:])) for row in conn.execute(
+        "SELECT state, take_id, id, caller, namespace, object_id, class_path, name,"
+        " payload FROM nj_calls WHERE id = ANY(%s::bigint[]) AND target = %s"
+        " AND state IN ('pending', 'running')",
         (call_ids, me),
     )]
 
@@ -215,114 +218,6 @@ def _pending(conn: Conn, me: str) -> list[int]:
     )]
 
 
-def _dump_error(exc: BaseException, label: str) -> str:
-    """An exception as answer text: its class (module and qualified name), ``args`` and
-    attributes through the payload codec — data, never a pickle (an answer can be
-    forged by anyone who may NOTIFY on the caller's channel or write ``nj_calls``); a
-    group's exceptions each as one of their own. One this host cannot rebuild from
-    that, as the caller will (``_load_error``), or whose parts the codec cannot carry,
-    travels as an ``RpcError`` naming it. Never raises: whatever of the exception fails
-    (its size, its ``__str__``, its ``__reduce__``), the caller gets an answer, and an
-    error escaping here would end this host's call router."""
-    try:
-        text = encode_payload(_record(exc))
-        _rebuilt(decode_payload(text))
-    except Exception:
-        text = encode_payload(_record(RpcError(f"{label} raised {describe_error(exc)}")))
-    assert text is not None
-    return text
-
-
-def _record(exc: BaseException) -> dict[str, object]:
-    """The data ``_rebuilt`` builds ``exc`` again from."""
-    cls = type(exc)
-    record: dict[str, object] = {"type": f"{cls.__module__}:{cls.__qualname__}"}
-    if isinstance(exc, BaseExceptionGroup):
-        # (Its exceptions are no payload: each travels as a record, in "group".)
-        record["args"] = [exc.message]
-        record["group"] = [_record(sub) for sub in exc.exceptions]
-    else:
-        # The arguments it is built again from, as a pickle would rebuild it: its
-        # ``__reduce__``'s where that names its class (an OSError's carry its
-        # filename, which ``args`` lacks), else ``args``.
-        reduced = exc.__reduce__()
-        args = reduced[1] if isinstance(reduced, tuple) and reduced[0] is cls else exc.args
-        record["args"] = list(args)
-    record["state"] = dict(vars(exc))
-    return record
-
-
-def _load_error(text: str | None, label: str) -> BaseException:
-    """The exception an answer carries (``_dump_error``), or an ``RpcError`` naming what
-    cannot be rebuilt. Runs no code but the exception class's own ``__init__``: a class
-    is only looked up among the modules this process has imported, in their namespaces
-    as they stand (nothing is imported for it, no module ``__getattr__`` runs), and
-    must be an ``Exception``."""
-    try:
-        return _rebuilt(decode_payload(text))
-    except _Unknown as unknown:
-        return RpcError(f"{label} raised {unknown}: no exception class this host has"
-                        " loaded")
-    except Exception as exc:
-        return RpcError(f"{label} raised an exception this host cannot read:"
-                        f" {describe_error(exc)}")
-
-
-class _Unknown(Exception):
-    """An answer names no ``Exception`` class loaded here (its text: the name and the
-    args)."""
-
-
-_FIELDS: Final = frozenset({"type", "args", "state"})
-
-
-def _rebuilt(record: object) -> Exception:
-    if not isinstance(record, dict) or not _FIELDS <= set(record) <= _FIELDS | {"group"}:
-        raise ValueError("not an exception record")
-    kind, args, state = record["type"], record["args"], record["state"]
-    group = record.get("group")
-    if (not isinstance(kind, str) or not isinstance(args, list) or not isinstance(state, dict)
-            or not (group is None or (isinstance(group, list) and len(args) == 1))):
-        raise ValueError("not an exception record")
-    found = _loaded_class(kind)
-    if not (isinstance(found, type) and issubclass(found, Exception)):
-        named = f"{kind}: {', '.join(map(str, args))}"
-        if len(named) > ERROR_TEXT_LIMIT:  # (a forged answer's may be a MiB)
-            named = f"{named[:ERROR_TEXT_LIMIT]}... ({len(named)} chars)"
-        raise _Unknown(named)
-    if group is not None:
-        args = [args[0], [_rebuilt(sub) for sub in group]]
-    try:
-        exc = found(*args)
-    except TypeError:
-        # Its ``__init__`` takes what ``args`` lacks (keyword-only state, say): built
-        # as a pickle of it would be without its ``__reduce__``, its attributes set below.
-        exc = found.__new__(found, *args)
-        exc.args = tuple(args)
-    exc.__dict__.update(state)
-    return exc
-
-
-def _loaded_class(kind: str) -> object:
-    """What ``kind`` (``module:Qual.Name``) names in a module this process has imported,
-    or None: looked up in the namespaces of the module and of the classes on the way
-    as they stand (dict lookups: no module ``__getattr__``, property or lazy load runs,
-    nothing is imported)."""
-    module_name, _, qualname = kind.partition(":")
-    module = sys.modules.get(module_name)
-    if not isinstance(module, types.ModuleType):
-        return None
-    # (object.__getattribute__: a lazily loaded module's own would load it.)
-    names: Mapping[str, object] = object.__getattribute__(module, "__dict__")
-    found: object = None
-    for part in qualname.split("."):
-        found = names.get(part)
-        if not isinstance(found, type):
-            return None
-        names = found.__dict__
-    return found
-
-
 class CallRouter:
     """The calls one host forwards and the calls it serves."""
 
@@ -337,10 +232,13 @@ class CallRouter:
         self._answers: dict[int, Answer | None] = {}
         # Calls whose caller stopped waiting while they ran: their answers are spent.
         self._abandoned: set[int] = set()
-        # Calls a take of this host may have taken: the take failed, so whether it landed
-        # is unknown. Only this host takes calls sent to it, so one that did is running
-        # and nobody runs it: the next poll looks (``poll``) and runs those, once.
-        self._unsure: set[int] = set()
+        # Takes of this host that failed (take id -> the calls it was for): whether they
+        # landed is unknown, and one may land for as long as its call is pending. A call
+        # one landed on is running under its id and nobody runs it: polls look
+        # (``poll``) and run those, once.
+        self._unsure: dict[int, list[int]] = {}
+        # Take ids (the listening thread draws them too: next() of a count is atomic).
+        self._takes = itertools.count(1)
         # Rows of answers read from notifications, to delete (``tidy``).
         self._spent: list[int] = []
         self._spent_wake = trio.Event()
@@ -372,10 +270,15 @@ class CallRouter:
         for call in calls:
             self.incoming_send.send_nowait(call)
 
-    def take_failed(self, call_ids: list[int]) -> None:
-        """A take of ``call_ids`` failed: it may have landed (see ``_unsure``). The
-        caller asks for a poll (the listening thread polls when it has reconnected)."""
-        self._unsure.update(call_ids)
+    def new_take(self) -> int:
+        """The id of a take about to be sent (``take``). Thread-safe."""
+        return next(self._takes)
+
+    def take_failed(self, take_id: int, call_ids: list[int]) -> None:
+        """Take ``take_id`` of ``call_ids`` failed: it may have landed, or land yet (see
+        ``_unsure``). The caller asks for a poll (the listening thread polls when it has
+        reconnected)."""
+        self._unsure[take_id] = call_ids
 
     def _spend(self, call_id: int) -> None:
         self._spent.append(call_id)
@@ -476,7 +379,7 @@ class CallRouter:
             return decode_payload(result)
         if state == "moved":
             return await again(name, *args, **kwargs)
-        raise _load_error(result, label)
+        raise load_error(result, label)
 
     async def _abandon(self, call_id: int) -> None:
         """The caller stopped waiting: withdraw the call if it has not started, or
@@ -522,29 +425,40 @@ class CallRouter:
         """Pick up calls whose notification was missed (a reconnecting listener), and
         run those a failed take of this host took after all (``_unsure``)."""
         for call_id in await self._db(_pending, self._me):
-            self._unsure.discard(call_id)  # (no take landed: it is taken now)
-            self.incoming_send.send_nowait(call_id)
+            self.incoming_send.send_nowait(call_id)  # (taken by a take of its own)
         if not self._unsure:
             return
         # Taken out before the query, so that a poll running meanwhile cannot run
         # them too; put back if it fails.
-        unsure, self._unsure = self._unsure, set()
+        unsure, self._unsure = self._unsure, {}
         try:
-            found = await self._db(_taken, self._me, sorted(unsure))
+            rows = await self._db(_unsettled, self._me,
+                                  sorted({i for ids in unsure.values() for i in ids}))
         except BaseException:
-            self._unsure |= unsure
+            self._unsure.update(unsure)
             raise
-        for call in found:
-            self.incoming_send.send_nowait(call)
+        found = {call.call_id: (state, holder, call) for state, holder, call in rows}
+        for take_id, call_ids in unsure.items():
+            waiting = []
+            for call_id in call_ids:
+                state, holder, call = found.get(call_id, ("", None, None))
+                if state == "running" and holder == take_id:
+                    self.incoming_send.send_nowait(call)  # it landed: run it, once
+                elif state == "pending":
+                    waiting.append(call_id)  # it may land yet
+                # (else answered, gone or another take's: it can no longer land)
+            if waiting:
+                self._unsure[take_id] = waiting
 
     async def _take_and_run(self, site: EngineSite, classes: dict[str, str],
                             call_id: int) -> None:
+        take_id = self.new_take()
         try:
-            calls = await self._db(take, self._me, [call_id])
+            calls = await self._db(take, self._me, [call_id], take_id)
         except Exception:
             logger.warning("cannot take forwarded call %s; looking again in %.0f s",
                            call_id, CHECK_INTERVAL, exc_info=True)
-            self.take_failed([call_id])
+            self.take_failed(take_id, [call_id])
             await trio.sleep(CHECK_INTERVAL)
             self.incoming_send.send_nowait(POLL)
             return
@@ -559,7 +473,7 @@ class CallRouter:
         try:
             args, kwargs, chain, place, trace = decode_call(payload)
         except Exception as exc:
-            state, result, place, trace = "error", _dump_error(exc, label), True, None
+            state, result, place, trace = "error", dump_error(exc, label), True, None
         if not place and not self._holds(namespace, object_id):
             # Released since the caller looked (or the caller's hint of where it lives
             # is stale): the caller activates it, as it does any object nobody holds,
@@ -576,7 +490,7 @@ class CallRouter:
                 # of it ran here.) The caller routes the call again.
                 state = "moved"
             except Exception as exc:
-                state, result = "error", _dump_error(exc, label)
+                state, result = "error", dump_error(exc, label)
         # The caller waits for this answer while this host holds the object: it is
         # written again until it lands (the result is in memory), not dropped.
         for attempt in range(ANSWER_ATTEMPTS):

@@ -81,12 +81,14 @@ class Listener:
                             # Taken here, on this connection, as soon as heard: a hop
                             # to a worker thread and the pool would cost more than the
                             # statement (issue 26).
+                            take_id = self._calls.new_take()
                             try:
-                                taken = take(conn, self._host_id, calls)
+                                taken = take(conn, self._host_id, calls, take_id)
                             except psycopg.Error:
                                 # It may have landed; the poll after reconnecting
                                 # looks (``CallRouter.take_failed``).
-                                token.run_sync_soon(self._calls.take_failed, calls)
+                                token.run_sync_soon(self._calls.take_failed, take_id,
+                                                    calls)
                                 raise
                             token.run_sync_soon(self._calls.taken, taken)
             except trio.RunFinishedError:

@@ -19,7 +19,9 @@ from nursery_jobs._engines._schema import SCHEMA_VERSION as OBJECT_SCHEMA_VERSIO
 from nursery_jobs._errors import StorageError
 
 # 2: nj_objects.version (issue 22 #1), added in place to a version 1 database.
-PG_SCHEMA_VERSION: Final = 2
+# 3: nj_calls.take_id (which take of the target host holds a running call: _calls),
+# added in place to an older database.
+PG_SCHEMA_VERSION: Final = 3
 
 _DDL: Final = """
 CREATE TABLE IF NOT EXISTS nj_schema (
@@ -80,8 +82,10 @@ CREATE TABLE IF NOT EXISTS nj_calls (
     payload text,
     state text NOT NULL DEFAULT 'pending',
     result text,
-    created timestamptz NOT NULL DEFAULT now()
+    created timestamptz NOT NULL DEFAULT now(),
+    take_id bigint
 );
+ALTER TABLE nj_calls ADD COLUMN IF NOT EXISTS take_id bigint;
 CREATE INDEX IF NOT EXISTS nj_calls_target ON nj_calls (target) WHERE state = 'pending'
 """
 

@@ -241,7 +241,7 @@ class Statements:
     async def watch_stalls(self, site: EngineSite) -> None:
         """Emit ``storage:slow`` once per stall: from the first statement unanswered for
         ``lease_ttl * STALL_SHARE`` until a statement is answered and that long passes
-        with no slow statement."""
+        with none out for a tick (a quarter of it) meanwhile."""
         after = self._stall_after
         tick = max(after / 4, STALL_TICK_MIN)
         while True:
@@ -254,7 +254,11 @@ class Statements:
             await lease_sleep(tick, self._stopping)
             now = lease_clock()
             oldest = min(self._inflight.values(), default=now)
-            if now - oldest >= after:
+            # Once stalled, a statement out for a tick keeps the stall on: the next one
+            # sent behind the same lock is not slow yet, but it is not answered either,
+            # and a quick answer meanwhile (a lease renewal, another table) is no sign
+            # that the lock went (one stall was two ``storage:slow`` events that way).
+            if now - oldest >= (after if self._stalled_since is None else tick):
                 self._slow_seen = now
             if now - self._slow_seen < after:
                 if self._stalled_since is None:
