@@ -421,11 +421,6 @@ async def test_a_task_started_with_nursery_start_holds_the_turn_only_until_start
             assert await tasks.keys() == ["before_started"]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review: a task started, while the turn is held, in a nursery the holder opened"
-    " before it entered the turn holds nothing (TurnError); DESIGN says tasks it starts"
-    " in its own nurseries while it holds the turn hold it (Holder.before excludes every"
-    " nursery open at entry, not only the runtime's)"))
 async def test_a_task_started_in_the_holders_own_nursery_during_the_turn_holds_it(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -893,12 +888,6 @@ class Near(nj.DurableObject):
         raise RuntimeError("job 2 fails: its writes roll back")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review: across hosts, a call whose caller gave up (the forwarded call runs on) comes"
-    " back with a chain naming the alarm run's turn, which lives on under the same id"
-    " (hand_over keeps it) through later jobs: it runs as a guest inside job 2's turn"
-    " (job 2 sees the write appear mid-turn) and its write rolls back with job 2, though"
-    " its caller was told it was made (TurnGate._by_chain matches the turn id alone)"))
 async def test_a_call_back_from_a_given_up_call_across_hosts_waits_for_the_next_job(
     pg_dsn: str,
 ) -> None:
@@ -920,6 +909,30 @@ async def test_a_call_back_from_a_given_up_call_across_hosts_waits_for_the_next_
         await near.push_both()
         await eventually(both_done, 20)
         # Nothing changed Near under job 2, and the mark Far was told of is there.
+        assert OBSERVED == [[False, False]]
+        assert await near.state() == (True, 1)
+
+
+async def test_a_call_back_from_a_given_up_call_waits_though_no_call_waited_between_jobs(
+    pg_dsn: str,
+) -> None:
+    """As above, but nothing calls Near while its jobs run (there is no hand-over between
+    job 1 and job 2): job 2 still holds the turn under a holding of its own, so the call
+    back from job 1's given-up call waits for it."""
+    from nursery_jobs._engines.postgres._engine import PostgresEngine
+
+    async with nj.open_runtime(PostgresEngine(pg_dsn), env="A") as host_a, \
+            nj.open_runtime(PostgresEngine(pg_dsn), env="B") as host_b:
+        near, far = host_a.get(Near, "near"), host_b.get(Far, "far")
+        assert await near.where() == "A"
+        assert await far.where() == "B"
+        OBSERVED.clear()
+
+        async def far_told_and_job_2_done() -> bool:  # (asks Far alone, never Near)
+            return bool(OBSERVED) and await far.told() is True
+
+        await near.push_both()
+        await eventually(far_told_and_job_2_done, 20)
         assert OBSERVED == [[False, False]]
         assert await near.state() == (True, 1)
 

@@ -27,7 +27,13 @@ from nursery_jobs._core._metrics import Metrics
 from nursery_jobs._core._object import AlarmInfo, DurableObject, ObjectContext, class_path
 from nursery_jobs._core._storage import Storage
 from nursery_jobs._core._transactions import ObjectTransactions
-from nursery_jobs._core._turns import SlowTurns, TurnGate, call_chain, method_turn
+from nursery_jobs._core._turns import (
+    SlowTurns,
+    TurnGate,
+    in_chain,
+    method_turn,
+    open_host_nursery,
+)
 from nursery_jobs._engines.base import RELEASED
 from nursery_jobs._errors import (
     AlarmOwnedError,
@@ -250,7 +256,7 @@ class ObjectHost:
             self.alarm = ObjectAlarm(state, site.timer, site.events, self.namespace,
                                      self.object_id)
             with self.scope:
-                async with trio.open_nursery() as nursery:
+                async with open_host_nursery() as nursery:
                     try:
                         self.transactions = tx = ObjectTransactions(state.conn, self.label,
                                                                     self.turns)
@@ -416,7 +422,7 @@ class ObjectHost:
         # (The state is looked at again after each wait: a reset meanwhile closes it.)
         while state is not None and state is self.state and state.dormant:
             # (Run by the task of the call or alarm run that wakes it.)
-            await self.site.open_slot(self, for_turn=bool(call_chain()))
+            await self.site.open_slot(self, for_turn=in_chain())
             if state is not self.state or not state.dormant:
                 continue  # (a reset closed it, or another task woke it meanwhile)
             try:

@@ -34,7 +34,14 @@ from nursery_jobs._core._metrics import Metrics
 from nursery_jobs._core._object import DurableObject, resolve_namespace
 from nursery_jobs._core._stall import StallWatch
 from nursery_jobs._core._tracing import Tracing, tracing_for
-from nursery_jobs._core._turns import SlowTurns, adopt_chain, call_chain, forget_chain
+from nursery_jobs._core._turns import (
+    SlowTurns,
+    adopt_chain,
+    call_chain,
+    forget_chain,
+    in_chain,
+    open_host_nursery,
+)
 from nursery_jobs._engines.base import Engine
 from nursery_jobs._engines.files._catalog import check_object_id
 from nursery_jobs._errors import (
@@ -368,7 +375,7 @@ class Runtime:
             host = self._hosts.get(key)
             if host is None:
                 host = ObjectHost(self, cls, namespace, object_id, for_alarm=for_alarm,
-                                  for_turn=bool(call_chain()), create=create)
+                                  for_turn=in_chain(), create=create)
                 self._hosts[key] = host
                 try:
                     await self._nursery.start(host.run)
@@ -757,7 +764,7 @@ async def open_runtime(
     body_error: BaseException | None = None
     try:
         try:
-            async with trio.open_nursery() as nursery:
+            async with open_host_nursery() as nursery:
                 rt._nursery = nursery
                 nursery.start_soon(rt.timer.run, nursery)
                 nursery.start_soon(engine.serve, rt)
