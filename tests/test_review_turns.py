@@ -476,11 +476,6 @@ class Raw(nj.DurableObject):
         return sorted(self.db.table_names())
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review: a SELECT through storage.execute() inside an @nj.read_only method raises"
-    " TurnError ('a write inside a read-only turn'): execute() always asks for a write"
-    " turn (_storage.py Storage.execute -> check_write), so a read-only method cannot read"
-    " with SQL at all"))
 async def test_a_read_only_method_reads_with_execute(
     autojump_clock: trio.testing.MockClock, tmp_path: Path,
 ) -> None:
@@ -492,11 +487,6 @@ async def test_a_read_only_method_reads_with_execute(
             assert await raw.count_keys() == 1
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review: the storage.db handle (and storage.conn) is checked for a turn only when it"
-    " is taken: kept from __init__, a background task writes through it with no turn,"
-    " no TurnError, and the write lands (it would join an alarm run's open group and"
-    " roll back with it)"))
 async def test_a_kept_db_handle_used_without_a_turn_raises_and_writes_nothing(
     autojump_clock: trio.testing.MockClock, tmp_path: Path,
 ) -> None:
@@ -510,6 +500,69 @@ async def test_a_kept_db_handle_used_without_a_turn_raises_and_writes_nothing(
             await env.flag("done").wait()
             assert [type(e) for e in env.errors] == [nj.TurnError]
             assert "notes" not in await raw.tables()
+
+
+class RawReader(nj.DurableObject):
+    """Raw SQL in read-only methods: reads through every handle, and writes that must
+    raise."""
+
+    namespace = "tests.review_turns.RawReader"
+
+    def __init__(self, ctx: nj.ObjectContext) -> None:
+        super().__init__(ctx)
+        self.conn = ctx.storage.conn  # kept from __init__
+
+    async def put(self, key: str) -> None:
+        self.ctx.storage.put(key, 1)
+        self.ctx.storage.db["notes"].insert({"text": "made in a write turn"})
+
+    @nj.read_only
+    async def read_everything(self) -> tuple[int, list[str], int]:
+        storage = self.ctx.storage
+        return (storage.execute("SELECT COUNT(*) FROM nj_kv").fetchone()[0],
+                [row["text"] for row in storage.db["notes"].rows],
+                self.conn.execute("SELECT COUNT(*) FROM notes").fetchone()[0])
+
+    @nj.read_only
+    async def try_writes(self) -> list[str]:
+        storage = self.ctx.storage
+        attempts: list[tuple[str, Any]] = [
+            ("execute", lambda: storage.execute("DELETE FROM nj_kv")),
+            ("db insert", lambda: storage.db["notes"].insert({"text": "sneaked"})),
+            ("db create", lambda: storage.db["other"].insert({"x": 1})),
+            ("kept conn", lambda: self.conn.execute("DELETE FROM notes")),
+            ("cursor", lambda: self.conn.cursor().execute("DELETE FROM notes")),
+        ]
+        refused = []
+        for name, attempt in attempts:
+            try:
+                attempt()
+            except nj.TurnError:
+                refused.append(name)
+        return refused
+
+    async def tables(self) -> list[str]:
+        return sorted(self.ctx.storage.db.table_names())
+
+
+async def test_raw_sql_in_a_read_only_method_reads_and_every_write_raises(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path,
+) -> None:
+    """In a read-only method raw SQL reads through ``storage.execute``, ``storage.db``
+    and a connection kept from ``__init__``; a write through any of them raises
+    ``TurnError`` and writes nothing; and a write turn after it writes as before (the
+    connection is not left read-only)."""
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(tmp_path / "data", env=Env()) as rt:
+            raw = rt.get(RawReader, "r")
+            await raw.put("k")
+            assert await raw.read_everything() == (1, ["made in a write turn"], 1)
+            assert await raw.try_writes() == [
+                "execute", "db insert", "db create", "kept conn", "cursor"]
+            assert await raw.read_everything() == (1, ["made in a write turn"], 1)
+            assert "other" not in await raw.tables()
+            await raw.put("k2")
+            assert (await raw.read_everything())[0] == 2
 
 
 class Careful(nj.DurableObject):

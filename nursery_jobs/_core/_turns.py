@@ -215,6 +215,21 @@ class TurnGate:
         task = trio.lowlevel.current_task()
         if task is self.writer_task:
             return
+        turn = self._holding(task)
+        if write and turn.kind == "read":
+            raise TurnError(
+                f"{self._label}: a write inside a read-only turn ({turn.holder}); nothing"
+                " was written. Drop @nj.read_only from the method, or write elsewhere",
+                object_label=self._label,
+            )
+
+    def held_kind(self) -> Kind:
+        """The kind of turn the current task holds here (``TurnError``: none). Does not
+        checkpoint."""
+        task = trio.lowlevel.current_task()
+        return "write" if task is self.writer_task else self._holding(task).kind
+
+    def _holding(self, task: Task) -> Turn:
         turn = self._held_by(task)
         if turn is None:
             raise TurnError(
@@ -224,12 +239,7 @@ class TurnGate:
                 " written. Enter one with `async with self.ctx.turn():`",
                 object_label=self._label,
             )
-        if write and turn.kind == "read":
-            raise TurnError(
-                f"{self._label}: a write inside a read-only turn ({turn.holder}); nothing"
-                " was written. Drop @nj.read_only from the method, or write elsewhere",
-                object_label=self._label,
-            )
+        return turn
 
     def _held_by(self, task: Task) -> Turn | None:
         """The turn ``task`` holds: one whose holder is a link of its call chain (it
