@@ -218,10 +218,6 @@ class Starting(nj.DurableObject):
         return list(self.ctx.storage.get("order", []))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review: calls that arrive while an object starts (on_start holds the startup turn)"
-    " run in an arbitrary order, not in arrival order: they wait on host.ready, a"
-    " trio.Event, whose waiters are a set, and only then queue for the turn"))
 async def test_calls_that_arrive_while_the_object_starts_run_in_arrival_order(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -269,11 +265,6 @@ class SlowStart(nj.DurableObject):
         await trio.sleep(1)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review: an alarm that activates an evicted object arrives first, yet a call that"
-    " arrives during the object's on_start runs before the alarm run: the call waits on"
-    " host.ready and enters the turn as startup ends, while the alarm run's task is only"
-    " spawned then (ObjectHost.run_alarm start_soon) and queues a pass later"))
 async def test_an_alarm_that_activates_the_object_runs_before_a_call_that_came_later(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

@@ -89,6 +89,17 @@ def interleave(fn: F) -> F:
     return fn
 
 
+# Where a call or alarm run stands in line: the kind of its turn, and who holds it.
+Place = tuple[Kind, str]
+
+
+def call_place(cls: type, name: str) -> Place | None:
+    """The place in line a call of method ``name`` of ``cls`` takes (None: it holds no
+    turn, ``@interleave``)."""
+    kind = method_turn(getattr(cls, name, None))
+    return None if kind is None else (kind, f"call {name}()")
+
+
 def method_turn(fn: Any) -> Kind | None:
     """The turn a call of ``fn`` takes: "write" (the default), "read" or None."""
     kind = getattr(fn, TURN_ATTRIBUTE, "write")
@@ -163,13 +174,14 @@ class Turn:
 
     __slots__ = ("holder", "kind", "since", "tasks", "warned")
 
-    def __init__(self, kind: Kind, holder: str, task: Task) -> None:
+    def __init__(self, kind: Kind, holder: str, task: Task | None) -> None:
         self.kind = kind
         self.holder = holder
         self.since = trio.current_time()
         self.warned = False  # object:turn_slow emitted
-        # The task that entered it (first) and tasks re-entering it by call chain.
-        self.tasks: list[Holder] = [Holder(task)]
+        # The task that entered it (first) and tasks re-entering it by call chain; none
+        # for a place in line no task has taken yet (``reserve``).
+        self.tasks: list[Holder] = [] if task is None else [Holder(task)]
 
 
 class _Waiter:
@@ -179,6 +191,18 @@ class _Waiter:
         self.turn = turn
         self.event = trio.Event()
         self.admitted = False
+
+
+class Ticket:
+    """A place in an object's line for a turn taken later (``TurnGate.reserve``)."""
+
+    __slots__ = ("claimed", "gate", "turn", "waiter")
+
+    def __init__(self, gate: TurnGate, turn: Turn, waiter: _Waiter | None) -> None:
+        self.gate = gate
+        self.turn = turn
+        self.waiter = waiter  # (None: admitted at once)
+        self.claimed = False  # taken by a task, or dropped
 
 
 class TurnGate:
@@ -264,10 +288,32 @@ class TurnGate:
 
     # -- entering and leaving ---------------------------------------------------------------
     @asynccontextmanager
-    async def turn(self, kind: Kind = "write", holder: str = "ctx.turn()") -> AsyncIterator[None]:
+    async def turn(
+        self, kind: Kind = "write", holder: str = "ctx.turn()", *, ticket: Ticket | None = None,
+    ) -> AsyncIterator[None]:
         """Hold a turn of the object for the block (or run inside the turn the caller's
-        call chain already holds). Checkpoints."""
+        call chain already holds). With ``ticket`` (``reserve``): the turn is the one
+        that place in line stands for, taken by the current task. Checkpoints."""
         task = trio.lowlevel.current_task()
+        if ticket is not None:
+            if (ticket.claimed or ticket.turn.kind != kind or self._held_by(task) is not None
+                    or self._by_chain(_links())):
+                self.drop(ticket)  # (it runs inside a turn its chain holds)
+            else:
+                ticket.claimed = True
+                turn = ticket.turn
+                await self._wait(turn, ticket.waiter)
+                turn.tasks = [Holder(task)]
+                if turn is self.writer:
+                    self.writer_task = task
+                links = _links()
+                token = _chain.set(((*links, turn.tasks[0]), turn.tasks[0]))
+                try:
+                    yield
+                finally:
+                    _chain.reset(token)
+                    self._leave(turn)
+                return
         held = self._held_by(task)
         if held is not None:
             # Re-entry by the turn's own task or a descendant (an object calling itself).
@@ -371,25 +417,61 @@ class TurnGate:
     async def _enter(self, turn: Turn) -> None:
         """Wait in line for ``turn`` to be admitted. Checkpoints."""
         await trio.lowlevel.checkpoint_if_cancelled()
+        await self._wait(turn, self._queue(turn))
+
+    def _queue(self, turn: Turn) -> _Waiter | None:
+        """Admit ``turn`` if the object is free and nobody waits, else put it in line."""
         if not self._waiters and self._free_for(turn.kind):
             self._admit(turn)
+            return None
+        waiter = _Waiter(turn)
+        self._waiters.append(waiter)
+        return waiter
+
+    async def _wait(self, turn: Turn, waiter: _Waiter | None) -> None:
+        """Wait for ``turn``, queued as ``waiter`` (None: admitted at once) to be
+        admitted; cancelled, it leaves the line. Checkpoints."""
+        if waiter is None:
             try:
                 await trio.lowlevel.cancel_shielded_checkpoint()
             except BaseException:
                 self._leave(turn)
                 raise
             return
-        waiter = _Waiter(turn)
-        self._waiters.append(waiter)
         try:
             await waiter.event.wait()
         except BaseException:
-            if waiter.admitted:
-                self._leave(turn)  # admitted as it was cancelled: pass it on
-            else:
-                self._waiters.remove(waiter)
-                self._admit_waiters()  # (readers behind a cancelled writer may go now)
+            self._drop_waiter(waiter)
             raise
+
+    def _drop_waiter(self, waiter: _Waiter) -> None:
+        if waiter.admitted:
+            self._leave(waiter.turn)  # admitted as it was cancelled: pass it on
+        else:
+            self._waiters.remove(waiter)
+            self._admit_waiters()  # (readers behind a cancelled writer may go now)
+
+    # -- places in line for turns taken later --------------------------------------------
+    def reserve(self, kind: Kind, holder: str) -> Ticket:
+        """A place in line, now, for a turn that a task takes later with
+        ``turn(ticket=)`` (perhaps another task: the object's startup, the alarm run a
+        delivery starts): a call that arrives while the object starts waits for its
+        startup in arrival order, not outside the line. Admitted before it is taken, it
+        holds the object for the task that takes it. Whoever reserves makes sure that
+        it is taken or dropped (``drop``). Does not checkpoint."""
+        turn = Turn(kind, holder, None)
+        return Ticket(self, turn, self._queue(turn))
+
+    def drop(self, ticket: Ticket) -> None:
+        """Give up ``ticket``'s place (or its turn, if admitted), unless a task took
+        it. Idempotent. Does not checkpoint."""
+        if ticket.claimed:
+            return
+        ticket.claimed = True
+        if ticket.waiter is None:
+            self._leave(ticket.turn)
+        else:
+            self._drop_waiter(ticket.waiter)
 
     def _free_for(self, kind: Kind) -> bool:
         if self.writer is not None:
@@ -399,7 +481,8 @@ class TurnGate:
     def _admit(self, turn: Turn) -> None:
         turn.since = trio.current_time()
         if turn.kind == "write":
-            self.writer, self.writer_task = turn, turn.tasks[0].task
+            self.writer = turn
+            self.writer_task = turn.tasks[0].task if turn.tasks else None
         else:
             self._readers.append(turn)
         if self._slow is not None:
