@@ -751,6 +751,51 @@ async def test_an_interleave_call_runs_beside_a_held_turn_and_its_ctx_turn_waits
                 assert trio.current_time() == 2
 
 
+class Noter(nj.DurableObject):
+    """An interleave call writes in ``ctx.turn()``, then waits (holding no turn) while a
+    job holds the object with its group open."""
+
+    namespace = "tests.review_turns.Noter"
+
+    def __init__(self, ctx: nj.ObjectContext) -> None:
+        super().__init__(ctx)
+        self.env: Env = ctx.env
+        self.lifecycle = nj.Lifecycle.install(self)
+
+    async def push(self, time: float) -> None:
+        await self.lifecycle.jobs.push("hold", id="hold", time=time)
+
+    @nj.interleave
+    async def note(self) -> None:
+        async with self.ctx.turn():
+            self.ctx.storage.put("noted", True)
+        await self.env.flag("job holds the object").wait()
+
+    async def on_job(self, ctx: nj.JobContext) -> None:
+        self.ctx.storage.put("job", True)  # (its group is open from here)
+        self.env.flag("job holds the object").set()
+        await trio.sleep(10)
+
+
+async def test_an_interleave_calls_writes_are_durable_when_it_returns(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path,
+) -> None:
+    """The output gate holds for an interleave call too: what it wrote in its
+    ``ctx.turn()`` has shipped when it returns, though a job opened its group on the
+    object in between (under the shared layout a commit ships from the working copy;
+    with a group open, nothing committed before it could ship)."""
+    env = Env()
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(f"shared:{tmp_path / 'data'}", env=env) as rt:
+            noter = rt.get(Noter, "n")
+            await noter.push(EPOCH + 1)
+            await trio.sleep(1 - trio.current_time())  # the job is due now
+            await noter.note()
+            assert trio.current_time() == 1  # (the job holds the object until 11)
+            rows = rt.engine.object_rows(Noter.namespace, "n")  # type: ignore[attr-defined]
+            assert [key for table, key, _ in rows if table == "nj_kv"] == ["noted"]
+
+
 # -- re-entry ------------------------------------------------------------------------------
 
 

@@ -32,6 +32,7 @@ from nursery_jobs._core._turns import (
     Ticket,
     TurnGate,
     in_chain,
+    interleave_gate,
     method_turn,
     open_host_nursery,
 )
@@ -656,7 +657,13 @@ class ObjectHost:
                 async with turns.turn("read", f"call {name}()", ticket=ticket):
                     result = await self._gated(run)
             else:  # @nj.interleave: no turn (it enters ctx.turn() to write)
-                result = await self._gated(run)
+                # Each of its ctx.turn() blocks ships before it ends (the gate here
+                # would come after a later turn could have opened a group).
+                token = interleave_gate.set(self._gate_failed)
+                try:
+                    result = await self._gated(run)
+                finally:
+                    interleave_gate.reset(token)
         if scope.cancelled_caught:
             raise ObjectResetError(f"{self.label} was reset during {name}()")
         return result
@@ -714,7 +721,8 @@ class ObjectHost:
         return result
 
     async def _gate_failed(self) -> None:
-        """The output gate of a call that raised (``_gated``). Checkpoints where
+        """The output gate of a call that raised (``_gated``), and of an interleave
+        call's ``ctx.turn()``: a reset object ships nothing. Checkpoints where
         something is to ship."""
         if self.reset_cause is None:  # (a reset or fenced object ships nothing)
             await self.sync()

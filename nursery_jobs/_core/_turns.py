@@ -58,6 +58,14 @@ _chain: contextvars.ContextVar[tuple[tuple[Holder | str, ...], Holder] | None] =
     contextvars.ContextVar("nursery_jobs_call_chain", default=None)
 )
 
+# While an ``@interleave`` call runs (and in tasks it starts meanwhile): the output gate
+# its ``ctx.turn()`` blocks end with (``ObjectHost.call``). Shipped after the block, the
+# commits would wait for whatever holds the object next (an alarm run's open group)
+# while the caller was already told of them.
+interleave_gate: contextvars.ContextVar[Callable[[], Awaitable[None]] | None] = (
+    contextvars.ContextVar("nursery_jobs_interleave_gate", default=None)
+)
+
 # The runtime's nurseries (its own, each object's ``ctx.nursery``): the tasks in them
 # run the rest of the program, whoever started them.
 _HOSTING: set[trio.Nursery] = set()
@@ -343,6 +351,19 @@ class TurnGate:
         finally:
             _chain.reset(token)
             self._leave(turn)
+
+    @asynccontextmanager
+    async def gated_turn(self, holder: str, ship: Callable[[], Awaitable[None]]
+                         ) -> AsyncIterator[None]:
+        """``turn("write", holder)``, whose commits ``await ship()`` makes durable before
+        it ends (also when the block raised: they stand). Checkpoints."""
+        async with self.turn("write", holder):
+            try:
+                yield
+            except Exception:
+                await ship()
+                raise
+            await ship()
 
     async def hand_over(self, holder: str) -> None:
         """Between two jobs of an alarm run: let the calls that wait have the object, then
