@@ -218,10 +218,6 @@ class Starting(nj.DurableObject):
         return list(self.ctx.storage.get("order", []))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review: calls that arrive while an object starts (on_start holds the startup turn)"
-    " run in an arbitrary order, not in arrival order: they wait on host.ready, a"
-    " trio.Event, whose waiters are a set, and only then queue for the turn"))
 async def test_calls_that_arrive_while_the_object_starts_run_in_arrival_order(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -269,11 +265,6 @@ class SlowStart(nj.DurableObject):
         await trio.sleep(1)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review: an alarm that activates an evicted object arrives first, yet a call that"
-    " arrives during the object's on_start runs before the alarm run: the call waits on"
-    " host.ready and enters the turn as startup ends, while the alarm run's task is only"
-    " spawned then (ObjectHost.run_alarm start_soon) and queues a pass later"))
 async def test_an_alarm_that_activates_the_object_runs_before_a_call_that_came_later(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -421,11 +412,6 @@ async def test_a_task_started_with_nursery_start_holds_the_turn_only_until_start
             assert await tasks.keys() == ["before_started"]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review: a task started, while the turn is held, in a nursery the holder opened"
-    " before it entered the turn holds nothing (TurnError); DESIGN says tasks it starts"
-    " in its own nurseries while it holds the turn hold it (Holder.before excludes every"
-    " nursery open at entry, not only the runtime's)"))
 async def test_a_task_started_in_the_holders_own_nursery_during_the_turn_holds_it(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -481,11 +467,6 @@ class Raw(nj.DurableObject):
         return sorted(self.db.table_names())
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review: a SELECT through storage.execute() inside an @nj.read_only method raises"
-    " TurnError ('a write inside a read-only turn'): execute() always asks for a write"
-    " turn (_storage.py Storage.execute -> check_write), so a read-only method cannot read"
-    " with SQL at all"))
 async def test_a_read_only_method_reads_with_execute(
     autojump_clock: trio.testing.MockClock, tmp_path: Path,
 ) -> None:
@@ -497,11 +478,6 @@ async def test_a_read_only_method_reads_with_execute(
             assert await raw.count_keys() == 1
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review: the storage.db handle (and storage.conn) is checked for a turn only when it"
-    " is taken: kept from __init__, a background task writes through it with no turn,"
-    " no TurnError, and the write lands (it would join an alarm run's open group and"
-    " roll back with it)"))
 async def test_a_kept_db_handle_used_without_a_turn_raises_and_writes_nothing(
     autojump_clock: trio.testing.MockClock, tmp_path: Path,
 ) -> None:
@@ -515,6 +491,69 @@ async def test_a_kept_db_handle_used_without_a_turn_raises_and_writes_nothing(
             await env.flag("done").wait()
             assert [type(e) for e in env.errors] == [nj.TurnError]
             assert "notes" not in await raw.tables()
+
+
+class RawReader(nj.DurableObject):
+    """Raw SQL in read-only methods: reads through every handle, and writes that must
+    raise."""
+
+    namespace = "tests.review_turns.RawReader"
+
+    def __init__(self, ctx: nj.ObjectContext) -> None:
+        super().__init__(ctx)
+        self.conn = ctx.storage.conn  # kept from __init__
+
+    async def put(self, key: str) -> None:
+        self.ctx.storage.put(key, 1)
+        self.ctx.storage.db["notes"].insert({"text": "made in a write turn"})
+
+    @nj.read_only
+    async def read_everything(self) -> tuple[int, list[str], int]:
+        storage = self.ctx.storage
+        return (storage.execute("SELECT COUNT(*) FROM nj_kv").fetchone()[0],
+                [row["text"] for row in storage.db["notes"].rows],
+                self.conn.execute("SELECT COUNT(*) FROM notes").fetchone()[0])
+
+    @nj.read_only
+    async def try_writes(self) -> list[str]:
+        storage = self.ctx.storage
+        attempts: list[tuple[str, Any]] = [
+            ("execute", lambda: storage.execute("DELETE FROM nj_kv")),
+            ("db insert", lambda: storage.db["notes"].insert({"text": "sneaked"})),
+            ("db create", lambda: storage.db["other"].insert({"x": 1})),
+            ("kept conn", lambda: self.conn.execute("DELETE FROM notes")),
+            ("cursor", lambda: self.conn.cursor().execute("DELETE FROM notes")),
+        ]
+        refused = []
+        for name, attempt in attempts:
+            try:
+                attempt()
+            except nj.TurnError:
+                refused.append(name)
+        return refused
+
+    async def tables(self) -> list[str]:
+        return sorted(self.ctx.storage.db.table_names())
+
+
+async def test_raw_sql_in_a_read_only_method_reads_and_every_write_raises(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path,
+) -> None:
+    """In a read-only method raw SQL reads through ``storage.execute``, ``storage.db``
+    and a connection kept from ``__init__``; a write through any of them raises
+    ``TurnError`` and writes nothing; and a write turn after it writes as before (the
+    connection is not left read-only)."""
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(tmp_path / "data", env=Env()) as rt:
+            raw = rt.get(RawReader, "r")
+            await raw.put("k")
+            assert await raw.read_everything() == (1, ["made in a write turn"], 1)
+            assert await raw.try_writes() == [
+                "execute", "db insert", "db create", "kept conn", "cursor"]
+            assert await raw.read_everything() == (1, ["made in a write turn"], 1)
+            assert "other" not in await raw.tables()
+            await raw.put("k2")
+            assert (await raw.read_everything())[0] == 2
 
 
 class Careful(nj.DurableObject):
@@ -712,6 +751,51 @@ async def test_an_interleave_call_runs_beside_a_held_turn_and_its_ctx_turn_waits
                 assert trio.current_time() == 2
 
 
+class Noter(nj.DurableObject):
+    """An interleave call writes in ``ctx.turn()``, then waits (holding no turn) while a
+    job holds the object with its group open."""
+
+    namespace = "tests.review_turns.Noter"
+
+    def __init__(self, ctx: nj.ObjectContext) -> None:
+        super().__init__(ctx)
+        self.env: Env = ctx.env
+        self.lifecycle = nj.Lifecycle.install(self)
+
+    async def push(self, time: float) -> None:
+        await self.lifecycle.jobs.push("hold", id="hold", time=time)
+
+    @nj.interleave
+    async def note(self) -> None:
+        async with self.ctx.turn():
+            self.ctx.storage.put("noted", True)
+        await self.env.flag("job holds the object").wait()
+
+    async def on_job(self, ctx: nj.JobContext) -> None:
+        self.ctx.storage.put("job", True)  # (its group is open from here)
+        self.env.flag("job holds the object").set()
+        await trio.sleep(10)
+
+
+async def test_an_interleave_calls_writes_are_durable_when_it_returns(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path,
+) -> None:
+    """The output gate holds for an interleave call too: what it wrote in its
+    ``ctx.turn()`` has shipped when it returns, though a job opened its group on the
+    object in between (under the shared layout a commit ships from the working copy;
+    with a group open, nothing committed before it could ship)."""
+    env = Env()
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(f"shared:{tmp_path / 'data'}", env=env) as rt:
+            noter = rt.get(Noter, "n")
+            await noter.push(EPOCH + 1)
+            await trio.sleep(1 - trio.current_time())  # the job is due now
+            await noter.note()
+            assert trio.current_time() == 1  # (the job holds the object until 11)
+            rows = rt.engine.object_rows(Noter.namespace, "n")  # type: ignore[attr-defined]
+            assert [key for table, key, _ in rows if table == "nj_kv"] == ["noted"]
+
+
 # -- re-entry ------------------------------------------------------------------------------
 
 
@@ -893,12 +977,6 @@ class Near(nj.DurableObject):
         raise RuntimeError("job 2 fails: its writes roll back")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review: across hosts, a call whose caller gave up (the forwarded call runs on) comes"
-    " back with a chain naming the alarm run's turn, which lives on under the same id"
-    " (hand_over keeps it) through later jobs: it runs as a guest inside job 2's turn"
-    " (job 2 sees the write appear mid-turn) and its write rolls back with job 2, though"
-    " its caller was told it was made (TurnGate._by_chain matches the turn id alone)"))
 async def test_a_call_back_from_a_given_up_call_across_hosts_waits_for_the_next_job(
     pg_dsn: str,
 ) -> None:
@@ -920,6 +998,30 @@ async def test_a_call_back_from_a_given_up_call_across_hosts_waits_for_the_next_
         await near.push_both()
         await eventually(both_done, 20)
         # Nothing changed Near under job 2, and the mark Far was told of is there.
+        assert OBSERVED == [[False, False]]
+        assert await near.state() == (True, 1)
+
+
+async def test_a_call_back_from_a_given_up_call_waits_though_no_call_waited_between_jobs(
+    pg_dsn: str,
+) -> None:
+    """As above, but nothing calls Near while its jobs run (there is no hand-over between
+    job 1 and job 2): job 2 still holds the turn under a holding of its own, so the call
+    back from job 1's given-up call waits for it."""
+    from nursery_jobs._engines.postgres._engine import PostgresEngine
+
+    async with nj.open_runtime(PostgresEngine(pg_dsn), env="A") as host_a, \
+            nj.open_runtime(PostgresEngine(pg_dsn), env="B") as host_b:
+        near, far = host_a.get(Near, "near"), host_b.get(Far, "far")
+        assert await near.where() == "A"
+        assert await far.where() == "B"
+        OBSERVED.clear()
+
+        async def far_told_and_job_2_done() -> bool:  # (asks Far alone, never Near)
+            return bool(OBSERVED) and await far.told() is True
+
+        await near.push_both()
+        await eventually(far_told_and_job_2_done, 20)
         assert OBSERVED == [[False, False]]
         assert await near.state() == (True, 1)
 

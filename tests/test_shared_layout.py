@@ -158,7 +158,10 @@ async def test_a_copy_still_referenced_never_reaches_another_object(tmp_path: Pa
             await trio.testing.wait_all_tasks_blocked()  # (b's eviction of a is over)
             await rt.get(Note, "c").put("c's")  # b leaves; a's copy is still referred to
             assert rt.active_database(Note.namespace, "c") is not stale
-            stale.execute("INSERT INTO nj_kv (key, value) VALUES ('x', '1')")
+            # The handle asks for a's turn as each statement runs: a is gone, so it
+            # refuses (and writes nothing anywhere).
+            with pytest.raises(nj.StorageError, match="Note/a has left memory"):
+                stale.execute("INSERT INTO nj_kv (key, value) VALUES ('x', '1')")
             assert await rt.get(Note, "c").keys() == ["v"]
             await trio.testing.wait_all_tasks_blocked()
             del stale

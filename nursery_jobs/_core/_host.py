@@ -27,7 +27,15 @@ from nursery_jobs._core._metrics import Metrics
 from nursery_jobs._core._object import AlarmInfo, DurableObject, ObjectContext, class_path
 from nursery_jobs._core._storage import Storage
 from nursery_jobs._core._transactions import ObjectTransactions
-from nursery_jobs._core._turns import SlowTurns, TurnGate, call_chain, method_turn
+from nursery_jobs._core._turns import (
+    SlowTurns,
+    Ticket,
+    TurnGate,
+    in_chain,
+    interleave_gate,
+    method_turn,
+    open_host_nursery,
+)
 from nursery_jobs._engines.base import RELEASED
 from nursery_jobs._errors import (
     AlarmOwnedError,
@@ -133,6 +141,7 @@ class ObjectHost:
         "_idle_since",
         "_idle_wake",
         "_startup",
+        "_startup_ticket",
         "_work_scopes",
         "absent",
         "alarm",
@@ -215,6 +224,9 @@ class ObjectHost:
         # (Its emit holds the event bus, not this host: see ``close``.)
         self.turns = TurnGate(self.label, slow=site.slow_turns,
                               emit=partial(_turn_slow, site.events, namespace, object_id))
+        # Startup's place, first in line from the moment the host exists: whatever
+        # arrives while it starts stands in line behind it (``Runtime._activate_in_line``).
+        self._startup_ticket = self.turns.reserve("write", "startup (on_start)")
         # Run before the first call of the activation (the Lifecycle's startup).
         self._startup: list[Callable[[], Awaitable[None]]] | None = None
         self._given: HostClaim | None = None  # the claim of its alarm (``_claim``)
@@ -250,7 +262,7 @@ class ObjectHost:
             self.alarm = ObjectAlarm(state, site.timer, site.events, self.namespace,
                                      self.object_id)
             with self.scope:
-                async with trio.open_nursery() as nursery:
+                async with open_host_nursery() as nursery:
                     try:
                         self.transactions = tx = ObjectTransactions(state.conn, self.label,
                                                                     self.turns)
@@ -260,7 +272,8 @@ class ObjectHost:
                             nursery=nursery, env=site.env, events=site.events,
                             stubs=site.get, claim=self._claim, turns=self.turns,
                         )
-                        async with self.turns.turn("write", "startup (on_start)"):
+                        async with self.turns.turn("write", "startup (on_start)",
+                                                   ticket=self._startup_ticket):
                             self.instance = self.cls(self.ctx)
                             await self.instance.on_start()
                     except Exception as exc:
@@ -289,6 +302,7 @@ class ObjectHost:
             site.events.emit("object:error", self.namespace, self.object_id,
                              error=safe_repr(exc))
         finally:
+            self.turns.drop(self._startup_ticket)  # (it never started: open_object failed)
             if start_error is not None:
                 # Set before close() wakes the calls waiting for this start
                 # (``Runtime._activate``), so that each of them hears its error. (Set
@@ -416,7 +430,7 @@ class ObjectHost:
         # (The state is looked at again after each wait: a reset meanwhile closes it.)
         while state is not None and state is self.state and state.dormant:
             # (Run by the task of the call or alarm run that wakes it.)
-            await self.site.open_slot(self, for_turn=bool(call_chain()))
+            await self.site.open_slot(self, for_turn=in_chain())
             if state is not self.state or not state.dormant:
                 continue  # (a reset closed it, or another task woke it meanwhile)
             try:
@@ -599,13 +613,24 @@ class ObjectHost:
             raise RpcError(f"{label} is not a method of {self.cls.__qualname__}")
         return fn
 
-    async def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """Run method ``name`` in the object. Checkpoints.
+    async def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], *,
+                   ticket: Ticket | None = None) -> Any:
+        """Run method ``name`` in the object, in the turn ``ticket`` stands for if given
+        (the place in line the call took while the object started; taken or dropped
+        here). Checkpoints.
 
         Raises:
             ObjectMoved: the object may have moved to another host before the method
                 ran (nothing of it ran here); the stub routes the call again.
         """
+        try:
+            return await self._call(name, args, kwargs, ticket)
+        finally:
+            if ticket is not None:
+                self.turns.drop(ticket)
+
+    async def _call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any],
+                    ticket: Ticket | None) -> Any:
         fn = self._method(name)
         if self.state is not None and self.state.ships:
             try:
@@ -616,26 +641,35 @@ class ObjectHost:
         kind = method_turn(fn)
         run = partial(_run, fn, args, kwargs)
         if kind == "write":
-            return await self.run_write(f"call {name}()", run)
+            return await self.run_write(f"call {name}()", run, ticket=ticket)
         turns = self.turns
         with self.working() as scope:
             if self.dormant:
                 await self.awaken()
             if self._startup:
+                if ticket is not None:
+                    turns.drop(ticket)  # (its place would wait for the startup's turn)
                 async with turns.turn("write", "startup"):
                     await self._gated(self.call_startup)
             if kind == "read":
                 # Gated too: a write call that raised or was cancelled, or a task's
                 # ctx.turn(), may have left commits unshipped that this call reads.
-                async with turns.turn("read", f"call {name}()"):
+                async with turns.turn("read", f"call {name}()", ticket=ticket):
                     result = await self._gated(run)
             else:  # @nj.interleave: no turn (it enters ctx.turn() to write)
-                result = await self._gated(run)
+                # Each of its ctx.turn() blocks ships before it ends (the gate here
+                # would come after a later turn could have opened a group).
+                token = interleave_gate.set(self._gate_failed)
+                try:
+                    result = await self._gated(run)
+                finally:
+                    interleave_gate.reset(token)
         if scope.cancelled_caught:
             raise ObjectResetError(f"{self.label} was reset during {name}()")
         return result
 
-    async def run_write(self, holder: str, fn: Callable[[], Awaitable[Any]]) -> Any:
+    async def run_write(self, holder: str, fn: Callable[[], Awaitable[Any]], *,
+                        ticket: Ticket | None = None) -> Any:
         """``await fn()`` as a write call of the object runs: resident and awake from
         here to its end, in one write turn with startup. Writes outside the alarm run's
         group commit as they are made; where commits ship (PostgreSQL, the shared
@@ -650,7 +684,7 @@ class ObjectHost:
         with self.working() as scope:
             if self.dormant:
                 await self.awaken()
-            async with self.turns.turn("write", holder):
+            async with self.turns.turn("write", holder, ticket=ticket):
                 # (``_gated``, inlined: this is every write call's path.)
                 try:
                     if self._startup:
@@ -687,7 +721,8 @@ class ObjectHost:
         return result
 
     async def _gate_failed(self) -> None:
-        """The output gate of a call that raised (``_gated``). Checkpoints where
+        """The output gate of a call that raised (``_gated``), and of an interleave
+        call's ``ctx.turn()``: a reset object ships nothing. Checkpoints where
         something is to ship."""
         if self.reset_cause is None:  # (a reset or fenced object ships nothing)
             await self.sync()
@@ -748,10 +783,18 @@ class ObjectHost:
         self._given = HostClaim(self)
         return self._given
 
-    async def run_alarm(self) -> None:
+    async def run_alarm(self, ticket: Ticket | None = None) -> None:
         """Run the alarm handler as a task of the object's own nursery and wait for it:
         a shutdown then cancels it before the object's database closes, so its cleanup
-        still has the database."""
+        still has the database. ``ticket``: the place in line the delivery took while
+        the object started (taken or dropped here)."""
+        try:
+            await self._run_alarm(ticket)
+        finally:
+            if ticket is not None:
+                self.turns.drop(ticket)
+
+    async def _run_alarm(self, ticket: Ticket | None) -> None:
         assert self.ctx is not None
         done = trio.Event()
         # Busy from delivery on: were the idle deadline to pass before the task starts,
@@ -760,7 +803,7 @@ class ObjectHost:
         # a deadline that passes is waited out: ``_wait_until_idle``.)
         self._busy += 1
         try:
-            self.ctx.nursery.start_soon(self._alarm_task, done)
+            self.ctx.nursery.start_soon(self._alarm_task, done, ticket)
         except RuntimeError:
             # Its nursery is closed to new arrivals: the object is going away (a task of
             # it raised, a Ctrl-C among them) between the delivery and here. The alarm
@@ -773,7 +816,7 @@ class ObjectHost:
             raise
         await done.wait()
 
-    async def _alarm_task(self, done: trio.Event) -> None:
+    async def _alarm_task(self, done: trio.Event, ticket: Ticket | None) -> None:
         self._busy -= 1  # handed over: working() below holds the object from here
         try:
             assert self.alarm is not None and self.instance is not None
@@ -791,7 +834,7 @@ class ObjectHost:
                     try:
                         if self.dormant:
                             await self.awaken()
-                        async with self.turns.turn("write", "alarm run"):
+                        async with self.turns.turn("write", "alarm run", ticket=ticket):
                             await handler(AlarmInfo(retry_count=retry, is_retry=retry > 0))
                     except Exception as exc:
                         failure = exc

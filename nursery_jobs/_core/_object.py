@@ -115,7 +115,14 @@ class ObjectContext:
         Checkpoints."""
         import trio
 
-        return self._turns.turn("write", f"ctx.turn() of task {trio.lowlevel.current_task().name}")
+        from nursery_jobs._core._turns import interleave_gate
+
+        holder = f"ctx.turn() of task {trio.lowlevel.current_task().name}"
+        ship = interleave_gate.get()
+        if ship is None:
+            return self._turns.turn("write", holder)
+        # (An @interleave call's: what it writes is durable before it returns.)
+        return self._turns.gated_turn(holder, ship)
 
     def get(self, cls: type[DurableObject], object_id: str) -> Stub:
         """Return a stub for another object of the same runtime."""

@@ -34,7 +34,17 @@ from nursery_jobs._core._metrics import Metrics
 from nursery_jobs._core._object import DurableObject, resolve_namespace
 from nursery_jobs._core._stall import StallWatch
 from nursery_jobs._core._tracing import Tracing, tracing_for
-from nursery_jobs._core._turns import SlowTurns, adopt_chain, call_chain, forget_chain
+from nursery_jobs._core._turns import (
+    Place,
+    SlowTurns,
+    Ticket,
+    adopt_chain,
+    call_chain,
+    call_place,
+    forget_chain,
+    in_chain,
+    open_host_nursery,
+)
 from nursery_jobs._engines.base import Engine
 from nursery_jobs._engines.files._catalog import check_object_id
 from nursery_jobs._errors import (
@@ -145,16 +155,18 @@ class Stub:
             copied, named = _codec.copy_arguments(args, kwargs, self._method(name))
         else:
             copied, named = args, kwargs
+        place = call_place(self._cls, name)
         for _ in range(2):
             try:
-                host = await self._rt._activate(self._cls, self._ns, self._id)
+                host, ticket = await self._rt._activate_in_line(
+                    self._cls, self._ns, self._id, place=place)
             except ObjectLeasedElsewhere as moved:  # hook(pg): another host holds it
                 # (It copies through the codec on its way: the original arguments go.)
                 return await moved.forward_call(self._cls, self._id, name, args, kwargs,
                                                 self.call, call_chain(),
                                                 self._rt.trace_context())  # (tracing)
             try:
-                result = await host.call(name, copied, named)
+                result = await host.call(name, copied, named, ticket=ticket)
             except ObjectMoved as moved:
                 # (hook(pg)) This host's lease lapsed before the method ran: the object
                 # was dropped here; route the call again — once.
@@ -358,53 +370,80 @@ class Runtime:
         """Return the object's ready host, starting it (and ``on_start``) if needed.
         ``create=False``: only an object that is resident or stored (else
         ``UnknownObjectError``, nothing created)."""
+        host, _ = await self._activate_in_line(cls, namespace, object_id,
+                                               for_alarm=for_alarm, create=create)
+        return host
+
+    async def _activate_in_line(
+        self, cls: type[DurableObject], namespace: str, object_id: str, *,
+        for_alarm: bool = False, create: bool = True, place: Place | None = None,
+    ) -> tuple[ObjectHost, Ticket | None]:
+        """``_activate``, for a call or alarm run that takes the turn ``place`` (kind,
+        holder; None: no turn). Where the object is starting, its place in the
+        object's line is taken now, behind the startup (and before whatever arrives
+        later): the ticket returned, which the caller takes or drops. Checkpoints."""
         key = (namespace, object_id)
         started: ObjectHost | None = None  # the host this task started, if any
-        while True:
-            if self._closing or self._nursery is None:
-                raise RuntimeClosedError(
-                    f"the runtime is closed; cannot reach {namespace}/{object_id}"
-                )
-            host = self._hosts.get(key)
-            if host is None:
-                host = ObjectHost(self, cls, namespace, object_id, for_alarm=for_alarm,
-                                  for_turn=bool(call_chain()), create=create)
-                self._hosts[key] = host
-                try:
-                    await self._nursery.start(host.run)
-                except BaseException as exc:
-                    host.error = exc
-                    host.handed_over = True  # (nobody is left to take it)
-                    if for_alarm and host.start_reported and isinstance(exc, Exception):
-                        raise _StartFailed(exc) from exc
-                    raise
-                started = host
-                # Not returned as it is: a stalled loop (a job holding the Trio thread
-                # past idle_timeout) may have evicted it before this task resumed, and
-                # its nursery would refuse the alarm run (found by benchmarks/timers.py,
-                # idle_timeout 0.2 s). The loop below looks at its status again.
-                continue
-            if host.serving:
-                self._hosts.move_to_end(key)
-                if key in self._open:
-                    self._open.move_to_end(key)
-                if host is started:
-                    # Taken: the caller's call or alarm run holds it from here, with no
-                    # checkpoint between (``ObjectHost.call``, ``run_alarm``).
-                    host.handed_over = True
-                return host
-            if host.phase is Phase.STARTING:
-                await host.ready.wait()
-                if host.absent and create:
-                    continue  # (an operator face's look that found nothing: this creates it)
-                if host.error is not None:
-                    if for_alarm and isinstance(host.error, Exception):
-                        # Another task's start (a call's: the timer delivers one alarm
-                        # of an object at a time), whose caller got the error.
-                        raise _StartFailed(host.error) from host.error
-                    raise host.error
-            else:
-                await host.closed.wait()
+        ticket: Ticket | None = None  # its place in the line of ``ticket.gate``
+        try:
+            while True:
+                if self._closing or self._nursery is None:
+                    raise RuntimeClosedError(
+                        f"the runtime is closed; cannot reach {namespace}/{object_id}"
+                    )
+                host = self._hosts.get(key)
+                if ticket is not None and (host is None or ticket.gate is not host.turns):
+                    ticket.gate.drop(ticket)  # (that host is gone)
+                    ticket = None
+                if host is None:
+                    host = ObjectHost(self, cls, namespace, object_id, for_alarm=for_alarm,
+                                      for_turn=in_chain(), create=create)
+                    self._hosts[key] = host
+                    if place is not None:
+                        ticket = host.turns.reserve(*place)  # (behind its startup)
+                    try:
+                        await self._nursery.start(host.run)
+                    except BaseException as exc:
+                        host.error = exc
+                        host.handed_over = True  # (nobody is left to take it)
+                        if for_alarm and host.start_reported and isinstance(exc, Exception):
+                            raise _StartFailed(exc) from exc
+                        raise
+                    started = host
+                    # Not returned as it is: a stalled loop (a job holding the Trio
+                    # thread past idle_timeout) may have evicted it before this task
+                    # resumed, and its nursery would refuse the alarm run (found by
+                    # benchmarks/timers.py, idle_timeout 0.2 s). The loop below looks
+                    # at its status again.
+                    continue
+                if host.serving:
+                    self._hosts.move_to_end(key)
+                    if key in self._open:
+                        self._open.move_to_end(key)
+                    if host is started:
+                        # Taken: the caller's call or alarm run holds it from here, with
+                        # no checkpoint between (``ObjectHost.call``, ``run_alarm``).
+                        host.handed_over = True
+                    return host, ticket
+                if host.phase is Phase.STARTING:
+                    if place is not None and ticket is None:
+                        # In line now, behind the startup and whatever came before.
+                        ticket = host.turns.reserve(*place)
+                    await host.ready.wait()
+                    if host.absent and create:
+                        continue  # (an operator face's look that found nothing: this creates it)
+                    if host.error is not None:
+                        if for_alarm and isinstance(host.error, Exception):
+                            # Another task's start (a call's: the timer delivers one
+                            # alarm of an object at a time), whose caller got the error.
+                            raise _StartFailed(host.error) from host.error
+                        raise host.error
+                else:
+                    await host.closed.wait()
+        except BaseException:
+            if ticket is not None:
+                ticket.gate.drop(ticket)
+            raise
 
     def _evict_over_limit(self) -> None:
         if self._bounds_open:
@@ -540,11 +579,12 @@ class Runtime:
         cls = resolve_namespace(namespace, self.engine.class_path(namespace))
         if cls is None:
             raise RpcError(f"no class is registered for namespace {namespace!r} on this host")
-        host = await self._activate(cls, namespace, object_id)
+        host, ticket = await self._activate_in_line(cls, namespace, object_id,
+                                                    place=call_place(cls, name))
         # The call chain it came with: a call back into a turn it holds re-enters it.
         token = adopt_chain(chain)
         try:
-            return await host.call(name, args, kwargs)
+            return await host.call(name, args, kwargs, ticket=ticket)
         finally:
             forget_chain(token)
 
@@ -586,7 +626,8 @@ class Runtime:
                 )
                 return
             try:
-                host = await self._activate(cls, namespace, object_id, for_alarm=True)
+                host, ticket = await self._activate_in_line(
+                    cls, namespace, object_id, for_alarm=True, place=("write", "alarm run"))
             except (RuntimeClosedError, _StartFailed):
                 # Shutting down: the alarm stays as it is for the next run. A failed
                 # start was reported where it failed: ObjectHost.run re-timed the alarm
@@ -601,7 +642,7 @@ class Runtime:
                     f"its activation raised {safe_repr(exc)}", error=exc,
                 )
                 return
-            await host.run_alarm()
+            await host.run_alarm(ticket)
 
     async def _stop_on(
         self, received: AsyncIterator[int], stopping: trio.CancelScope,
@@ -763,7 +804,7 @@ async def open_runtime(
     body_error: BaseException | None = None
     try:
         try:
-            async with trio.open_nursery() as nursery:
+            async with open_host_nursery() as nursery:
                 rt._nursery = nursery
                 nursery.start_soon(rt.timer.run, nursery)
                 nursery.start_soon(engine.serve, rt)

@@ -5,21 +5,23 @@ from __future__ import annotations
 import re
 import sqlite3
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 
 import sqlite_utils
 
 from nursery_jobs._clock import coerce_time
 from nursery_jobs._codec import decode_payload, encode_payload
-from nursery_jobs._errors import AlarmOwnedError, StorageError, StorageKeyError
+from nursery_jobs._errors import AlarmOwnedError, StorageError, StorageKeyError, TurnError
 
 if TYPE_CHECKING:
     import datetime
 
     from nursery_jobs._core._alarm import ObjectAlarm
     from nursery_jobs._core._transactions import ObjectTransactions
+
+T = TypeVar("T")
 
 # storage.put (named: the benchmark's floor runs the same text).
 KV_PUT: Final = (
@@ -44,10 +46,11 @@ class Storage:
 
     SQLite runs inline on the Trio thread, so storage calls never interleave with
     other tasks; the statement is cheaper than a thread hop. Every call needs the
-    object's turn (``TurnError`` otherwise: nothing is read or written).
+    object's turn (``TurnError`` otherwise: nothing is read or written) — every raw
+    SQL statement too, whichever handle runs it (``run_sql``).
     """
 
-    __slots__ = ("_alarm", "_conn", "_cursors", "_db", "_tx", "pinned")
+    __slots__ = ("_alarm", "_conn", "_cursors", "_db", "_handle", "_tx", "pinned")
 
     def __init__(
         self, conn: sqlite3.Connection, alarm: ObjectAlarm, transactions: ObjectTransactions
@@ -64,6 +67,7 @@ class Storage:
         # made by the first ``execute`` (a WeakSet is 7 objects, most objects never need
         # one).
         self._cursors: weakref.WeakSet[sqlite3.Cursor] | None = None
+        self._handle: ObjectConnection | None = None  # (``conn``: made when first taken)
 
     def release(self, stand_in: sqlite3.Connection) -> None:
         """The object left memory: hold ``stand_in`` in place of its connection."""
@@ -73,38 +77,68 @@ class Storage:
     # -- SQL --------------------------------------------------------------------
     @property
     def conn(self) -> sqlite3.Connection:
-        """The object's raw ``sqlite3`` connection (it then stays open while the
-        object is resident: it never goes dormant). Needs the object's turn."""
-        self._tx.check_write()
+        """The object's ``sqlite3`` connection (it then stays open while the object is
+        resident: it never goes dormant). Its statements need the object's turn as
+        they run (``run_sql``), as ``execute`` does. Taking it needs a turn."""
+        self._tx.check_read()
         self.pinned = True
-        return self._conn
+        if self._handle is None:
+            self._handle = ObjectConnection(self)
+        return cast("sqlite3.Connection", self._handle)
 
     @property
     def db(self) -> sqlite_utils.Database:
-        """The object's database through sqlite-utils (file and memory engines). The
-        object then keeps it open while resident (it never goes dormant), so what you
-        set on it (functions, pragmas) lasts the activation."""
+        """The object's database through sqlite-utils (file and memory engines), on
+        ``conn``: each statement needs the object's turn as it runs. The object then
+        keeps it open while resident (it never goes dormant), so what you set on it
+        (functions, pragmas) lasts the activation. Taking it needs a turn."""
         _refuse_raw_sql(self._conn, "storage.db")  # hook(pg)
-        self._tx.check_write()
-        self.pinned = True
+        conn = self.conn
         if self._db is None:
-            self._db = sqlite_utils.Database(self._conn, execute_plugins=False)
+            self._db = sqlite_utils.Database(conn, execute_plugins=False)
         return self._db
 
     def execute(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> sqlite3.Cursor:
         """Run one SQL statement on the object's database (committed unless inside
         :meth:`transaction`, or a job: a job's writes commit with its outcome). A
         statement that sets state of the connection itself (PRAGMA, ATTACH, a TEMP
-        table) keeps the database open while the object is resident."""
+        table) keeps the database open while the object is resident. In a read-only
+        turn a statement that writes raises ``TurnError`` (``run_sql``)."""
         _refuse_raw_sql(self._conn, "storage.execute()")
-        self._tx.check_write()
+        cursor = self.run_sql(lambda conn: conn.execute(sql, params))
         if not self.pinned and _PER_CONNECTION.match(sql):
             self.pinned = True
-        cursor = self._conn.execute(sql, params)
         if self._cursors is None:
             self._cursors = weakref.WeakSet()
         self._cursors.add(cursor)
-        return cursor
+        if self._handle is None:
+            self._handle = ObjectConnection(self)
+        return cast("sqlite3.Cursor", ObjectCursor(self._handle, cursor))
+
+    def run_sql(self, run: Callable[[sqlite3.Connection], T]) -> T:
+        """``run(connection)`` for one raw SQL statement of the object's code, in the
+        current task's turn (``TurnError``: it holds none, and nothing ran). In a
+        writing turn it runs as any write does (``check_write``: a job's savepoint
+        opens); in a read-only turn it runs with ``PRAGMA query_only`` on, so that it
+        reads and a write raises ``TurnError``. (The runtime's own statements use the
+        raw connection: its hot path asks nothing.) Does not checkpoint."""
+        conn = self._conn
+        if self._tx.check_sql():
+            return run(conn)
+        conn.execute("PRAGMA query_only = ON")
+        try:
+            return run(conn)
+        except sqlite3.DatabaseError as exc:
+            if not _query_only_refused(exc):
+                raise
+            label = self._tx.label
+            raise TurnError(
+                f"{label}: a write in raw SQL inside a read-only turn; nothing was"
+                " written. Drop @nj.read_only from the method, or write elsewhere",
+                object_label=label,
+            ) from exc
+        finally:
+            conn.execute("PRAGMA query_only = OFF")
 
     def keeps_connection(self) -> bool:
         """Whether the connection must stay open while the object is resident: it was
@@ -178,6 +212,101 @@ class Storage:
                 f"the {self._alarm.owner} owns this object's alarm; cancel its jobs instead"
             )
         self._alarm.delete()
+
+
+class ObjectConnection:
+    """``storage.conn`` (and under ``storage.db``): the object's connection, whose
+    statements (``execute``, ``executemany``, ``executescript``, a ``cursor()``'s,
+    ``commit``, ``rollback``, ``with conn:``) each ask for the turn as they run
+    (``Storage.run_sql``): a handle kept from ``__init__`` and used by a task without a
+    turn raises ``TurnError`` and runs nothing, and one kept past the object's life
+    raises ``StorageError``. Everything else is the connection's own."""
+
+    __slots__ = ("_storage",)
+
+    def __init__(self, storage: Storage) -> None:
+        object.__setattr__(self, "_storage", storage)
+
+    def execute(self, sql: str, parameters: Any = (), /) -> ObjectCursor:
+        return ObjectCursor(self, self._storage.run_sql(lambda c: c.execute(sql, parameters)))
+
+    def executemany(self, sql: str, parameters: Any, /) -> ObjectCursor:
+        return ObjectCursor(self, self._storage.run_sql(lambda c: c.executemany(sql, parameters)))
+
+    def executescript(self, script: str, /) -> ObjectCursor:
+        return ObjectCursor(self, self._storage.run_sql(lambda c: c.executescript(script)))
+
+    def cursor(self, *args: Any) -> ObjectCursor:
+        return ObjectCursor(self, self._storage._conn.cursor(*args))
+
+    def commit(self) -> None:
+        self._storage.run_sql(lambda c: c.commit())
+
+    def rollback(self) -> None:
+        self._storage.run_sql(lambda c: c.rollback())
+
+    def __enter__(self) -> ObjectConnection:
+        return self
+
+    def __exit__(self, *exc: Any) -> bool:
+        return bool(self._storage.run_sql(lambda c: c.__exit__(*exc)))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._storage._conn, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._storage._conn, name, value)
+
+    def __repr__(self) -> str:
+        return f"<ObjectConnection of {self._storage._tx.label}>"
+
+
+class ObjectCursor:
+    """A cursor of ``ObjectConnection``: its statements ask for the turn as they run.
+    (Rows of a statement run in a turn are fetched as a plain cursor's.)"""
+
+    __slots__ = ("_cursor", "connection")
+
+    def __init__(self, connection: ObjectConnection, cursor: sqlite3.Cursor) -> None:
+        object.__setattr__(self, "connection", connection)
+        object.__setattr__(self, "_cursor", cursor)
+
+    def execute(self, sql: str, parameters: Any = (), /) -> ObjectCursor:
+        run = self.connection._storage.run_sql
+        run(lambda _: self._cursor.execute(sql, parameters))
+        return self
+
+    def executemany(self, sql: str, parameters: Any, /) -> ObjectCursor:
+        self.connection._storage.run_sql(lambda _: self._cursor.executemany(sql, parameters))
+        return self
+
+    def executescript(self, script: str, /) -> ObjectCursor:
+        self.connection._storage.run_sql(lambda _: self._cursor.executescript(script))
+        return self
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._cursor)
+
+    def __next__(self) -> Any:
+        return next(self._cursor)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cursor, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._cursor, name, value)
+
+
+def _query_only_refused(exc: sqlite3.DatabaseError) -> bool:
+    """Whether ``exc`` (or the error it was typed from: a file engine's connection types
+    a read-only database as ``StorageFaultError``) is SQLite refusing a write. With
+    ``PRAGMA query_only`` on, a write stops there, before it reaches the file: it is
+    the read-only turn's refusal, never the file's."""
+    for error in (exc, exc.__cause__):
+        code = getattr(error, "sqlite_errorcode", None)
+        if isinstance(code, int) and code & 0xFF == sqlite3.SQLITE_READONLY:
+            return True
+    return False
 
 
 def _refuse_raw_sql(conn: sqlite3.Connection, what: str) -> None:  # hook(pg)

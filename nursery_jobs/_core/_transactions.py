@@ -138,6 +138,16 @@ class ObjectTransactions:
         Does not checkpoint."""
         self.turns.check(write=False)
 
+    def check_sql(self) -> bool:
+        """Before raw SQL (``storage.execute``, the ``storage.db`` and ``storage.conn``
+        handles): the current task must hold the object's turn (``TurnError``); in a
+        writing turn as before a write (``check_write``). Returns whether the turn is
+        a writing one. Does not checkpoint."""
+        if self.turns.held_kind() == "read":
+            return False
+        self.check_write()
+        return True
+
     def check_write(self) -> None:
         """Before a write: the current task must hold the object's writing turn
         (``TurnError``), and no other task's user block be open; a running job's first

@@ -2,8 +2,10 @@
 
 Each object has one ``TurnGate``. A stub call, an alarm run and startup each hold a
 *turn* from start to end, across their awaits; others wait in arrival order. A turn
-belongs to the task that entered it and to the tasks that task starts in nurseries of
-its own (its descendants); a task that outlives its turn holds nothing. Storage asks the
+belongs to the task that entered it and to the tasks it starts while it holds it, in
+nurseries that are not the runtime's (a context variable carries the turn to them, and
+is checked for naming the current holding); a task that outlives its turn holds
+nothing. Storage asks the
 gate (``check``) before every read and write, so a task without a turn gets
 ``TurnError`` and touches nothing.
 
@@ -41,16 +43,44 @@ F = TypeVar("F", bound=Callable[..., Any])
 # What a method's decorator asks for: a read turn, or no turn at all.
 TURN_ATTRIBUTE: Final = "__nursery_jobs_turn__"
 
-# Turn ids are unique across hosts (they travel with forwarded calls).
+# Holding ids are unique across hosts (they travel with forwarded calls).
 _PREFIX: Final = f"{os.getpid():x}.{secrets.token_hex(4)}"
 _SERIAL = itertools.count(1)
 
-# The turns the current task's call chain holds: (turn ids, the task that entered the
-# last of them). Only that task and tasks it starts in nurseries of its own from then on
-# may use it: a task started in the object's nursery inherits the variable, not the chain.
-_chain: contextvars.ContextVar[tuple[tuple[str, ...], Holder] | None] = contextvars.ContextVar(
-    "nursery_jobs_call_chain", default=None
+# The current task's call chain: (its links, the holder that set it). A link is a
+# ``Holder`` of this process or the id of one elsewhere (a forwarded call's chain). The
+# variable travels to tasks started while it is set, and only there: a task started
+# before a turn was entered does not carry it. A task carrying it holds the links' turns
+# only if it descends from the holder that set it through nurseries that are not the
+# runtime's (``hosting``): a task started in the object's nursery (``ctx.nursery``)
+# inherits the variable, not the chain.
+_chain: contextvars.ContextVar[tuple[tuple[Holder | str, ...], Holder] | None] = (
+    contextvars.ContextVar("nursery_jobs_call_chain", default=None)
 )
+
+# While an ``@interleave`` call runs (and in tasks it starts meanwhile): the output gate
+# its ``ctx.turn()`` blocks end with (``ObjectHost.call``). Shipped after the block, the
+# commits would wait for whatever holds the object next (an alarm run's open group)
+# while the caller was already told of them.
+interleave_gate: contextvars.ContextVar[Callable[[], Awaitable[None]] | None] = (
+    contextvars.ContextVar("nursery_jobs_interleave_gate", default=None)
+)
+
+# The runtime's nurseries (its own, each object's ``ctx.nursery``): the tasks in them
+# run the rest of the program, whoever started them.
+_HOSTING: set[trio.Nursery] = set()
+
+
+@asynccontextmanager
+async def open_host_nursery() -> AsyncIterator[trio.Nursery]:
+    """A nursery of the runtime's: no task in it holds a turn through the task that
+    started it."""
+    async with trio.open_nursery() as nursery:
+        _HOSTING.add(nursery)
+        try:
+            yield nursery
+        finally:
+            _HOSTING.discard(nursery)
 
 
 def read_only(fn: F) -> F:
@@ -67,6 +97,17 @@ def interleave(fn: F) -> F:
     return fn
 
 
+# Where a call or alarm run stands in line: the kind of its turn, and who holds it.
+Place = tuple[Kind, str]
+
+
+def call_place(cls: type, name: str) -> Place | None:
+    """The place in line a call of method ``name`` of ``cls`` takes (None: it holds no
+    turn, ``@interleave``)."""
+    kind = method_turn(getattr(cls, name, None))
+    return None if kind is None else (kind, f"call {name}()")
+
+
 def method_turn(fn: Any) -> Kind | None:
     """The turn a call of ``fn`` takes: "write" (the default), "read" or None."""
     kind = getattr(fn, TURN_ATTRIBUTE, "write")
@@ -75,13 +116,26 @@ def method_turn(fn: Any) -> Kind | None:
     return None if kind == "none" else "write"
 
 
-def call_chain() -> tuple[str, ...]:
-    """The turn ids the current task's call chain holds (sent with a forwarded call)."""
+def _links() -> tuple[Holder | str, ...]:
+    """The links of the current task's call chain (none: it carries none, or not
+    through the holder that set it). Does not checkpoint."""
     value = _chain.get()
     if value is None:
         return ()
-    ids, owner = value
-    return ids if owner.covers(trio.lowlevel.current_task()) else ()
+    links, owner = value
+    return links if owner.covers(trio.lowlevel.current_task()) else ()
+
+
+def in_chain() -> bool:
+    """Whether the current task runs in a call chain (it holds a turn, or serves a call
+    made from one). Does not checkpoint."""
+    return bool(_links())
+
+
+def call_chain() -> tuple[str, ...]:
+    """The holding ids of the current task's call chain, to send with a forwarded call.
+    Does not checkpoint."""
+    return tuple(link if isinstance(link, str) else link.ident() for link in _links())
 
 
 def adopt_chain(ids: tuple[str, ...]) -> contextvars.Token[Any]:
@@ -94,44 +148,48 @@ def forget_chain(token: contextvars.Token[Any]) -> None:
 
 
 class Holder:
-    """A task holding a turn, and the nurseries it had open when it took it. The turn is
-    the task's and that of the tasks it starts, at any depth, in nurseries it opens from
-    then on; not of tasks in nurseries it had open before (the runtime's own nursery, if
-    it opened the runtime), which run the rest of the program."""
+    """One task's hold of one turn: one admission of it, or one job of an alarm run
+    (``renew``), whichever is shorter. The turn is the task's and that of the tasks
+    started while it holds it, at any depth, in nurseries that are not the runtime's
+    (the call chain's context variable carries it to them). Its ``id``, made when a
+    forwarded call first carries it, names it in call chains elsewhere."""
 
-    __slots__ = ("before", "task")
+    __slots__ = ("id", "task")
 
     def __init__(self, task: Task) -> None:
         self.task = task
-        self.before = tuple(task.child_nurseries)
+        self.id: str | None = None
+
+    def ident(self) -> str:
+        if self.id is None:
+            self.id = f"{_PREFIX}.{next(_SERIAL)}"
+        return self.id
 
     def covers(self, task: Task) -> bool:
-        """Whether ``task`` is this holder or a task it started since. Does not
-        checkpoint."""
+        """Whether ``task`` is this holder's, or descends from it through nurseries
+        not the runtime's. Does not checkpoint."""
         holder = self.task
         while task is not holder:
             nursery = task.parent_nursery
-            if nursery is None:
+            if nursery is None or nursery in _HOSTING:
                 return False
             task = nursery.parent_task
-            if task is holder:
-                return nursery not in self.before
         return True
 
 
 class Turn:
     """One held turn: who entered it, for what, since when."""
 
-    __slots__ = ("holder", "id", "kind", "since", "tasks", "warned")
+    __slots__ = ("holder", "kind", "since", "tasks", "warned")
 
-    def __init__(self, kind: Kind, holder: str, task: Task) -> None:
-        self.id = f"{_PREFIX}.{next(_SERIAL)}"
+    def __init__(self, kind: Kind, holder: str, task: Task | None) -> None:
         self.kind = kind
         self.holder = holder
         self.since = trio.current_time()
         self.warned = False  # object:turn_slow emitted
-        # The task that entered it and tasks re-entering it by call chain.
-        self.tasks: list[Holder] = [Holder(task)]
+        # The task that entered it (first) and tasks re-entering it by call chain; none
+        # for a place in line no task has taken yet (``reserve``).
+        self.tasks: list[Holder] = [] if task is None else [Holder(task)]
 
 
 class _Waiter:
@@ -141,6 +199,18 @@ class _Waiter:
         self.turn = turn
         self.event = trio.Event()
         self.admitted = False
+
+
+class Ticket:
+    """A place in an object's line for a turn taken later (``TurnGate.reserve``)."""
+
+    __slots__ = ("claimed", "gate", "turn", "waiter")
+
+    def __init__(self, gate: TurnGate, turn: Turn, waiter: _Waiter | None) -> None:
+        self.gate = gate
+        self.turn = turn
+        self.waiter = waiter  # (None: admitted at once)
+        self.claimed = False  # taken by a task, or dropped
 
 
 class TurnGate:
@@ -177,6 +247,21 @@ class TurnGate:
         task = trio.lowlevel.current_task()
         if task is self.writer_task:
             return
+        turn = self._holding(task)
+        if write and turn.kind == "read":
+            raise TurnError(
+                f"{self._label}: a write inside a read-only turn ({turn.holder}); nothing"
+                " was written. Drop @nj.read_only from the method, or write elsewhere",
+                object_label=self._label,
+            )
+
+    def held_kind(self) -> Kind:
+        """The kind of turn the current task holds here (``TurnError``: none). Does not
+        checkpoint."""
+        task = trio.lowlevel.current_task()
+        return "write" if task is self.writer_task else self._holding(task).kind
+
+    def _holding(self, task: Task) -> Turn:
         turn = self._held_by(task)
         if turn is None:
             raise TurnError(
@@ -186,20 +271,21 @@ class TurnGate:
                 " written. Enter one with `async with self.ctx.turn():`",
                 object_label=self._label,
             )
-        if write and turn.kind == "read":
-            raise TurnError(
-                f"{self._label}: a write inside a read-only turn ({turn.holder}); nothing"
-                " was written. Drop @nj.read_only from the method, or write elsewhere",
-                object_label=self._label,
-            )
+        return turn
 
     def _held_by(self, task: Task) -> Turn | None:
-        """The turn ``task`` holds, itself or through an ancestor."""
-        turns = [self.writer] if self.writer is not None else self._readers
-        for turn in turns:
+        """The turn ``task`` holds: one whose holder is a link of its call chain (it
+        is that holder's task or descends from it, and started while it held it)."""
+        value = _chain.get()
+        if value is None:
+            return None
+        links, owner = value
+        if not owner.covers(task):
+            return None
+        for turn in [self.writer] if self.writer is not None else self._readers:
             assert turn is not None
             for holder in turn.tasks:
-                if holder.covers(task):
+                if holder in links:
                     return turn
         return None
 
@@ -210,39 +296,78 @@ class TurnGate:
 
     # -- entering and leaving ---------------------------------------------------------------
     @asynccontextmanager
-    async def turn(self, kind: Kind = "write", holder: str = "ctx.turn()") -> AsyncIterator[None]:
+    async def turn(
+        self, kind: Kind = "write", holder: str = "ctx.turn()", *, ticket: Ticket | None = None,
+    ) -> AsyncIterator[None]:
         """Hold a turn of the object for the block (or run inside the turn the caller's
-        call chain already holds). Checkpoints."""
+        call chain already holds). With ``ticket`` (``reserve``): the turn is the one
+        that place in line stands for, taken by the current task. Checkpoints."""
         task = trio.lowlevel.current_task()
+        if ticket is not None:
+            if (ticket.claimed or ticket.turn.kind != kind or self._held_by(task) is not None
+                    or self._by_chain(_links())):
+                self.drop(ticket)  # (it runs inside a turn its chain holds)
+            else:
+                ticket.claimed = True
+                turn = ticket.turn
+                await self._wait(turn, ticket.waiter)
+                turn.tasks = [Holder(task)]
+                if turn is self.writer:
+                    self.writer_task = task
+                links = _links()
+                token = _chain.set(((*links, turn.tasks[0]), turn.tasks[0]))
+                try:
+                    yield
+                finally:
+                    _chain.reset(token)
+                    self._leave(turn)
+                return
         held = self._held_by(task)
         if held is not None:
             # Re-entry by the turn's own task or a descendant (an object calling itself).
             await trio.lowlevel.checkpoint()
             yield
             return
-        reentered = self._by_chain()
+        links = _links()
+        reentered = self._by_chain(links)
         if reentered is not None:
             await trio.lowlevel.checkpoint()
             guest = Holder(task)
             reentered.tasks.append(guest)
+            token = _chain.set(((*links, guest), guest))
             try:
                 yield
             finally:
-                reentered.tasks.remove(guest)
+                _chain.reset(token)
+                if guest in reentered.tasks:  # (not renewed meanwhile)
+                    reentered.tasks.remove(guest)
             return
         turn = Turn(kind, holder, task)
         await self._enter(turn)
-        token = _chain.set(((*call_chain(), turn.id), turn.tasks[0]))
+        first = turn.tasks[0]
+        token = _chain.set(((*links, first), first))
         try:
             yield
         finally:
             _chain.reset(token)
             self._leave(turn)
 
+    @asynccontextmanager
+    async def gated_turn(self, holder: str, ship: Callable[[], Awaitable[None]]
+                         ) -> AsyncIterator[None]:
+        """``turn("write", holder)``, whose commits ``await ship()`` makes durable before
+        it ends (also when the block raised: they stand). Checkpoints."""
+        async with self.turn("write", holder):
+            try:
+                yield
+            except Exception:
+                await ship()
+                raise
+            await ship()
+
     async def hand_over(self, holder: str) -> None:
         """Between two jobs of an alarm run: let the calls that wait have the object, then
-        take it back (last in line), under the same turn id (its call chain names it).
-        Checkpoints.
+        take it back (last in line): a new holding of the turn (``renew``). Checkpoints.
 
         Cancelled while it waits, it still waits for the object, shielded, a bounded
         while (the calls ahead are cancelled with it), so that the run's cleanup holds
@@ -257,11 +382,35 @@ class TurnGate:
             with trio.move_on_after(_CLEANUP_WAIT, shield=True):
                 await self._enter(turn)
             raise
+        finally:
+            self._renewed(turn)
+
+    def renew(self) -> None:
+        """Between two jobs of an alarm run: what the last job made holds nothing from
+        here on. A call it forwarded that comes back later (its caller gave up on it,
+        the call went on elsewhere) is no part of the next job's chain: it waits for
+        the turn, rather than run inside the next job and roll back with it. (Only a
+        holding that a forwarded call carried is replaced: a job whose calls stayed on
+        this host left nothing behind that names it.) Does not checkpoint."""
+        turn = self.writer
+        assert turn is not None and self.writer_task is trio.lowlevel.current_task()
+        if turn.tasks[0].id is not None or len(turn.tasks) > 1:
+            self._renewed(turn)
+
+    def _renewed(self, turn: Turn) -> None:
+        """A new holding of ``turn`` for its own task, in the current task's chain in
+        place of the old one; the guests of the old one hold nothing."""
+        old, new = turn.tasks[0], Holder(turn.tasks[0].task)
+        turn.tasks = [new]
+        value = _chain.get()
+        if value is not None and old in value[0]:
+            links = tuple(new if link is old else link for link in value[0])
+            _chain.set((links, new if value[1] is old else value[1]))
 
     async def step_out(self, wait: Callable[[], Awaitable[object]]) -> None:
         """Leave the writing turn while ``await wait()`` waits for something outside the
         object (another object's job on probation), then take it back, last in line,
-        under the same turn id — as ``hand_over``, but the object is free for the whole
+        a new holding — as ``hand_over``, but the object is free for the whole
         wait: calls, a pause or a ``jobs.cancel`` of the waiting job are not held behind
         another object's run. Checkpoints.
 
@@ -276,33 +425,74 @@ class TurnGate:
             await wait()
             await self._enter(turn)
         except BaseException:
-            if not self.holds():
+            if not self._admitted(turn):
                 with trio.move_on_after(_CLEANUP_WAIT, shield=True):
                     await self._enter(turn)
             raise
+        finally:
+            self._renewed(turn)
+
+    def _admitted(self, turn: Turn) -> bool:
+        return turn is self.writer or turn in self._readers
 
     async def _enter(self, turn: Turn) -> None:
         """Wait in line for ``turn`` to be admitted. Checkpoints."""
         await trio.lowlevel.checkpoint_if_cancelled()
+        await self._wait(turn, self._queue(turn))
+
+    def _queue(self, turn: Turn) -> _Waiter | None:
+        """Admit ``turn`` if the object is free and nobody waits, else put it in line."""
         if not self._waiters and self._free_for(turn.kind):
             self._admit(turn)
+            return None
+        waiter = _Waiter(turn)
+        self._waiters.append(waiter)
+        return waiter
+
+    async def _wait(self, turn: Turn, waiter: _Waiter | None) -> None:
+        """Wait for ``turn``, queued as ``waiter`` (None: admitted at once) to be
+        admitted; cancelled, it leaves the line. Checkpoints."""
+        if waiter is None:
             try:
                 await trio.lowlevel.cancel_shielded_checkpoint()
             except BaseException:
                 self._leave(turn)
                 raise
             return
-        waiter = _Waiter(turn)
-        self._waiters.append(waiter)
         try:
             await waiter.event.wait()
         except BaseException:
-            if waiter.admitted:
-                self._leave(turn)  # admitted as it was cancelled: pass it on
-            else:
-                self._waiters.remove(waiter)
-                self._admit_waiters()  # (readers behind a cancelled writer may go now)
+            self._drop_waiter(waiter)
             raise
+
+    def _drop_waiter(self, waiter: _Waiter) -> None:
+        if waiter.admitted:
+            self._leave(waiter.turn)  # admitted as it was cancelled: pass it on
+        else:
+            self._waiters.remove(waiter)
+            self._admit_waiters()  # (readers behind a cancelled writer may go now)
+
+    # -- places in line for turns taken later --------------------------------------------
+    def reserve(self, kind: Kind, holder: str) -> Ticket:
+        """A place in line, now, for a turn that a task takes later with
+        ``turn(ticket=)`` (perhaps another task: the object's startup, the alarm run a
+        delivery starts): a call that arrives while the object starts waits for its
+        startup in arrival order, not outside the line. Admitted before it is taken, it
+        holds the object for the task that takes it. Whoever reserves makes sure that
+        it is taken or dropped (``drop``). Does not checkpoint."""
+        turn = Turn(kind, holder, None)
+        return Ticket(self, turn, self._queue(turn))
+
+    def drop(self, ticket: Ticket) -> None:
+        """Give up ``ticket``'s place (or its turn, if admitted), unless a task took
+        it. Idempotent. Does not checkpoint."""
+        if ticket.claimed:
+            return
+        ticket.claimed = True
+        if ticket.waiter is None:
+            self._leave(ticket.turn)
+        else:
+            self._drop_waiter(ticket.waiter)
 
     def _free_for(self, kind: Kind) -> bool:
         if self.writer is not None:
@@ -312,7 +502,8 @@ class TurnGate:
     def _admit(self, turn: Turn) -> None:
         turn.since = trio.current_time()
         if turn.kind == "write":
-            self.writer, self.writer_task = turn, turn.tasks[0].task
+            self.writer = turn
+            self.writer_task = turn.tasks[0].task if turn.tasks else None
         else:
             self._readers.append(turn)
         if self._slow is not None:
@@ -355,15 +546,17 @@ class TurnGate:
             if waiter.turn.kind == "write":
                 return
 
-    def _by_chain(self) -> Turn | None:
-        """The held turn the current task's call chain names (a call that came back to
-        this object, possibly through other hosts), if any."""
-        chain = call_chain()
-        if not chain:
+    def _by_chain(self, links: tuple[Holder | str, ...]) -> Turn | None:
+        """The held turn a holder of which is a link of the current task's call chain
+        (``links``: a call that came back to this object, possibly through other
+        hosts), if any."""
+        if not links:
             return None
         for turn in [self.writer] if self.writer is not None else self._readers:
-            if turn is not None and turn.id in chain:
-                return turn
+            assert turn is not None
+            for holder in turn.tasks:
+                if holder in links or (holder.id is not None and holder.id in links):
+                    return turn
         return None
 
 

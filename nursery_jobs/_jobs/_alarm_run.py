@@ -364,8 +364,12 @@ class AlarmRunner:
                 # the object; the run goes on when it gets it back.
                 store.flush()
                 await self._turns.hand_over("alarm run")
-            elif dispatched % _CHECKPOINT_EVERY == 0:
-                await trio.lowlevel.checkpoint()
+            else:
+                # A call the job forwarded that comes back later is no part of the
+                # next job's chain (a hand-over renews the holding too).
+                self._turns.renew()
+                if dispatched % _CHECKPOINT_EVERY == 0:
+                    await trio.lowlevel.checkpoint()
         return False
 
     async def _with_permit(
