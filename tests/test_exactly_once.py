@@ -519,3 +519,36 @@ async def test_disable_alarms_undone_by_a_failing_job_does_not_strand_its_jobs(
         # The disable was undone with the job that asked: its jobs run (K, with the
         # same handler, disables and fails once too). (Got once: ran [J 1], flag 0.)
         assert ran == [("J", 1), ("J", 2), ("K", 1), ("K", 2)] and durable == 0
+
+
+async def test_a_failing_jobs_first_write_through_a_kept_storage_db_is_rolled_back(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A job whose first write goes through a ``storage.db`` (sqlite-utils) the object
+    kept from an earlier call, then fails: the write is undone with it, as a
+    ``storage`` write is (each raw statement asks for the turn and joins the job's
+    savepoint; taking the handle inside the job did so before, a kept one did not), so
+    its retry finds the table as it was and the row lands exactly once."""
+    if engine.name == "postgres":
+        pytest.skip("the PostgreSQL engine refuses raw SQL (storage.db)")
+
+    async def insert_then_fail_once(o: Host, ctx: nj.JobContext) -> None:
+        o.env["db"]["notes"].insert({"job": ctx.job.id, "attempt": ctx.attempt})
+        if ctx.attempt == 1:
+            raise RuntimeError("first attempt fails after its write")
+
+    async def notes(o: Host) -> list[dict[str, Any]]:
+        return list(o.ctx.storage.db["notes"].rows)
+
+    env: dict[str, Any] = {"runs": [], "h": insert_then_fail_once}
+    async with nj.open_runtime(engine.location, env=env) as rt:
+        obj = rt.get(Host, "o")
+        async def keep_db(o: Host) -> None:
+            o.env["db"] = o.ctx.storage.db
+            o.env["db"]["notes"].create({"job": str, "attempt": int})
+
+        await inside(obj, keep_db)
+        await inside(obj, lambda o: _push(o, "J", delay=1, retry=RETRY))
+        await trio.sleep(50)
+        assert [r[2] for r in env["runs"]] == [1, 2]
+        assert await inside(obj, notes) == [{"job": "J", "attempt": 2}]
