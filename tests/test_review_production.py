@@ -144,11 +144,6 @@ def worker(tmp_path: Path) -> Iterator[Path]:
 # -- Stopping (DESIGN section 2; section 3, "a graceful shutdown is no failure") ---------
 
 @pytest.mark.crash
-@pytest.mark.xfail(strict=True, reason=(
-    "review: stop_on's handler is removed when the block ends, before the runtime's"
-    " nursery has cancelled its running jobs: a second SIGTERM while a job cleans up"
-    " after its cancellation kills the process (-SIGTERM) and the job gets a crash strike"
-    " at the next start"))
 def test_a_second_sigterm_while_jobs_wind_down_is_still_a_graceful_stop(
     worker: Path,
 ) -> None:
