@@ -242,11 +242,6 @@ def _python(cwd: Path, *args: str) -> list[str]:
 
 
 @pytest.mark.crash
-@pytest.mark.xfail(strict=True, reason=(
-    "review: a script inside a package names its objects by the shortest name on"
-    " sys.path, and sys.path[0] is the script's own directory: `python app/main.py` says"
-    " main.Notes, `python -m app.main` and `from app.main import Notes` say"
-    " app.main.Notes, so the data written one way is not found the other way"))
 def test_a_script_in_a_package_names_the_same_objects_run_by_path_or_with_dash_m(
     tmp_path: Path,
 ) -> None:
