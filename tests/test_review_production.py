@@ -469,10 +469,6 @@ OPEN_ON = textwrap.dedent('''
 
 
 @pytest.mark.crash
-@pytest.mark.xfail(strict=True, reason=(
-    "review: open_runtime(http=...) on an address in use raises the bind's OSError four"
-    " nursery groups deep (ExceptionGroup of ExceptionGroup ...), not one error naming"
-    " the address"))
 def test_open_runtime_on_an_http_address_in_use_raises_one_error_naming_it(
     busy_port: int, tmp_path: Path,
 ) -> None:
