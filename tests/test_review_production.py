@@ -307,10 +307,6 @@ def busy_port() -> Iterator[int]:
 
 
 @pytest.mark.crash
-@pytest.mark.xfail(strict=True, reason=(
-    "review: `nursery-jobs serve` does not check its --port and lets the bind's error"
-    " out of hypercorn: a port in use, a port past 65535 or a host that does not resolve"
-    " is a nested ExceptionGroup traceback and exit 1, not one line and exit 2"))
 @pytest.mark.parametrize("where", ["port in use", "port 70000", "unresolvable host"])
 def test_serve_of_an_address_it_cannot_bind_says_so_in_one_line_and_exits_2(
     stopped: Path, busy_port: int, where: str,
