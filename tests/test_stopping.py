@@ -85,7 +85,7 @@ class Cleaner(nj.DurableObject):
         except trio.Cancelled:
             signal.raise_signal(signal.SIGTERM)
             with trio.CancelScope(shield=True):
-                await trio.sleep(0)
+                await trio.lowlevel.checkpoint()
                 self.env.append("cleaned")
             raise
 
@@ -133,7 +133,7 @@ async def test_sigterm_while_the_http_face_starts_stops_the_block_at_once(
     async def face(rt: object, nursery: trio.Nursery, address: object, *,
                    writes: bool) -> None:
         signal.raise_signal(signal.SIGTERM)
-        await trio.sleep(0)
+        await trio.lowlevel.checkpoint()
 
     monkeypatch.setattr(_runtime, "_http_face", face)
     entered = False
