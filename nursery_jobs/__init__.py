@@ -32,6 +32,7 @@ from nursery_jobs._errors import AlarmOwnedError as AlarmOwnedError
 from nursery_jobs._errors import CapabilityError as CapabilityError
 from nursery_jobs._errors import CodecError as CodecError
 from nursery_jobs._errors import EngineError as EngineError
+from nursery_jobs._errors import HttpBindError as HttpBindError
 from nursery_jobs._errors import JobError as JobError
 from nursery_jobs._errors import JobOwnershipError as JobOwnershipError
 from nursery_jobs._errors import JobTimeoutError as JobTimeoutError
@@ -83,6 +84,7 @@ __all__ = [
     "EngineError",
     "Event",
     "EventBus",
+    "HttpBindError",
     "Job",
     "JobContext",
     "JobError",

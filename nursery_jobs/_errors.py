@@ -41,7 +41,9 @@ lookup errors derive from :class:`LookupError`::
      ├─ UnknownObjectError (LookupError)  (operator faces) no such object  .namespace .object_id
      ├─ ObjectInUseError                  (operator faces) another process holds the object
      │   └─ ObjectHeldError               a live PostgreSQL host leases it  .owner
-     └─ HttpError                         (the dashboard) a refused request, with its .status
+     ├─ HttpError                         (the dashboard) a refused request, with its .status
+     └─ HttpBindError (OSError)           the dashboard cannot listen on its address
+                                          (in use, unresolvable)  .host .port .cause
 
 Two signals travel between an engine and the runtime and never reach a caller:
 ``ObjectLeasedElsewhere`` (the object is another live host's before anything ran here:
@@ -334,6 +336,21 @@ class HttpError(NurseryJobsError):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
+
+
+class HttpBindError(NurseryJobsError, OSError):
+    """The dashboard cannot listen on its address (``open_runtime(http=...)``,
+    ``nursery-jobs serve``): in use, not resolvable, not permitted. ``.host``,
+    ``.port``, and ``.cause`` the socket's own error (its ``errno`` is this one's)."""
+
+    def __init__(self, host: str, port: int, cause: OSError) -> None:
+        where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        reason = cause.strerror or str(cause) or type(cause).__name__
+        super().__init__(f"cannot serve the dashboard on {where}: {reason}")
+        self.errno = cause.errno
+        self.host = host
+        self.port = port
+        self.cause = cause
 
 
 class ObjectLeasedElsewhere(NurseryJobsError):

@@ -22,6 +22,7 @@ from typing import Any
 
 from nursery_jobs._errors import (
     DataDirectoryError,
+    HttpBindError,
     JobOwnershipError,
     ObjectInUseError,
     RuntimeLockedError,
@@ -260,6 +261,8 @@ def _web_extra() -> str | None:
 def serve(data: str, host: str, port: int) -> int:
     """Serve the dashboard of a stopped data directory, or of a PostgreSQL database,
     read-only, until Ctrl-C."""
+    if not 0 <= port <= 65535:
+        return _fail(f"--port {port} is not a TCP port (0 to 65535); nothing was served", 2)
     missing = _web_extra()
     if missing is not None:
         return _fail(missing, 2)
@@ -281,18 +284,24 @@ def serve(data: str, host: str, port: int) -> int:
 
     from nursery_jobs._ops._web import serve_offline
 
-    async def main() -> None:
+    async def main() -> HttpBindError | None:
         async with trio.open_nursery() as nursery:
-            url = await nursery.start(serve_offline, access, (host, port))
+            try:
+                url = await nursery.start(serve_offline, access, (host, port))
+            except HttpBindError as exc:  # (raised before it served anything)
+                return exc
             print(f"serving {_label(data)} (read-only) at {url}  (Ctrl-C to stop)",
                   flush=True)
+        return None
 
     try:
-        trio.run(main)
+        unbound = trio.run(main)
     except KeyboardInterrupt:
         return 0
     finally:
         close()
+    if unbound is not None:
+        return _fail(f"{unbound}; nothing was served", 2)
     return 0
 
 

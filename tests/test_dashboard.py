@@ -347,3 +347,33 @@ async def test_http_without_the_web_extra_names_it_in_one_line(
             raise AssertionError("the block must not run without the dashboard")
     assert str(raised.value) == (
         "serving the dashboard needs the web extra: pip install 'nursery_jobs[web]'")
+
+
+async def test_http_on_an_address_in_use_is_one_error_naming_it_and_leaks_no_socket(
+    tmp_path: Path,
+) -> None:
+    """Two replicas on one port: ``HttpBindError`` (an OSError, errno EADDRINUSE) with
+    the address, not a tree of nursery groups; the block never runs, and the socket
+    that could not bind is closed (no ResourceWarning when it is collected)."""
+    import errno
+    import gc
+    import socket
+    import warnings
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ResourceWarning)
+            with pytest.raises(nj.HttpBindError) as raised:
+                async with nj.open_runtime(tmp_path / "data", http=("127.0.0.1", port)):
+                    raise AssertionError("the block must not run without its dashboard")
+            error = raised.value
+            del raised
+            gc.collect()
+    assert str(error) == (f"cannot serve the dashboard on 127.0.0.1:{port}:"
+                          f" {os.strerror(errno.EADDRINUSE)}")
+    assert (error.host, error.port, error.errno) == ("127.0.0.1", port, errno.EADDRINUSE)
+    assert isinstance(error, OSError)
+    assert not [w for w in caught if issubclass(w.category, ResourceWarning)], caught

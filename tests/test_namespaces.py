@@ -65,3 +65,30 @@ def test_a_script_and_an_import_of_it_name_the_same_objects(tmp_path: Path) -> N
     assert _python(tmp_path, "-m", "app", data, "get") == ["hello", "app.Notes"]
     assert _python(tmp_path.parent, str(tmp_path / "app.py"), data, "get") == [
         "hello", "app.Notes"]
+
+
+@pytest.mark.crash
+def test_a_packages_main_names_the_same_objects_run_with_dash_m_by_path_or_imported(
+    tmp_path: Path,
+) -> None:
+    """``python -m app`` runs ``app/__main__.py``: the module that file is imported as
+    is ``app.__main__``, so its objects are those of ``python app/__main__.py`` and of
+    ``import app.__main__``, and their recorded class path imports (a host that has not
+    imported the class resolves it from there)."""
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "__init__.py").write_text("")
+    (tmp_path / "app" / "__main__.py").write_text(
+        APP.replace("    print(Notes.namespace)\n",
+                    "    print(Notes.namespace)\n"
+                    "    from nursery_jobs._core._object import class_path\n"
+                    "    print(class_path(Notes))\n"))
+    data = str(tmp_path / "data")
+    namespace, path = _python(tmp_path, "-m", "app", data, "put")
+    assert namespace == "app.__main__.Notes"
+    assert _python(tmp_path, "app/__main__.py", data, "get") == ["hello", namespace, path]
+    assert _python(tmp_path, "-c", f"import trio, app.__main__ as m;"
+                   f" trio.run(m.main, {data!r}, 'get')") == ["hello", namespace, path]
+    resolved = _python(tmp_path, "-c", "from nursery_jobs._core._object import"
+                       f" resolve_namespace as r; c = r({namespace!r}, {path!r});"
+                       " print(c.namespace)")
+    assert resolved == [namespace]

@@ -20,6 +20,7 @@ EXPECTED = [
     "EngineError",
     "Event",
     "EventBus",
+    "HttpBindError",
     "Job",
     "JobContext",
     "JobError",

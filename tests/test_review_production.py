@@ -144,11 +144,6 @@ def worker(tmp_path: Path) -> Iterator[Path]:
 # -- Stopping (DESIGN section 2; section 3, "a graceful shutdown is no failure") ---------
 
 @pytest.mark.crash
-@pytest.mark.xfail(strict=True, reason=(
-    "review: stop_on's handler is removed when the block ends, before the runtime's"
-    " nursery has cancelled its running jobs: a second SIGTERM while a job cleans up"
-    " after its cancellation kills the process (-SIGTERM) and the job gets a crash strike"
-    " at the next start"))
 def test_a_second_sigterm_while_jobs_wind_down_is_still_a_graceful_stop(
     worker: Path,
 ) -> None:
@@ -247,11 +242,6 @@ def _python(cwd: Path, *args: str) -> list[str]:
 
 
 @pytest.mark.crash
-@pytest.mark.xfail(strict=True, reason=(
-    "review: a script inside a package names its objects by the shortest name on"
-    " sys.path, and sys.path[0] is the script's own directory: `python app/main.py` says"
-    " main.Notes, `python -m app.main` and `from app.main import Notes` say"
-    " app.main.Notes, so the data written one way is not found the other way"))
 def test_a_script_in_a_package_names_the_same_objects_run_by_path_or_with_dash_m(
     tmp_path: Path,
 ) -> None:
@@ -317,10 +307,6 @@ def busy_port() -> Iterator[int]:
 
 
 @pytest.mark.crash
-@pytest.mark.xfail(strict=True, reason=(
-    "review: `nursery-jobs serve` does not check its --port and lets the bind's error"
-    " out of hypercorn: a port in use, a port past 65535 or a host that does not resolve"
-    " is a nested ExceptionGroup traceback and exit 1, not one line and exit 2"))
 @pytest.mark.parametrize("where", ["port in use", "port 70000", "unresolvable host"])
 def test_serve_of_an_address_it_cannot_bind_says_so_in_one_line_and_exits_2(
     stopped: Path, busy_port: int, where: str,
@@ -479,10 +465,6 @@ OPEN_ON = textwrap.dedent('''
 
 
 @pytest.mark.crash
-@pytest.mark.xfail(strict=True, reason=(
-    "review: open_runtime(http=...) on an address in use raises the bind's OSError four"
-    " nursery groups deep (ExceptionGroup of ExceptionGroup ...), not one error naming"
-    " the address"))
 def test_open_runtime_on_an_http_address_in_use_raises_one_error_naming_it(
     busy_port: int, tmp_path: Path,
 ) -> None:

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -61,6 +62,86 @@ async def test_stop_on_empty_leaves_signals_to_the_application(tmp_path: Path) -
                 async for signum in received:
                     assert signum == signal.SIGUSR1
                     break
+
+
+class Cleaner(nj.DurableObject):
+    """Job "clean": when cancelled, it raises SIGTERM again (a supervisor repeating it)
+    from its cleanup, then checkpoints."""
+
+    namespace = "tests.test_stopping.Cleaner"
+
+    def __init__(self, ctx: nj.ObjectContext) -> None:
+        super().__init__(ctx)
+        self.lifecycle = nj.Lifecycle.install(self)
+        self.env: Log = ctx.env
+
+    async def push(self) -> None:
+        await self.lifecycle.jobs.push("clean", id="clean")
+
+    async def on_job(self, ctx: nj.JobContext) -> None:
+        self.env.started.set()
+        try:
+            await trio.sleep_forever()
+        except trio.Cancelled:
+            signal.raise_signal(signal.SIGTERM)
+            with trio.CancelScope(shield=True):
+                await trio.lowlevel.checkpoint()
+                self.env.append("cleaned")
+            raise
+
+
+@pytest.fixture
+def app_handler() -> Iterator[list[int]]:
+    """The application's own SIGTERM handler, recording what reaches it."""
+    reached: list[int] = []
+    before = signal.signal(signal.SIGTERM, lambda signum, frame: reached.append(signum))
+    try:
+        yield reached
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+async def test_a_second_sigterm_while_jobs_wind_down_is_caught_and_does_nothing_more(
+    app_handler: list[int],
+) -> None:
+    """The stop signals stay the runtime's until everything is stopped: one raised from
+    a job's cleanup, after the block has ended, neither reaches the previous handler
+    (the default one kills the process) nor changes the stop; the previous handler is
+    back afterwards."""
+    log = Log()
+    reached_body_end = False
+    async with nj.open_runtime(None, env=log) as rt:
+        await rt.get(Cleaner, "c").push()
+        with trio.fail_after(5):
+            await log.started.wait()
+        signal.raise_signal(signal.SIGTERM)
+        await trio.sleep_forever()
+        reached_body_end = True
+    assert not reached_body_end and log == ["cleaned"]
+    assert app_handler == []
+    signal.raise_signal(signal.SIGTERM)
+    assert app_handler == [signal.SIGTERM]
+
+
+async def test_sigterm_while_the_http_face_starts_stops_the_block_at_once(
+    app_handler: list[int], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A signal while ``open_runtime(http=...)`` starts its face is already the
+    runtime's: the block is stopped from its first moment."""
+    from nursery_jobs._core import _runtime
+
+    async def face(rt: object, nursery: trio.Nursery, address: object, *,
+                   writes: bool) -> None:
+        signal.raise_signal(signal.SIGTERM)
+        await trio.lowlevel.checkpoint()
+
+    monkeypatch.setattr(_runtime, "_http_face", face)
+    entered = False
+    with trio.fail_after(5):
+        async with nj.open_runtime(None, http=("127.0.0.1", 0)):
+            entered = True
+            await trio.sleep_forever()
+    assert entered and app_handler == []
 
 
 @pytest.mark.parametrize("bad", ["SIGTERM", [signal.SIGKILL], [999], [True], 15])

@@ -162,29 +162,29 @@ def module_of(cls: type) -> str:
     """The module ``cls`` is importable as: a script run as ``__main__`` counts as the
     module its file would be imported as (``python app.py`` and ``from app import X``
     must name the same objects: data must not vanish because a script was started
-    another way)."""
+    another way). A file inside a package (directories with an ``__init__.py``) is that
+    package's module: ``python app/main.py`` is ``app.main``, as ``python -m app.main``
+    is; a package's ``__main__.py`` is ``app.__main__``, as ``import app.__main__``
+    names it (and so its class path imports)."""
     module = cls.__module__
     if module != "__main__":
         return module
     main = sys.modules.get("__main__")
     spec = getattr(main, "__spec__", None)
     if spec is not None and spec.name and spec.name != "__main__":
-        name: str = spec.name  # python -m app (a package's __main__: the package)
-        return name.removesuffix(".__main__")
+        name: str = spec.name  # python -m app, python -m app.main, python -m app (app.__main__)
+        return name
     file = getattr(main, "__file__", None)
     if not isinstance(file, str):
         return module  # an interactive session: no file to be imported from
-    path = os.path.realpath(file)
-    stem, ext = os.path.splitext(path)
-    if ext != ".py":
+    folder, base = os.path.split(os.path.realpath(file))
+    stem, ext = os.path.splitext(base)
+    if ext != ".py" or not stem.isidentifier():
         return module
-    best: str | None = None
-    for entry in sys.path:
-        root = os.path.realpath(entry or os.getcwd())
-        if not stem.startswith(root + os.sep):
-            continue
-        parts = stem[len(root) + 1:].split(os.sep)
-        if all(part.isidentifier() for part in parts) and (
-                best is None or len(parts) < len(best.split("."))):
-            best = ".".join(parts)
-    return module if best is None else best
+    parts = [stem]
+    while os.path.isfile(os.path.join(folder, "__init__.py")):
+        folder, package = os.path.split(folder)
+        if not package.isidentifier():
+            break
+        parts.insert(0, package)
+    return ".".join(parts)

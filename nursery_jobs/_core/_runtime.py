@@ -14,10 +14,9 @@ import os
 import resource
 import signal
 import sqlite3
-import threading
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
-from contextlib import ExitStack, asynccontextmanager
+from contextlib import asynccontextmanager
 from typing import Any, Final, Literal, Protocol, TypeVar
 
 import attrs
@@ -32,6 +31,7 @@ from nursery_jobs._core._location import engine_for
 from nursery_jobs._core._memory import MemoryWatch
 from nursery_jobs._core._metrics import Metrics
 from nursery_jobs._core._object import DurableObject, resolve_namespace
+from nursery_jobs._core._signals import StopSignals, check_stop_on
 from nursery_jobs._core._stall import StallWatch
 from nursery_jobs._core._tracing import Tracing, tracing_for
 from nursery_jobs._core._turns import (
@@ -644,25 +644,6 @@ class Runtime:
                 return
             await host.run_alarm(ticket)
 
-    async def _stop_on(
-        self, received: AsyncIterator[int], stopping: trio.CancelScope,
-        watching: trio.CancelScope,
-    ) -> None:
-        """Turn the first stop signal ``received`` into a graceful stop: cancel the
-        runtime's block (``stopping``), which then exits normally. Ends when ``watching``
-        is cancelled (the block is over)."""
-        with watching:
-            if watching.cancel_called:
-                return
-            async for signum in received:
-                name = signal.Signals(signum).name
-                self.events.emit(
-                    "runtime:stopping", "", "", signal=name,
-                    _log=(logging.WARNING, "%s received: stopping gracefully (running jobs"
-                          " are cancelled and run again at the next start)", (name,)))
-                stopping.cancel(reason=f"{name}: a graceful stop")
-                return
-
     async def _memory_watchdog(self, watch: MemoryWatch) -> None:
         """Sample memory; over the limit, reset the objects whose alarm work grew it
         (``_memory.MemoryWatch``). Holds no host between samples: a reset object must
@@ -731,7 +712,8 @@ async def open_runtime(
     default: what Docker, systemd and Kubernetes stop a process with) into a graceful
     stop of its block: running jobs are cancelled, keep their attempts, get no crash
     strike and run again at once on the next start; then the block exits normally.
-    ``stop_on=()`` leaves signals to the application.
+    ``stop_on=()`` leaves signals to the application. The signals stay caught until
+    everything is stopped: a further one while the jobs wind down does nothing more.
 
     ``limits={namespace or class: nj.Limit(concurrency=N, rate=(k, per_seconds))}``
     bounds how many of that namespace's jobs run at once in this runtime, and how many
@@ -745,7 +727,7 @@ async def open_runtime(
     ``TypeError``) for a value that is no TracerProvider, ``MissingExtraError`` where
     OpenTelemetry is not installed; nothing is opened then.
     """
-    signals = _check_stop_on(stop_on)
+    signals = check_stop_on(stop_on)
     checked_limits = check_limits(limits)
     tracer = tracing_for(tracing)
     # (is_finite, not math.isfinite: an int too large for a float is refused, where
@@ -800,77 +782,58 @@ async def open_runtime(
                  durability=durability, memory_limit=memory_limit, memory_probe=memory_probe,
                  dormant_after=None if dormant_after is None else float(dormant_after),
                  turn_warning=float(turn_warning), limits=checked_limits, tracing=tracer)
-    engine.open(_clock.now())
-    body_error: BaseException | None = None
-    try:
+    stop = StopSignals(signals)
+    with stop.caught():  # (the whole life of the runtime: its start and shutdown too)
+        engine.open(_clock.now())
+        body_error: BaseException | None = None
         try:
-            async with open_host_nursery() as nursery:
-                rt._nursery = nursery
-                nursery.start_soon(rt.timer.run, nursery)
-                nursery.start_soon(engine.serve, rt)
-                nursery.start_soon(_clock.run_anchor, rt._clock_adjusted)
-                nursery.start_soon(StallWatch(rt.events).run)
-                nursery.start_soon(rt.slow_turns.run)
-                if memory_limit is not None:
-                    # (Its first sample now, before any task of the runtime has run.)
-                    watch = MemoryWatch(memory_limit, rt.memory_probe)
-                    watch.begin()
-                    nursery.start_soon(rt._memory_watchdog, watch)
-                stopping = trio.CancelScope()
-                try:
-                    if http is not None:
-                        await _http_face(rt, nursery, http, writes=http_writes)
-                    with ExitStack() as handlers:
-                        if signals and threading.current_thread() is threading.main_thread():
-                            # Installed before the block runs (a signal from its first
-                            # moment on is a graceful stop); watched by a task.
-                            received = handlers.enter_context(
-                                trio.open_signal_receiver(*signals))
-                            watching = trio.CancelScope()
-                            # (Ended before the receiver closes: the block may end before
-                            # the task has even started.)
-                            handlers.callback(watching.cancel)
-                            nursery.start_soon(rt._stop_on, received, stopping, watching)
-                        with stopping:  # (a stop signal cancels the block: it exits normally)
+            try:
+                async with open_host_nursery() as nursery:
+                    rt._nursery = nursery
+                    nursery.start_soon(rt.timer.run, nursery)
+                    nursery.start_soon(engine.serve, rt)
+                    nursery.start_soon(_clock.run_anchor, rt._clock_adjusted)
+                    nursery.start_soon(StallWatch(rt.events).run)
+                    nursery.start_soon(rt.slow_turns.run)
+                    if memory_limit is not None:
+                        # (Its first sample now, before any task of the runtime has run.)
+                        watch = MemoryWatch(memory_limit, rt.memory_probe)
+                        watch.begin()
+                        nursery.start_soon(rt._memory_watchdog, watch)
+                    # A stop signal cancels the block, from its first moment on (one
+                    # during the HTTP face's start: the block ends at once); it exits
+                    # normally.
+                    stopping = trio.CancelScope()
+                    if stop.signals:
+                        nursery.start_soon(stop.watch, rt.events, stopping)
+                    try:
+                        if http is not None:
+                            await _http_face(rt, nursery, http, writes=http_writes)
+                        with stopping:
                             yield rt
-                except BaseException as exc:
-                    body_error = exc
-                    raise
-                finally:
-                    rt._closing = True
-                    nursery.cancel_scope.cancel(reason="runtime closing")
-        except BaseExceptionGroup as group:
-            # The body's own error (or Ctrl-C) reaches the caller as itself, not
-            # wrapped in the runtime's nursery group; anything else stays grouped.
-            if body_error is not None and _only(group, body_error):
-                raise body_error from None
-            # Ctrl-C that landed in a runtime task (under load) reaches the caller plain.
-            if (interrupt := lone_interrupt(group)) is not None:
-                raise interrupt from None
-            raise
-    finally:
-        rt._closing = True
-        rt._close()
+                    except BaseException as exc:
+                        body_error = exc
+                        raise
+                    finally:
+                        rt._closing = True
+                        nursery.cancel_scope.cancel(reason="runtime closing")
+            except BaseExceptionGroup as group:
+                # The body's own error (or Ctrl-C) reaches the caller as itself, not
+                # wrapped in the runtime's nursery group; anything else stays grouped.
+                if body_error is not None and _only(group, body_error):
+                    raise body_error from None
+                # Ctrl-C that landed in a runtime task (under load) reaches the caller plain.
+                if (interrupt := lone_interrupt(group)) is not None:
+                    raise interrupt from None
+                raise
+        finally:
+            rt._closing = True
+            rt._close()
 
 
 def _is_postgres(location: object) -> bool:
     return isinstance(location, str) and location.partition("://")[0].lower() in (
         "postgresql", "postgres")
-
-
-def _check_stop_on(stop_on: object) -> tuple[signal.Signals, ...]:
-    """The signals ``open_runtime(stop_on=...)`` names. Raises ValueError naming the
-    argument for anything but an iterable of valid signal numbers."""
-    if isinstance(stop_on, (str, bytes)) or not isinstance(stop_on, Iterable):
-        raise ValueError(f"stop_on must be a tuple of signals, got {stop_on!r}")
-    signals = []
-    for sig in stop_on:
-        if isinstance(sig, bool) or not isinstance(sig, int) or sig not in signal.valid_signals():
-            raise ValueError(f"stop_on: {sig!r} is not a signal (e.g. signal.SIGTERM)")
-        if sig in (signal.SIGKILL, signal.SIGSTOP):
-            raise ValueError(f"stop_on: {signal.Signals(sig).name} cannot be caught")
-        signals.append(signal.Signals(sig))
-    return tuple(signals)
 
 
 class HttpFace(Protocol):

@@ -48,6 +48,7 @@ from nursery_jobs._ops._inspect import (
     SourceAccess,
 )
 from nursery_jobs._ops._inspect_json import detail_json, report_json, report_steps
+from nursery_jobs._ops._listen import serve_app
 from nursery_jobs._ops._prometheus import CONTENT_TYPE, LiveCounters, exposition, read_scrape
 from nursery_jobs._ops._slices import Sliced, _FileSource
 from nursery_jobs._ops._sources import RuntimeSource
@@ -492,7 +493,7 @@ async def start_http(rt: Runtime, nursery: trio.Nursery, address: object, *,
     app = Dashboard(access, clock=_clock.now, metrics=rt.metrics, recorder=recorder,
                     writer=source if writes else None, loopback_only=_is_loopback_bind(host),
                     counters=counters)
-    rt.http_url = await nursery.start(_serve, app, (host, port))
+    rt.http_url = await nursery.start(serve_app, app, (host, port))
     nursery.start_soon(recorder.run)
     logger.info("dashboard of %s at %s%s", access.label, rt.http_url,
                 " (writes allowed)" if writes else "")
@@ -508,26 +509,4 @@ async def serve_offline(
     access = (source if isinstance(source, SourceAccess)
               else Sliced(source) if isinstance(source, _FileSource) else Inline(source))
     app = Dashboard(access, clock=time.time, loopback_only=_is_loopback_bind(host))
-    await _serve(app, (host, port), task_status=task_status)
-
-
-async def _serve(
-    app: Dashboard, address: tuple[str, int], *,
-    task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
-) -> None:
-    try:
-        from hypercorn.config import Config
-        from hypercorn.trio import serve
-    except ImportError as exc:
-        raise ImportError(
-            "serving the dashboard needs the web extra: pip install 'nursery_jobs[web]'"
-        ) from exc
-    host, port = address
-    config = Config()
-    config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
-    config.accesslog = None
-    config.errorlog = logger
-    async with trio.open_nursery() as nursery:
-        asgi: Any = app
-        binds = await nursery.start(partial(serve, asgi, config, mode="asgi"))
-        task_status.started(binds[0] + "/")
+    await serve_app(app, (host, port), task_status=task_status)
