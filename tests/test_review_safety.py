@@ -101,23 +101,23 @@ def location(request: pytest.FixtureRequest, tmp_path: Path) -> Path | None:
     pytest.param("fn a lone surrogate", marks=pytest.mark.xfail(strict=True, reason=(
         "review: jobs.push(fn='\\ud800') raises a bare UnicodeEncodeError from SQLite, not "
         "a JobError, and only after it lowered the object's alarm: check_fn "
-        "(_jobs/_records.py:245) checks only 'non-empty str', where check_job_id refuses "
+        "(_jobs/_records.py:228) checks only 'non-empty str', where check_job_id refuses "
         "lone surrogates and NUL"))),
     pytest.param("payload datetime, tzinfo without utcoffset", marks=pytest.mark.xfail(
         strict=True, reason=(
             "review: a datetime whose tzinfo's utcoffset() raises escapes encode_payload as "
             "NotImplementedError (no NurseryJobsError, no ValueError): _encode_datetime "
-            "(_codec.py:246) calls isoformat()/utcoffset() bare and encode_payload "
-            "(_codec.py:130) catches only _Refusal and RecursionError"))),
+            "(_codec.py:264) calls isoformat()/utcoffset() bare and encode_payload "
+            "(_codec.py:133) catches only _Refusal and RecursionError"))),
     pytest.param("payload datetime, tzinfo 30 h off", marks=pytest.mark.xfail(
         strict=True, reason=(
             "review: a tzinfo returning an offset of 24 h or more escapes encode_payload as a "
             "bare ValueError from datetime.isoformat, not a CodecError naming the path "
-            "(payload['when']): _codec.py:246"))),
+            "(payload['when']): _codec.py:264"))),
     pytest.param("storage value datetime, tzinfo without utcoffset", marks=pytest.mark.xfail(
         strict=True, reason=(
             "review: storage.put of such a datetime raises NotImplementedError, not "
-            "CodecError (_codec.py:246, 130)"))),
+            "CodecError (_codec.py:264, 133)"))),
     pytest.param("storage list prefix an int", marks=pytest.mark.xfail(strict=True, reason=(
         "review: storage.list(5) raises a bare TypeError (\"object of type 'int' has no "
         "len()\"), not StorageKeyError: _core/_storage.py:153 takes len(prefix) before "
@@ -145,7 +145,7 @@ def _declare(namespace: object) -> type[nj.DurableObject]:
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "review: DurableObject.__init_subclass__ (_core/_object.py:60) checks only "
+    "review: DurableObject.__init_subclass__ (_core/_object.py:61) checks only "
     "'non-empty str': a namespace with a lone surrogate is accepted and every call of its "
     "objects fails with a bare UnicodeEncodeError (on PostgreSQL an ExceptionGroup leaves "
     "open_runtime); one with a NUL works on memory and files but is a StorageError on "
@@ -204,7 +204,7 @@ async def test_a_queue_callback_name_no_engine_can_store_is_refused(
 
 @pytest.mark.xfail(strict=True, reason=(
     "review: a capability id is checked only as non-empty and not 'host' "
-    "(_jobs/_capability.py:78, _jobs/_lifecycle.py:150): Queue(id='queue\\ud800') is "
+    "(_jobs/_capability.py:79, _jobs/_lifecycle.py:149): Queue(id='queue\\ud800') is "
     "installed, and then every call of the object (even one touching no job) fails with "
     "a bare UnicodeEncodeError from its startup"))
 async def test_a_capability_id_no_engine_can_store_is_refused(location: Path | None) -> None:
@@ -277,7 +277,7 @@ async def test_a_forged_payload_is_never_more_than_a_codec_error(
 
 @pytest.mark.xfail(strict=True, reason=(
     "review: one job row whose payload does not decode stops every job of its object for "
-    "good: the due read decodes each row (JobRow.from_sql, _jobs/_table.py:138) and the "
+    "good: the due read decodes each row (JobRow.from_sql, _jobs/_table.py:140) and the "
     "CodecError fails the whole alarm run, retried with backoff forever; the fault "
     "belongs to that job (set aside / dead-lettered), not to the object (STYLE 20)"))
 async def test_a_job_row_that_does_not_decode_blocks_only_itself(
@@ -292,8 +292,8 @@ async def test_a_job_row_that_does_not_decode_blocks_only_itself(
 @pytest.mark.xfail(strict=True, reason=(
     "review: the CodecError of a stored payload that does not decode says only 'payload "
     "text has an unknown tag' — neither the job id nor the object (DESIGN 7): "
-    "decode_payload (_codec.py:478) has no context and JobRow.from_sql "
-    "(_jobs/_table.py:138) adds none"))
+    "decode_payload (_codec.py:466) has no context and JobRow.from_sql "
+    "(_jobs/_table.py:140) adds none"))
 async def test_a_stored_payload_that_does_not_decode_names_its_job(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
@@ -355,12 +355,12 @@ EMOJI_1024 = "\\U0001f600" * 1024  # 1024 characters, 4096 bytes of UTF-8
     ("o", "j"),
     pytest.param(EMOJI_1024, "j", marks=pytest.mark.xfail(strict=True, reason=(
         "review: a valid object id of 1024 non-ASCII characters does not fit a flight "
-        "slot (4096 bytes, _engines/files/_flight.py:32, acquire :156), so its alarm run "
+        "slot (4096 bytes, _engines/files/_flight.py:32, acquire :145), so its alarm run "
         "goes unrecorded: a job that kills its process gets no crash strike and runs "
         "again at once, forever (DESIGN 3: which job runs is recorded before it runs)"))),
     pytest.param("o", EMOJI_1024, marks=pytest.mark.xfail(strict=True, reason=(
         "review: a valid job id of 1024 non-ASCII characters does not fit what is left of "
-        "its flight slot (_engines/files/_flight.py:66), so it runs unrecorded: SIGKILL "
+        "its flight slot (_engines/files/_flight.py:71), so it runs unrecorded: SIGKILL "
         "during it gives no crash strike, and the poison job is never sealed"))),
 ], ids=["short ids", "long object id", "long job id"])
 async def test_a_job_that_kills_its_process_gets_a_crash_strike_whatever_its_ids(
