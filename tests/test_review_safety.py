@@ -1,0 +1,391 @@
+"""Safety promises under hostile input (DESIGN 2, 5, 7, 10): a typed error naming what is
+wrong and nothing written; payloads of every kind the codec takes shown by the operator
+faces; a tampered row read back as a typed error of its job, never a stall; a running
+job recorded whatever its (valid) ids.
+
+Findings are strict xfails whose reason says what is wrong."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import sqlite3
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import pytest
+import trio
+from test_dashboard import LOOPBACK, fetch
+
+import nursery_jobs as nj
+from nursery_jobs._codec import decode_payload
+from nursery_jobs._engines.files._catalog import object_file_name
+
+BAD_TEXT = "\ud800"  # a lone surrogate: no engine can store it (DESIGN 2)
+
+
+class Host(nj.DurableObject):
+    namespace = "review.safety.Host"
+
+    def __init__(self, ctx: nj.ObjectContext) -> None:
+        super().__init__(ctx)
+        self.lifecycle = nj.Lifecycle.install(self)
+
+    async def on_job(self, ctx: nj.JobContext) -> None:
+        RAN.append(ctx.job.id)
+
+    async def push(self, job_id: str, payload: Any = None, delay: float = 1.0) -> None:
+        await self.lifecycle.jobs.push("f", id=job_id, payload=payload, delay=delay)
+
+    async def job_ids(self) -> list[str]:
+        return [job.id for job in self.lifecycle.jobs.list()]
+
+    async def ping(self) -> str:
+        return "pong"
+
+    async def attempt(self, case: str) -> tuple[str, bool, bool, int, bool]:
+        """Run one hostile call: (error type, is NurseryJobsError, is ValueError or
+        TypeError, jobs stored after, whether the alarm moved)."""
+        before = self.ctx.storage.get_alarm()
+        try:
+            result = CASES[case](self)
+            if hasattr(result, "__await__"):
+                await result
+        except Exception as exc:
+            kind = type(exc).__name__
+            typed = isinstance(exc, nj.NurseryJobsError)
+            argument = isinstance(exc, (ValueError, TypeError))
+        else:
+            kind, typed, argument = "no error", False, False
+        moved = self.ctx.storage.get_alarm() != before
+        return (kind, typed, argument,
+                len(self.lifecycle.jobs.list()) + len(self.ctx.storage.list()), moved)
+
+
+RAN: list[str] = []
+
+
+class NoOffset(dt.tzinfo):
+    """A tzinfo whose utcoffset is not implemented (the base class's)."""
+
+
+class TooFar(dt.tzinfo):
+    def utcoffset(self, when: dt.datetime | None) -> dt.timedelta:
+        return dt.timedelta(hours=30)
+
+
+NO_OFFSET = NoOffset()  # type: ignore[abstract]
+TOO_FAR = TooFar()  # type: ignore[abstract]
+
+CASES: dict[str, Any] = {
+    "fn a lone surrogate": lambda h: h.lifecycle.jobs.push(BAD_TEXT),
+    "payload datetime, tzinfo without utcoffset": lambda h: h.lifecycle.jobs.push(
+        "f", payload=dt.datetime(2030, 1, 1, tzinfo=NO_OFFSET)),
+    "payload datetime, tzinfo 30 h off": lambda h: h.lifecycle.jobs.push(
+        "f", payload={"when": dt.datetime(2030, 1, 1, tzinfo=TOO_FAR)}),
+    "storage value datetime, tzinfo without utcoffset": lambda h: h.ctx.storage.put(
+        "k", [dt.datetime(2030, 1, 1, tzinfo=NO_OFFSET)]),
+    "storage list prefix an int": lambda h: h.ctx.storage.list(5),
+}
+
+
+@pytest.fixture(params=["memory", "files"])
+def location(request: pytest.FixtureRequest, tmp_path: Path) -> Path | None:
+    return None if request.param == "memory" else tmp_path / "data"
+
+
+@pytest.mark.parametrize("case", [
+    pytest.param("fn a lone surrogate", marks=pytest.mark.xfail(strict=True, reason=(
+        "review: jobs.push(fn='\\ud800') raises a bare UnicodeEncodeError from SQLite, not "
+        "a JobError, and only after it lowered the object's alarm: check_fn "
+        "(_jobs/_records.py:228) checks only 'non-empty str', where check_job_id refuses "
+        "lone surrogates and NUL"))),
+    pytest.param("payload datetime, tzinfo without utcoffset", marks=pytest.mark.xfail(
+        strict=True, reason=(
+            "review: a datetime whose tzinfo's utcoffset() raises escapes encode_payload as "
+            "NotImplementedError (no NurseryJobsError, no ValueError): _encode_datetime "
+            "(_codec.py:264) calls isoformat()/utcoffset() bare and encode_payload "
+            "(_codec.py:133) catches only _Refusal and RecursionError"))),
+    pytest.param("payload datetime, tzinfo 30 h off", marks=pytest.mark.xfail(
+        strict=True, reason=(
+            "review: a tzinfo returning an offset of 24 h or more escapes encode_payload as a "
+            "bare ValueError from datetime.isoformat, not a CodecError naming the path "
+            "(payload['when']): _codec.py:264"))),
+    pytest.param("storage value datetime, tzinfo without utcoffset", marks=pytest.mark.xfail(
+        strict=True, reason=(
+            "review: storage.put of such a datetime raises NotImplementedError, not "
+            "CodecError (_codec.py:264, 133)"))),
+    pytest.param("storage list prefix an int", marks=pytest.mark.xfail(strict=True, reason=(
+        "review: storage.list(5) raises a bare TypeError (\"object of type 'int' has no "
+        "len()\"), not StorageKeyError: _core/_storage.py:153 takes len(prefix) before "
+        "_key(prefix) checks it"))),
+])
+async def test_a_hostile_argument_is_a_typed_error_that_moves_nothing(
+    location: Path | None, case: str
+) -> None:
+    with trio.fail_after(20):
+        async with nj.open_runtime(location) as rt:
+            kind, typed, argument, stored, moved = await rt.get(Host, "h").attempt(case)
+    assert (kind, typed, argument) == (kind, True, True), f"{case}: {kind}"
+    assert stored == 0 and not moved, f"{case}: wrote something"
+
+
+# -- names that become stored text: namespaces, capability ids, callback names ----------------
+
+
+def _declare(namespace: object) -> type[nj.DurableObject]:
+    async def ping(self: nj.DurableObject) -> int:
+        self.ctx.storage.put("k", 1)
+        return 1
+
+    return type("Named", (nj.DurableObject,), {"namespace": namespace, "ping": ping})
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "review: DurableObject.__init_subclass__ (_core/_object.py:61) checks only "
+    "'non-empty str': a namespace with a lone surrogate is accepted and every call of its "
+    "objects fails with a bare UnicodeEncodeError (on PostgreSQL an ExceptionGroup leaves "
+    "open_runtime); one with a NUL works on memory and files but is a StorageError on "
+    "PostgreSQL (no engine may take what one refuses, DESIGN 2); and a non-str namespace "
+    "is a plain TypeError, no NurseryJobsError"))
+@pytest.mark.parametrize("namespace", ["a" + BAD_TEXT, "a\x00b", 5],
+                         ids=["lone surrogate", "NUL", "an int"])
+async def test_a_namespace_no_engine_can_store_is_refused_with_a_typed_error(
+    location: Path | None, namespace: object
+) -> None:
+    with pytest.raises(nj.NurseryJobsError):
+        cls = _declare(namespace)
+        async with nj.open_runtime(location) as rt:
+            await rt.get(cls, "o").ping()
+
+
+class Queued(nj.DurableObject):
+    namespace = "review.safety.Queued"
+    callback = "a"
+    queue_id = "queue"
+
+    def __init__(self, ctx: nj.ObjectContext) -> None:
+        super().__init__(ctx)
+        self.queue = nj.Queue({self.callback: lambda payload, item: None}, id=self.queue_id)
+        self.lifecycle = nj.Lifecycle.install(self).use(self.queue)
+
+    async def push(self) -> tuple[str, bool, int, bool]:
+        before = self.ctx.storage.get_alarm()
+        try:
+            await self.queue.push(self.callback)
+        except Exception as exc:
+            kind, typed = type(exc).__name__, isinstance(exc, nj.NurseryJobsError)
+        else:
+            kind, typed = "no error", False
+        return kind, typed, len(self.queue.list()), self.ctx.storage.get_alarm() != before
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "review: Queue callback names are checked only as non-empty str "
+    "(_jobs/_capability.py:70): Queue({'\\ud800': f}) is accepted, and its push raises a "
+    "bare UnicodeEncodeError after lowering the object's alarm, where Queue(...) should "
+    "have refused the name (CapabilityError)"))
+async def test_a_queue_callback_name_no_engine_can_store_is_refused(
+    location: Path | None
+) -> None:
+    cls = type("BadCallback", (Queued,), {"namespace": "review.safety.BadCallback",
+                                          "callback": BAD_TEXT})
+    async with nj.open_runtime(location) as rt:
+        try:
+            kind, typed, stored, moved = await rt.get(cls, "q").push()
+        except nj.CapabilityError:
+            return  # refused at Queue(...): the fix
+    assert typed, kind
+    assert stored == 0 and not moved
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "review: a capability id is checked only as non-empty and not 'host' "
+    "(_jobs/_capability.py:79, _jobs/_lifecycle.py:149): Queue(id='queue\\ud800') is "
+    "installed, and then every call of the object (even one touching no job) fails with "
+    "a bare UnicodeEncodeError from its startup"))
+async def test_a_capability_id_no_engine_can_store_is_refused(location: Path | None) -> None:
+    cls = type("BadOwner", (Queued,), {"namespace": "review.safety.BadOwner",
+                                       "queue_id": "queue" + BAD_TEXT})
+    async with nj.open_runtime(location) as rt:
+        with pytest.raises(nj.CapabilityError):
+            await rt.get(cls, "q").push()
+
+
+# -- what the operator faces show --------------------------------------------------------------
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "review: a job whose payload holds an int of more than 4300 digits (a payload the "
+    "codec round-trips, DESIGN 5) makes /object, /api/object and /api/objects answer 500 "
+    "(and `nursery-jobs inspect` die with a traceback): preview() "
+    "(_ops/_inspect_json.py:27) calls repr(), which hits Python's int-to-str digit "
+    "limit"))
+async def test_the_dashboard_shows_a_job_whose_payload_is_a_huge_int(tmp_path: Path) -> None:
+    async with nj.open_runtime(tmp_path / "data", http=LOOPBACK) as rt:
+        await rt.get(Host, "big").push("j", payload={"n": [10**5000]}, delay=1000)
+        assert await rt.get(Host, "big").job_ids() == ["j"]  # stored and read back
+        url = rt.http_url or ""
+        one = urlencode({"ns": Host.namespace, "id": "big"})
+        for path in (f"/object?{one}", f"/api/object?{one}",
+                     f"/api/objects?{urlencode({'ns': Host.namespace})}", "/"):
+            status, _, _ = await fetch(url, path)
+            assert status == 200, path
+
+
+# -- rows tampered in the database -------------------------------------------------------------
+
+
+async def _tampered(data: Path, statement: str) -> None:
+    """Two jobs due in 1 s on ``review.safety.Host/t`` ('poisoned' and 'healthy'), then
+    ``statement`` run on the object's file with the runtime closed."""
+    RAN.clear()
+    async with nj.open_runtime(data) as rt:
+        await rt.get(Host, "t").push("poisoned", payload={"a": 1})
+        await rt.get(Host, "t").push("healthy", payload={"b": 2})
+    conn = sqlite3.connect(data / "objects" / object_file_name(Host.namespace, "t"))
+    with conn:
+        conn.execute(statement)
+    conn.close()
+
+
+FORGED_TAG = """UPDATE nj_jobs SET payload = '{"$t":"nope","v":1}' WHERE id = 'poisoned'"""
+
+
+async def test_a_forged_payload_is_never_more_than_a_codec_error(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Holds: a record tag naming an unregistered class, a pickle-looking blob and
+    malformed tags decode to CodecError, never to an object built from the text."""
+    for text in ('{"$t":"record","n":"os.system","v":{}}',
+                 '{"$t":"record","n":"builtins.eval","v":{"source":"1"}}',
+                 "\x80\x04\x95\x05\x00\x00\x00\x00\x00\x00\x00K\x01.",
+                 '{"$t":"pattern","v":"a","flags":true}',
+                 '{"$t":"datetime","v":"2030-01-01T00:00:00","z":"../../../etc/passwd"}',
+                 '{"$t":"set","v":[[1]]}'):
+        with pytest.raises(nj.CodecError):
+            decode_payload(text)
+    await _tampered(tmp_path / "data", FORGED_TAG)
+    async with nj.open_runtime(tmp_path / "data") as rt:
+        with pytest.raises(nj.CodecError):
+            await rt.get(Host, "t").job_ids()
+        assert await rt.get(Host, "t").ping() == "pong"  # the object itself still serves
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "review: one job row whose payload does not decode stops every job of its object for "
+    "good: the due read decodes each row (JobRow.from_sql, _jobs/_table.py:140) and the "
+    "CodecError fails the whole alarm run, retried with backoff forever; the fault "
+    "belongs to that job (set aside / dead-lettered), not to the object (STYLE 20)"))
+async def test_a_job_row_that_does_not_decode_blocks_only_itself(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    await _tampered(tmp_path / "data", FORGED_TAG)
+    async with nj.open_runtime(tmp_path / "data"):
+        await trio.sleep(120)
+        assert "healthy" in RAN
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "review: the CodecError of a stored payload that does not decode says only 'payload "
+    "text has an unknown tag' — neither the job id nor the object (DESIGN 7): "
+    "decode_payload (_codec.py:466) has no context and JobRow.from_sql "
+    "(_jobs/_table.py:140) adds none"))
+async def test_a_stored_payload_that_does_not_decode_names_its_job(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    await _tampered(tmp_path / "data", FORGED_TAG)
+    async with nj.open_runtime(tmp_path / "data") as rt:
+        with pytest.raises(nj.CodecError, match="poisoned"):
+            await rt.get(Host, "t").job_ids()
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "review: one object's job row with text in its REAL time column (SQLite keeps it: "
+    "type affinity) makes the dashboard's home page answer 500 for every object (a bare "
+    "ValueError 'could not convert string to float' from _ops/_queries.py:197); the "
+    "alarm of that object fails the same way, retried forever, naming no job"))
+async def test_the_dashboard_home_survives_one_object_with_a_damaged_job_row(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    await _tampered(tmp_path / "data",
+                    "UPDATE nj_jobs SET time = 'soon' WHERE id = 'poisoned'")
+    with trio.fail_after(20):
+        async with nj.open_runtime(tmp_path / "data", http=LOOPBACK) as rt:
+            await rt.get(Host, "other").push("fine", delay=1000)
+            await trio.sleep(5)  # the damaged object's alarm is due, and its run reads the row
+            status, _, page = await fetch(rt.http_url or "", "/")
+            assert status == 200
+            assert "other" in page
+
+
+# -- the running job is recorded whatever its ids ---------------------------------------------
+
+WORKER = textwrap.dedent("""
+    import os, signal, sys
+    import trio
+    import nursery_jobs as nj
+
+    class Host(nj.DurableObject):
+        namespace = "review.safety.Host"
+        def __init__(self, ctx):
+            super().__init__(ctx)
+            self.lifecycle = nj.Lifecycle.install(self)
+        async def push(self, job_id):
+            await self.lifecycle.jobs.push("f", id=job_id)
+        async def on_job(self, ctx):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    async def main(data, object_id, job_id):
+        async with nj.open_runtime(data, stop_on=()) as rt:
+            await rt.get(Host, object_id).push(job_id)
+            await trio.sleep(60)
+
+    trio.run(main, sys.argv[1], sys.argv[2].encode().decode("unicode_escape"),
+             sys.argv[3].encode().decode("unicode_escape"))
+""")
+EMOJI_1024 = "\\U0001f600" * 1024  # 1024 characters, 4096 bytes of UTF-8
+
+
+@pytest.mark.crash
+@pytest.mark.parametrize(("object_id", "job_id"), [
+    ("o", "j"),
+    pytest.param(EMOJI_1024, "j", marks=pytest.mark.xfail(strict=True, reason=(
+        "review: a valid object id of 1024 non-ASCII characters does not fit a flight "
+        "slot (4096 bytes, _engines/files/_flight.py:32, acquire :145), so its alarm run "
+        "goes unrecorded: a job that kills its process gets no crash strike and runs "
+        "again at once, forever (DESIGN 3: which job runs is recorded before it runs)"))),
+    pytest.param("o", EMOJI_1024, marks=pytest.mark.xfail(strict=True, reason=(
+        "review: a valid job id of 1024 non-ASCII characters does not fit what is left of "
+        "its flight slot (_engines/files/_flight.py:71), so it runs unrecorded: SIGKILL "
+        "during it gives no crash strike, and the poison job is never sealed"))),
+], ids=["short ids", "long object id", "long job id"])
+async def test_a_job_that_kills_its_process_gets_a_crash_strike_whatever_its_ids(
+    tmp_path: Path, object_id: str, job_id: str
+) -> None:
+    data = tmp_path / "data"
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    env = {**os.environ, "PYTHONPATH": str(Path(nj.__file__).parents[1])}
+    with trio.fail_after(60):
+        done = await trio.run_process(
+            [sys.executable, str(script), str(data), object_id, job_id], env=env,
+            capture_stdout=True, capture_stderr=True, check=False)
+    assert done.returncode == -9, done.stderr.decode()[-2000:]
+    real_object_id = object_id.encode().decode("unicode_escape")
+    RAN.clear()
+    with trio.fail_after(30):
+        async with nj.open_runtime(data) as rt:
+            with rt.events.subscribe() as events:
+                await rt.get(Host, real_object_id).ping()  # recovery runs at activation
+                struck = False
+                with trio.move_on_after(3):
+                    async for event in events:
+                        if event.type == "job:crash_strike":
+                            struck = True
+                            break
+    assert struck, "no job:crash_strike"
+    assert RAN == []  # delayed by the strike, not run again at once
