@@ -43,6 +43,9 @@ class Note(nj.DurableObject):
 
     async def keep_handle(self) -> None:
         STALE.append(self.ctx.storage.conn)
+        # What the pool guards against: a reference to the copy itself that outlives
+        # the object (the runtime's own, a task's); the public handle above refuses.
+        STALE.append(self.ctx.storage._conn)
 
     async def later(self, at: float) -> None:
         await self.lifecycle.jobs.push("run", time=at, id="j")
@@ -153,18 +156,19 @@ async def test_a_copy_still_referenced_never_reaches_another_object(tmp_path: Pa
             await rt.get(Note, "a").keep_handle()
             await rt.get(Note, "b").put("b's")  # a is evicted (max_active=1)
             assert not rt.is_active(Note.namespace, "a")
-            stale = STALE.pop()
+            stale, handle = STALE.pop(), STALE.pop()
             gc.collect()  # (a's host and storage were a cycle: only ``stale`` is left)
             await trio.testing.wait_all_tasks_blocked()  # (b's eviction of a is over)
             await rt.get(Note, "c").put("c's")  # b leaves; a's copy is still referred to
             assert rt.active_database(Note.namespace, "c") is not stale
-            # The handle asks for a's turn as each statement runs: a is gone, so it
-            # refuses (and writes nothing anywhere).
+            # The public handle asks for a's turn as each statement runs: a is gone, so
+            # it refuses (and writes nothing anywhere).
             with pytest.raises(nj.StorageError, match="Note/a has left memory"):
-                stale.execute("INSERT INTO nj_kv (key, value) VALUES ('x', '1')")
+                handle.execute("INSERT INTO nj_kv (key, value) VALUES ('x', '1')")
+            stale.execute("INSERT INTO nj_kv (key, value) VALUES ('x', '1')")
             assert await rt.get(Note, "c").keys() == ["v"]
             await trio.testing.wait_all_tasks_blocked()
-            del stale
+            del stale, handle
             gc.collect()
             built = engine._pool.built
             await rt.get(Note, "d").put("d's")  # takes a copy that nothing refers to

@@ -151,6 +151,10 @@ class Stub:
             CodecError: an argument (nothing ran) or the result cannot be encoded;
                 ``CallCodecError.part`` says which.
         """
+        if not isinstance(name, str):  # (before its place in line is looked up)
+            await trio.lowlevel.checkpoint()
+            raise RpcError(f"{self._ns}/{self._id}: method name must be a str, got"
+                           f" {type(name).__name__}")
         if args or kwargs:
             copied, named = _codec.copy_arguments(args, kwargs, self._method(name))
         else:
