@@ -5,7 +5,7 @@ describe a bad argument also derive from :class:`ValueError` or :class:`TypeErro
 lookup errors derive from :class:`LookupError`::
 
     NurseryJobsError
-     ├─ ObjectIdError (ValueError)        a bad object id
+     ├─ ObjectIdError (ValueError)        a bad object id or namespace
      ├─ TimeArgumentError (TypeError, ValueError)  a bad time, delay or jitter argument
      ├─ StorageKeyError (TypeError, ValueError)    a storage key that is not a non-empty str
      ├─ CodecError (ValueError)           a payload that cannot be stored

@@ -98,11 +98,7 @@ def location(request: pytest.FixtureRequest, tmp_path: Path) -> Path | None:
 
 
 @pytest.mark.parametrize("case", [
-    pytest.param("fn a lone surrogate", marks=pytest.mark.xfail(strict=True, reason=(
-        "review: jobs.push(fn='\\ud800') raises a bare UnicodeEncodeError from SQLite, not "
-        "a JobError, and only after it lowered the object's alarm: check_fn "
-        "(_jobs/_records.py:228) checks only 'non-empty str', where check_job_id refuses "
-        "lone surrogates and NUL"))),
+    "fn a lone surrogate",
     pytest.param("payload datetime, tzinfo without utcoffset", marks=pytest.mark.xfail(
         strict=True, reason=(
             "review: a datetime whose tzinfo's utcoffset() raises escapes encode_payload as "
@@ -118,10 +114,7 @@ def location(request: pytest.FixtureRequest, tmp_path: Path) -> Path | None:
         strict=True, reason=(
             "review: storage.put of such a datetime raises NotImplementedError, not "
             "CodecError (_codec.py:264, 133)"))),
-    pytest.param("storage list prefix an int", marks=pytest.mark.xfail(strict=True, reason=(
-        "review: storage.list(5) raises a bare TypeError (\"object of type 'int' has no "
-        "len()\"), not StorageKeyError: _core/_storage.py:153 takes len(prefix) before "
-        "_key(prefix) checks it"))),
+    "storage list prefix an int",
 ])
 async def test_a_hostile_argument_is_a_typed_error_that_moves_nothing(
     location: Path | None, case: str
@@ -144,13 +137,6 @@ def _declare(namespace: object) -> type[nj.DurableObject]:
     return type("Named", (nj.DurableObject,), {"namespace": namespace, "ping": ping})
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review: DurableObject.__init_subclass__ (_core/_object.py:61) checks only "
-    "'non-empty str': a namespace with a lone surrogate is accepted and every call of its "
-    "objects fails with a bare UnicodeEncodeError (on PostgreSQL an ExceptionGroup leaves "
-    "open_runtime); one with a NUL works on memory and files but is a StorageError on "
-    "PostgreSQL (no engine may take what one refuses, DESIGN 2); and a non-str namespace "
-    "is a plain TypeError, no NurseryJobsError"))
 @pytest.mark.parametrize("namespace", ["a" + BAD_TEXT, "a\x00b", 5],
                          ids=["lone surrogate", "NUL", "an int"])
 async def test_a_namespace_no_engine_can_store_is_refused_with_a_typed_error(
@@ -183,11 +169,6 @@ class Queued(nj.DurableObject):
         return kind, typed, len(self.queue.list()), self.ctx.storage.get_alarm() != before
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review: Queue callback names are checked only as non-empty str "
-    "(_jobs/_capability.py:70): Queue({'\\ud800': f}) is accepted, and its push raises a "
-    "bare UnicodeEncodeError after lowering the object's alarm, where Queue(...) should "
-    "have refused the name (CapabilityError)"))
 async def test_a_queue_callback_name_no_engine_can_store_is_refused(
     location: Path | None
 ) -> None:
@@ -202,11 +183,6 @@ async def test_a_queue_callback_name_no_engine_can_store_is_refused(
     assert stored == 0 and not moved
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review: a capability id is checked only as non-empty and not 'host' "
-    "(_jobs/_capability.py:79, _jobs/_lifecycle.py:149): Queue(id='queue\\ud800') is "
-    "installed, and then every call of the object (even one touching no job) fails with "
-    "a bare UnicodeEncodeError from its startup"))
 async def test_a_capability_id_no_engine_can_store_is_refused(location: Path | None) -> None:
     cls = type("BadOwner", (Queued,), {"namespace": "review.safety.BadOwner",
                                        "queue_id": "queue" + BAD_TEXT})

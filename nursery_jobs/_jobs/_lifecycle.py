@@ -35,6 +35,7 @@ from nursery_jobs._jobs._strikes import (
     strike_now,
 )
 from nursery_jobs._jobs._views import capability_view, jobs_view
+from nursery_jobs._names import check_name
 from nursery_jobs._policy import LIFECYCLE_RETRY
 
 logger = logging.getLogger("nursery_jobs")
@@ -145,11 +146,9 @@ class Lifecycle:
         for cap in capabilities:
             if not isinstance(cap, Capability):
                 raise TypeError(f"use() takes Capability instances, got {cap!r}")
-            cap_id = cap._capability_id()
-            if not isinstance(cap_id, str) or not cap_id or cap_id == HOST:
-                raise CapabilityError(
-                    f"capability {cap!r} needs a non-empty id other than {HOST!r}"
-                )
+            cap_id = check_name(cap._capability_id(), f"capability {cap!r} id", CapabilityError)
+            if cap_id == HOST:
+                raise CapabilityError(f"capability {cap!r} needs an id other than {HOST!r}")
             if cap_id in self._capabilities:
                 raise CapabilityError(
                     f"{self!r}: a capability with id {cap_id!r} is already installed"
