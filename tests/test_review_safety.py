@@ -99,21 +99,9 @@ def location(request: pytest.FixtureRequest, tmp_path: Path) -> Path | None:
 
 @pytest.mark.parametrize("case", [
     "fn a lone surrogate",
-    pytest.param("payload datetime, tzinfo without utcoffset", marks=pytest.mark.xfail(
-        strict=True, reason=(
-            "review: a datetime whose tzinfo's utcoffset() raises escapes encode_payload as "
-            "NotImplementedError (no NurseryJobsError, no ValueError): _encode_datetime "
-            "(_codec.py:264) calls isoformat()/utcoffset() bare and encode_payload "
-            "(_codec.py:133) catches only _Refusal and RecursionError"))),
-    pytest.param("payload datetime, tzinfo 30 h off", marks=pytest.mark.xfail(
-        strict=True, reason=(
-            "review: a tzinfo returning an offset of 24 h or more escapes encode_payload as a "
-            "bare ValueError from datetime.isoformat, not a CodecError naming the path "
-            "(payload['when']): _codec.py:264"))),
-    pytest.param("storage value datetime, tzinfo without utcoffset", marks=pytest.mark.xfail(
-        strict=True, reason=(
-            "review: storage.put of such a datetime raises NotImplementedError, not "
-            "CodecError (_codec.py:264, 133)"))),
+    "payload datetime, tzinfo without utcoffset",
+    "payload datetime, tzinfo 30 h off",
+    "storage value datetime, tzinfo without utcoffset",
     "storage list prefix an int",
 ])
 async def test_a_hostile_argument_is_a_typed_error_that_moves_nothing(
