@@ -182,12 +182,6 @@ async def test_a_capability_id_no_engine_can_store_is_refused(location: Path | N
 # -- what the operator faces show --------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review: a job whose payload holds an int of more than 4300 digits (a payload the "
-    "codec round-trips, DESIGN 5) makes /object, /api/object and /api/objects answer 500 "
-    "(and `nursery-jobs inspect` die with a traceback): preview() "
-    "(_ops/_inspect_json.py:27) calls repr(), which hits Python's int-to-str digit "
-    "limit"))
 async def test_the_dashboard_shows_a_job_whose_payload_is_a_huge_int(tmp_path: Path) -> None:
     async with nj.open_runtime(tmp_path / "data", http=LOOPBACK) as rt:
         await rt.get(Host, "big").push("j", payload={"n": [10**5000]}, delay=1000)
