@@ -46,6 +46,16 @@ class Host(nj.DurableObject):
     async def ping(self) -> str:
         return "pong"
 
+    async def letters(self) -> list[tuple[str, str, str]]:
+        return [(d.job.id, d.reason, d.error) for d in self.lifecycle.dead_letters()]
+
+    async def requeue(self, job_id: str) -> str:
+        try:
+            await self.lifecycle.requeue(job_id)
+        except nj.NurseryJobsError as exc:
+            return type(exc).__name__
+        return "requeued"
+
     async def attempt(self, case: str) -> tuple[str, bool, bool, int, bool]:
         """Run one hostile call: (error type, is NurseryJobsError, is ValueError or
         TypeError, jobs stored after, whether the alarm moved)."""
@@ -233,25 +243,32 @@ async def test_a_forged_payload_is_never_more_than_a_codec_error(
         assert await rt.get(Host, "t").ping() == "pong"  # the object itself still serves
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review: one job row whose payload does not decode stops every job of its object for "
-    "good: the due read decodes each row (JobRow.from_sql, _jobs/_table.py:140) and the "
-    "CodecError fails the whole alarm run, retried with backoff forever; the fault "
-    "belongs to that job (set aside / dead-lettered), not to the object (STYLE 20)"))
 async def test_a_job_row_that_does_not_decode_blocks_only_itself(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     await _tampered(tmp_path / "data", FORGED_TAG)
-    async with nj.open_runtime(tmp_path / "data"):
-        await trio.sleep(120)
-        assert "healthy" in RAN
+    async with nj.open_runtime(tmp_path / "data") as rt:
+        with rt.events.subscribe() as events:
+            await trio.sleep(120)
+            assert "healthy" in RAN
+            damaged = [e for e in _drain(events) if e.type == "job:damaged"]
+        assert [(e.object_id, e.data["id"]) for e in damaged] == [("t", "poisoned")]
+        letters = await rt.get(Host, "t").letters()
+        assert [(id, reason) for id, reason, _ in letters] == [("poisoned", "damaged")]
+        assert "unknown tag" in letters[0][2]
+        assert await rt.get(Host, "t").requeue("poisoned") == "JobError"  # payload lost
+        assert await rt.get(Host, "t").job_ids() == []
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review: the CodecError of a stored payload that does not decode says only 'payload "
-    "text has an unknown tag' — neither the job id nor the object (DESIGN 7): "
-    "decode_payload (_codec.py:466) has no context and JobRow.from_sql "
-    "(_jobs/_table.py:140) adds none"))
+def _drain(events: trio.MemoryReceiveChannel[nj.Event]) -> list[nj.Event]:
+    got = []
+    while True:
+        try:
+            got.append(events.receive_nowait())
+        except trio.WouldBlock:
+            return got
+
+
 async def test_a_stored_payload_that_does_not_decode_names_its_job(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
@@ -261,11 +278,6 @@ async def test_a_stored_payload_that_does_not_decode_names_its_job(
             await rt.get(Host, "t").job_ids()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review: one object's job row with text in its REAL time column (SQLite keeps it: "
-    "type affinity) makes the dashboard's home page answer 500 for every object (a bare "
-    "ValueError 'could not convert string to float' from _ops/_queries.py:197); the "
-    "alarm of that object fails the same way, retried forever, naming no job"))
 async def test_the_dashboard_home_survives_one_object_with_a_damaged_job_row(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
@@ -347,3 +359,15 @@ async def test_a_job_that_kills_its_process_gets_a_crash_strike_whatever_its_ids
                             break
     assert struck, "no job:crash_strike"
     assert RAN == []  # delayed by the strike, not run again at once
+
+
+async def test_inspect_names_a_job_whose_time_is_no_number(tmp_path: Path) -> None:
+    """Read offline (the object not active: nothing set the row aside yet), the object
+    is shown damaged naming the job, not a traceback."""
+    await _tampered(tmp_path / "data", "UPDATE nj_jobs SET time = 'soon' WHERE id = 'poisoned'")
+    env = {**os.environ, "PYTHONPATH": str(Path(nj.__file__).parents[1])}
+    done = await trio.run_process(
+        [sys.executable, "-m", "nursery_jobs.cli", "inspect", str(tmp_path / "data")],
+        env=env, capture_stdout=True, capture_stderr=True, check=False)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert "damaged: job 'poisoned'" in done.stdout.decode()

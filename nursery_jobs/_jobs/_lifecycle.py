@@ -16,7 +16,7 @@ from typing import Any, Final
 import trio
 
 from nursery_jobs._core._object import DurableObject
-from nursery_jobs._errors import CapabilityError, safe_repr
+from nursery_jobs._errors import CapabilityError, DamagedJobError, safe_repr
 from nursery_jobs._jobs._alarm_run import (
     AlarmRun,
     AlarmRunner,
@@ -90,7 +90,8 @@ class Lifecycle:
         self.store = JobStore(self.claim.transactions.conn, self.claim, self.claim.transactions,
                               completion_group=completion_group,
                               dead_letter_limit=dead_letter_limit,
-                              on_dropped=self._dead_letter_dropped)
+                              on_dropped=self._dead_letter_dropped,
+                              on_damaged=self._job_damaged, label=self.label)
         self.steering = Steering(self.store, self.claim.turns)
         self.jobs = jobs_view(self.store, HOST, self.steering)
         self.breaker = MemoryBreaker(self.store, max_alarm_memory_limit_strikes, self.label,
@@ -181,6 +182,7 @@ class Lifecycle:
             return
         self._starting = starting = trio.Event()
         try:
+            self.store.set_aside_untimed()
             sealed = recover_crashes(self.store, self.claim, self.max_alarm_memory_limit_strikes,
                                      self.label, self.emit)
             for cap in self._capabilities.values():
@@ -413,6 +415,11 @@ class Lifecycle:
     def _dead_letter_dropped(self, owner: str, job_id: str) -> None:
         self.emit("job:dead_letter_dropped", owner=owner, id=job_id,
                   limit=self.store.dead_letter_limit)
+
+    def _job_damaged(self, error: DamagedJobError) -> None:
+        self.emit("job:damaged", owner=error.owner, id=error.job_id, error=str(error),
+                  _log=(logging.ERROR, "%s (buried as a dead letter of reason 'damaged';"
+                        " the other jobs run)", (error,)))
 
     # -- diagnostics ------------------------------------------------------------------
     def emit(self, type: str, **data: Any) -> None:
