@@ -21,6 +21,9 @@ def check_name(
     ASCII name costs a type check, a length and one NUL scan; only non-ASCII text is
     encoded to find a lone surrogate.
     """
+    if (value.__class__ is str and value and value.isascii() and "\x00" not in value
+            and (max_length is None or len(value) <= max_length)):
+        return value  # (nearly every name: one test each)
     if not isinstance(value, str):
         raise error(f"{what} must be a str, got {type(value).__name__}")
     if not value and not allow_empty:

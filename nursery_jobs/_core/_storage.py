@@ -321,5 +321,7 @@ def _refuse_raw_sql(conn: sqlite3.Connection, what: str) -> None:  # hook(pg)
 
 
 def _key(key: object, *, allow_empty: bool = False) -> str:
+    if key.__class__ is str and key and key.isascii() and "\x00" not in key:
+        return key  # (the usual key: no call, on every storage call)
     # (PostgreSQL text holds no NUL: a working copy holding one would never ship again.)
     return check_name(key, "storage key", StorageKeyError, allow_empty=allow_empty)

@@ -180,7 +180,9 @@ def completion_of(
 
 
 def check_job_id(job_id: object, *, name: str = "id") -> str:
-    check_name(job_id, f"job {name}", JobError, max_length=MAX_JOB_ID_LENGTH)
+    if job_id.__class__ is not str or not job_id.isascii() or "\x00" in job_id or len(
+            job_id) > MAX_JOB_ID_LENGTH:  # (the usual id, ASCII and short: one test each)
+        check_name(job_id, f"job {name}", JobError, max_length=MAX_JOB_ID_LENGTH)
     assert isinstance(job_id, str)
     if not job_id.strip():
         raise JobError(f"job {name} must be a non-blank string, got {job_id!r}")
@@ -218,6 +220,8 @@ def resolve_time(time: object, delay: object, now: float, *, job: str) -> float:
 
 def check_fn(fn: object) -> str:
     """A job's fn: a name every engine can store (it is a column of the job's row)."""
+    if fn.__class__ is str and fn and fn.isascii() and "\x00" not in fn:
+        return fn  # (the usual fn: no call, on the push path)
     return check_name(fn, "job fn", JobError)
 
 
