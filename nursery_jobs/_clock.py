@@ -24,7 +24,7 @@ import trio
 import trio.testing
 from trio_util import periodic
 
-from nursery_jobs._errors import TimeArgumentError
+from nursery_jobs._errors import TimeArgumentError, describe_error
 
 # Past this drift between the anchor and the wall clock, the anchor moves. (Below it is
 # NTP slewing and the cost of reading two clocks; above it a timer would fire visibly
@@ -206,9 +206,19 @@ def coerce_time(value: object, *, name: str = "time") -> float:
             types, NaN, infinities and naive datetimes.
     """
     if isinstance(value, _dt.datetime):
-        if value.tzinfo is None or value.utcoffset() is None:
+        if value.tzinfo is None:
             raise TimeArgumentError(f"{name}: naive datetime {value!r}; pass an aware datetime")
-        return value.timestamp()
+        try:  # (a tzinfo is user code: its utcoffset may raise, or be a day or more off)
+            offset = value.utcoffset()
+            seconds = None if offset is None else value.timestamp()
+        except Exception as exc:
+            raise TimeArgumentError(
+                f"{name}: a datetime whose tzinfo gives no usable UTC offset"
+                f" ({describe_error(exc, 200)})"
+            ) from None
+        if seconds is None:
+            raise TimeArgumentError(f"{name}: naive datetime {value!r}; pass an aware datetime")
+        return seconds
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TimeArgumentError(
             f"{name}: expected epoch seconds or an aware datetime, got {value!r}"

@@ -26,7 +26,7 @@ from zoneinfo import ZoneInfo
 import attrs
 import cattrs
 
-from nursery_jobs._errors import CallCodecError, CodecError
+from nursery_jobs._errors import CallCodecError, CodecError, describe_error, safe_repr
 
 __all__ = [
     "MAX_PAYLOAD_BYTES",
@@ -259,12 +259,19 @@ def _encode_datetime(value: datetime, depth: int) -> object:
     # decodes as a fixed-offset datetime.timezone. A ZoneInfo zone also keeps its key, and the
     # decoder puts the same wall time and fold back in that zone: datetimes sharing a tzinfo
     # compare by wall time, so restoring the instant would not be equal across a DST gap.
-    encoded: dict[str, object] = {_TAG: "datetime", "v": value.isoformat()}
     tz = value.tzinfo
+    try:  # (a tzinfo is user code: its utcoffset may raise, or be a day or more off)
+        text = value.isoformat()
+        offset = None if tz is None else value.utcoffset()
+    except Exception as exc:
+        raise _Refusal(
+            f"a datetime whose tzinfo ({safe_repr(tz, 60)}) gives no usable UTC offset:"
+            f" {describe_error(exc, 200)}"
+        ) from None
+    encoded: dict[str, object] = {_TAG: "datetime", "v": text}
     if type(tz) is ZoneInfo and tz.key is not None:
         encoded["z"] = tz.key
     elif tz is not None:
-        offset = tz.utcoffset(value)
         if offset is not None and offset.microseconds:
             # 3.11's fromisoformat drops an offset like +00:00:00.000001; keep it exactly.
             encoded["o"] = [offset.days, offset.seconds, offset.microseconds]
@@ -379,7 +386,7 @@ def _cannot_encode(value: object) -> str:
 
 
 def _short_repr(value: object) -> str:
-    text = repr(value)
+    text = safe_repr(value)  # (a datetime key's repr holds its tzinfo's: user code)
     return text if len(text) <= 60 else text[:57] + "..."
 
 

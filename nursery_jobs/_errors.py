@@ -5,11 +5,14 @@ describe a bad argument also derive from :class:`ValueError` or :class:`TypeErro
 lookup errors derive from :class:`LookupError`::
 
     NurseryJobsError
-     ├─ ObjectIdError (ValueError)        a bad object id
+     ├─ ObjectIdError (ValueError)        a bad object id or namespace
      ├─ TimeArgumentError (TypeError, ValueError)  a bad time, delay or jitter argument
      ├─ StorageKeyError (TypeError, ValueError)    a storage key that is not a non-empty str
      ├─ CodecError (ValueError)           a payload that cannot be stored
-     │   └─ CallCodecError                a stub call's argument or result  .method .part
+     │   ├─ CallCodecError                a stub call's argument or result  .method .part
+     │   └─ DamagedJobError               a stored job row does not read back (its file was
+     │                                    changed outside nursery_jobs)
+     │                                    .job_id .owner .object_label
      ├─ RuntimeLockedError                another runtime holds the data directory
      ├─ RuntimeClosedError                the runtime is not running
      ├─ EngineError (ValueError)          no engine serves the data location given
@@ -111,6 +114,22 @@ class CallCodecError(CodecError):
 
     def __reduce__(self) -> tuple[Any, ...]:  # (what it is built from again: by a pickle,
         return (type(self), (str(self), self.method, self.part))  # and between hosts)
+
+
+class DamagedJobError(CodecError):
+    """A job row of an object's database does not read back as a job (a payload that
+    does not decode, a time that is no number: the file was changed outside
+    nursery_jobs). ``job_id``, ``owner`` and ``object_label`` (``ns/id``) name it."""
+
+    def __init__(self, message: str, job_id: str = "", owner: str = "",
+                 object_label: str = "") -> None:
+        super().__init__(message)
+        self.job_id = job_id
+        self.owner = owner
+        self.object_label = object_label
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.job_id, self.owner, self.object_label))
 
 
 class RuntimeLockedError(NurseryJobsError):

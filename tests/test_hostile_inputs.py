@@ -40,6 +40,18 @@ class Target(nj.DurableObject):
         return kind, typed, argument, stored, self.ctx.storage.get_alarm()
 
 
+class NoOffset(dt.tzinfo):
+    """A tzinfo whose utcoffset is not implemented (the base class's)."""
+
+
+class TooFar(dt.tzinfo):
+    def utcoffset(self, when: dt.datetime | None) -> dt.timedelta:
+        return dt.timedelta(hours=30)
+
+
+NO_OFFSET = NoOffset()  # type: ignore[abstract]
+TOO_FAR = TooFar()  # type: ignore[abstract]
+
 ASYNC_CASES: dict[str, Callable[[Target], Awaitable[Any]]] = {
     "fn not a str": lambda t: t.lifecycle.jobs.push(123),  # type: ignore[arg-type]
     "empty fn": lambda t: t.lifecycle.jobs.push(""),
@@ -50,6 +62,10 @@ ASYNC_CASES: dict[str, Callable[[Target], Awaitable[Any]]] = {
     "time nan": lambda t: t.lifecycle.jobs.push("f", time=math.nan),
     "time inf": lambda t: t.lifecycle.jobs.push("f", time=math.inf),
     "naive datetime": lambda t: t.lifecycle.jobs.push("f", time=dt.datetime(2030, 1, 1)),
+    "time a datetime whose tzinfo has no utcoffset": lambda t: t.lifecycle.jobs.push(
+        "f", time=dt.datetime(2030, 1, 1, tzinfo=NO_OFFSET)),
+    "time a datetime whose tzinfo is 30 h off": lambda t: t.lifecycle.jobs.push(
+        "f", time=dt.datetime(2030, 1, 1, tzinfo=TOO_FAR)),
     "time and delay": lambda t: t.lifecycle.jobs.push("f", time=1.0, delay=1.0),
     "negative delay": lambda t: t.lifecycle.jobs.push("f", delay=-1),
     "blank id": lambda t: t.lifecycle.jobs.push("f", id="  "),

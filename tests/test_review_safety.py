@@ -46,6 +46,16 @@ class Host(nj.DurableObject):
     async def ping(self) -> str:
         return "pong"
 
+    async def letters(self) -> list[tuple[str, str, str]]:
+        return [(d.job.id, d.reason, d.error) for d in self.lifecycle.dead_letters()]
+
+    async def requeue(self, job_id: str) -> str:
+        try:
+            await self.lifecycle.requeue(job_id)
+        except nj.NurseryJobsError as exc:
+            return type(exc).__name__
+        return "requeued"
+
     async def attempt(self, case: str) -> tuple[str, bool, bool, int, bool]:
         """Run one hostile call: (error type, is NurseryJobsError, is ValueError or
         TypeError, jobs stored after, whether the alarm moved)."""
@@ -98,30 +108,11 @@ def location(request: pytest.FixtureRequest, tmp_path: Path) -> Path | None:
 
 
 @pytest.mark.parametrize("case", [
-    pytest.param("fn a lone surrogate", marks=pytest.mark.xfail(strict=True, reason=(
-        "review: jobs.push(fn='\\ud800') raises a bare UnicodeEncodeError from SQLite, not "
-        "a JobError, and only after it lowered the object's alarm: check_fn "
-        "(_jobs/_records.py:228) checks only 'non-empty str', where check_job_id refuses "
-        "lone surrogates and NUL"))),
-    pytest.param("payload datetime, tzinfo without utcoffset", marks=pytest.mark.xfail(
-        strict=True, reason=(
-            "review: a datetime whose tzinfo's utcoffset() raises escapes encode_payload as "
-            "NotImplementedError (no NurseryJobsError, no ValueError): _encode_datetime "
-            "(_codec.py:264) calls isoformat()/utcoffset() bare and encode_payload "
-            "(_codec.py:133) catches only _Refusal and RecursionError"))),
-    pytest.param("payload datetime, tzinfo 30 h off", marks=pytest.mark.xfail(
-        strict=True, reason=(
-            "review: a tzinfo returning an offset of 24 h or more escapes encode_payload as a "
-            "bare ValueError from datetime.isoformat, not a CodecError naming the path "
-            "(payload['when']): _codec.py:264"))),
-    pytest.param("storage value datetime, tzinfo without utcoffset", marks=pytest.mark.xfail(
-        strict=True, reason=(
-            "review: storage.put of such a datetime raises NotImplementedError, not "
-            "CodecError (_codec.py:264, 133)"))),
-    pytest.param("storage list prefix an int", marks=pytest.mark.xfail(strict=True, reason=(
-        "review: storage.list(5) raises a bare TypeError (\"object of type 'int' has no "
-        "len()\"), not StorageKeyError: _core/_storage.py:153 takes len(prefix) before "
-        "_key(prefix) checks it"))),
+    "fn a lone surrogate",
+    "payload datetime, tzinfo without utcoffset",
+    "payload datetime, tzinfo 30 h off",
+    "storage value datetime, tzinfo without utcoffset",
+    "storage list prefix an int",
 ])
 async def test_a_hostile_argument_is_a_typed_error_that_moves_nothing(
     location: Path | None, case: str
@@ -144,13 +135,6 @@ def _declare(namespace: object) -> type[nj.DurableObject]:
     return type("Named", (nj.DurableObject,), {"namespace": namespace, "ping": ping})
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review: DurableObject.__init_subclass__ (_core/_object.py:61) checks only "
-    "'non-empty str': a namespace with a lone surrogate is accepted and every call of its "
-    "objects fails with a bare UnicodeEncodeError (on PostgreSQL an ExceptionGroup leaves "
-    "open_runtime); one with a NUL works on memory and files but is a StorageError on "
-    "PostgreSQL (no engine may take what one refuses, DESIGN 2); and a non-str namespace "
-    "is a plain TypeError, no NurseryJobsError"))
 @pytest.mark.parametrize("namespace", ["a" + BAD_TEXT, "a\x00b", 5],
                          ids=["lone surrogate", "NUL", "an int"])
 async def test_a_namespace_no_engine_can_store_is_refused_with_a_typed_error(
@@ -183,11 +167,6 @@ class Queued(nj.DurableObject):
         return kind, typed, len(self.queue.list()), self.ctx.storage.get_alarm() != before
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review: Queue callback names are checked only as non-empty str "
-    "(_jobs/_capability.py:70): Queue({'\\ud800': f}) is accepted, and its push raises a "
-    "bare UnicodeEncodeError after lowering the object's alarm, where Queue(...) should "
-    "have refused the name (CapabilityError)"))
 async def test_a_queue_callback_name_no_engine_can_store_is_refused(
     location: Path | None
 ) -> None:
@@ -202,11 +181,6 @@ async def test_a_queue_callback_name_no_engine_can_store_is_refused(
     assert stored == 0 and not moved
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review: a capability id is checked only as non-empty and not 'host' "
-    "(_jobs/_capability.py:79, _jobs/_lifecycle.py:149): Queue(id='queue\\ud800') is "
-    "installed, and then every call of the object (even one touching no job) fails with "
-    "a bare UnicodeEncodeError from its startup"))
 async def test_a_capability_id_no_engine_can_store_is_refused(location: Path | None) -> None:
     cls = type("BadOwner", (Queued,), {"namespace": "review.safety.BadOwner",
                                        "queue_id": "queue" + BAD_TEXT})
@@ -218,12 +192,6 @@ async def test_a_capability_id_no_engine_can_store_is_refused(location: Path | N
 # -- what the operator faces show --------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review: a job whose payload holds an int of more than 4300 digits (a payload the "
-    "codec round-trips, DESIGN 5) makes /object, /api/object and /api/objects answer 500 "
-    "(and `nursery-jobs inspect` die with a traceback): preview() "
-    "(_ops/_inspect_json.py:27) calls repr(), which hits Python's int-to-str digit "
-    "limit"))
 async def test_the_dashboard_shows_a_job_whose_payload_is_a_huge_int(tmp_path: Path) -> None:
     async with nj.open_runtime(tmp_path / "data", http=LOOPBACK) as rt:
         await rt.get(Host, "big").push("j", payload={"n": [10**5000]}, delay=1000)
@@ -275,25 +243,32 @@ async def test_a_forged_payload_is_never_more_than_a_codec_error(
         assert await rt.get(Host, "t").ping() == "pong"  # the object itself still serves
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review: one job row whose payload does not decode stops every job of its object for "
-    "good: the due read decodes each row (JobRow.from_sql, _jobs/_table.py:140) and the "
-    "CodecError fails the whole alarm run, retried with backoff forever; the fault "
-    "belongs to that job (set aside / dead-lettered), not to the object (STYLE 20)"))
 async def test_a_job_row_that_does_not_decode_blocks_only_itself(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     await _tampered(tmp_path / "data", FORGED_TAG)
-    async with nj.open_runtime(tmp_path / "data"):
-        await trio.sleep(120)
-        assert "healthy" in RAN
+    async with nj.open_runtime(tmp_path / "data") as rt:
+        with rt.events.subscribe() as events:
+            await trio.sleep(120)
+            assert "healthy" in RAN
+            damaged = [e for e in _drain(events) if e.type == "job:damaged"]
+        assert [(e.object_id, e.data["id"]) for e in damaged] == [("t", "poisoned")]
+        letters = await rt.get(Host, "t").letters()
+        assert [(id, reason) for id, reason, _ in letters] == [("poisoned", "damaged")]
+        assert "unknown tag" in letters[0][2]
+        assert await rt.get(Host, "t").requeue("poisoned") == "JobError"  # payload lost
+        assert await rt.get(Host, "t").job_ids() == []
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review: the CodecError of a stored payload that does not decode says only 'payload "
-    "text has an unknown tag' — neither the job id nor the object (DESIGN 7): "
-    "decode_payload (_codec.py:466) has no context and JobRow.from_sql "
-    "(_jobs/_table.py:140) adds none"))
+def _drain(events: trio.MemoryReceiveChannel[nj.Event]) -> list[nj.Event]:
+    got = []
+    while True:
+        try:
+            got.append(events.receive_nowait())
+        except trio.WouldBlock:
+            return got
+
+
 async def test_a_stored_payload_that_does_not_decode_names_its_job(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
@@ -303,11 +278,6 @@ async def test_a_stored_payload_that_does_not_decode_names_its_job(
             await rt.get(Host, "t").job_ids()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "review: one object's job row with text in its REAL time column (SQLite keeps it: "
-    "type affinity) makes the dashboard's home page answer 500 for every object (a bare "
-    "ValueError 'could not convert string to float' from _ops/_queries.py:197); the "
-    "alarm of that object fails the same way, retried forever, naming no job"))
 async def test_the_dashboard_home_survives_one_object_with_a_damaged_job_row(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
@@ -389,3 +359,15 @@ async def test_a_job_that_kills_its_process_gets_a_crash_strike_whatever_its_ids
                             break
     assert struck, "no job:crash_strike"
     assert RAN == []  # delayed by the strike, not run again at once
+
+
+async def test_inspect_names_a_job_whose_time_is_no_number(tmp_path: Path) -> None:
+    """Read offline (the object not active: nothing set the row aside yet), the object
+    is shown damaged naming the job, not a traceback."""
+    await _tampered(tmp_path / "data", "UPDATE nj_jobs SET time = 'soon' WHERE id = 'poisoned'")
+    env = {**os.environ, "PYTHONPATH": str(Path(nj.__file__).parents[1])}
+    done = await trio.run_process(
+        [sys.executable, "-m", "nursery_jobs.cli", "inspect", str(tmp_path / "data")],
+        env=env, capture_stdout=True, capture_stderr=True, check=False)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert "damaged: job 'poisoned'" in done.stdout.decode()

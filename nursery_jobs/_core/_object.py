@@ -13,6 +13,8 @@ import attrs
 
 from nursery_jobs import _codec
 from nursery_jobs._core._left import Left
+from nursery_jobs._errors import ObjectIdError
+from nursery_jobs._names import check_name
 
 if TYPE_CHECKING:
     import trio
@@ -57,8 +59,9 @@ class DurableObject:
         explicit = cls.__dict__.get("namespace")
         if explicit is None:
             cls.namespace = f"{module_of(cls)}.{cls.__qualname__}"
-        elif not isinstance(explicit, str) or not explicit:
-            raise TypeError(f"{cls.__qualname__}.namespace must be a non-empty str")
+        # Every row of its objects holds it (a module named from undecodable bytes can
+        # put a lone surrogate in the default, too).
+        check_name(cls.namespace, f"{cls.__qualname__}.namespace", ObjectIdError)
         _REGISTRY[cls.namespace] = cls
 
     def __init__(self, ctx: ObjectContext) -> None:

@@ -14,6 +14,7 @@ import sqlite_utils
 from nursery_jobs._clock import coerce_time
 from nursery_jobs._codec import decode_payload, encode_payload
 from nursery_jobs._errors import AlarmOwnedError, StorageError, StorageKeyError, TurnError
+from nursery_jobs._names import check_name
 
 if TYPE_CHECKING:
     import datetime
@@ -182,9 +183,10 @@ class Storage:
     def list(self, prefix: str = "") -> dict[str, Any]:
         """Return every key starting with ``prefix`` and its value, in key order."""
         self._tx.check_read()
+        prefix = _key(prefix, allow_empty=True)  # (before len(): a typed error for any)
         rows = self._conn.execute(
             "SELECT key, value FROM nj_kv WHERE key >= ? AND substr(key, 1, ?) = ? ORDER BY key",
-            (prefix, len(prefix), _key(prefix, allow_empty=True)),
+            (prefix, len(prefix), prefix),
         )
         return {key: decode_payload(value) for key, value in rows}
 
@@ -319,16 +321,7 @@ def _refuse_raw_sql(conn: sqlite3.Connection, what: str) -> None:  # hook(pg)
 
 
 def _key(key: object, *, allow_empty: bool = False) -> str:
-    if not isinstance(key, str):
-        raise StorageKeyError(f"storage key must be a str, got {type(key).__name__}")
-    if not key and not allow_empty:
-        raise StorageKeyError("storage key must be a non-empty string")
-    if "\x00" in key:
-        # (PostgreSQL text cannot hold it: a working copy would never ship again.)
-        raise StorageKeyError(f"storage key {key!r} holds a NUL character")
-    if not key.isascii():
-        try:
-            key.encode("utf-8")
-        except UnicodeEncodeError:
-            raise StorageKeyError(f"storage key {key!r} holds a lone surrogate") from None
-    return key
+    if key.__class__ is str and key and key.isascii() and "\x00" not in key:
+        return key  # (the usual key: no call, on every storage call)
+    # (PostgreSQL text holds no NUL: a working copy holding one would never ship again.)
+    return check_name(key, "storage key", StorageKeyError, allow_empty=allow_empty)

@@ -6,6 +6,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from nursery_jobs._errors import CapabilityError
+from nursery_jobs._names import check_name
 
 if TYPE_CHECKING:
     from nursery_jobs._core._object import DurableObject
@@ -67,16 +68,14 @@ class CallbackCapability(Capability):
                 f"{kind} callbacks must be a mapping of name -> callable, got {callbacks!r}"
             )
         for name, fn in callbacks.items():
-            if not isinstance(name, str) or not name or not callable(fn):
-                raise CapabilityError(
-                    f"{kind} callback {name!r} must be a non-empty name and a callable"
-                )
+            check_name(name, f"{kind} callback name", CapabilityError)  # a job's fn
+            if not callable(fn):
+                raise CapabilityError(f"{kind} callback {name!r} must be a callable")
         if retry is not None and not isinstance(retry, RetryOptions):
             raise CapabilityError(f"{kind} retry must be RetryOptions, got {retry!r}")
         if on_error is not None and not callable(on_error):
             raise CapabilityError(f"{kind} on_error must be callable, got {on_error!r}")
-        if not isinstance(id, str) or not id:
-            raise CapabilityError(f"{kind} id must be a non-empty str, got {id!r}")
+        check_name(id, f"{kind} id", CapabilityError)  # every job of it holds it
         self.id = id  # type: ignore[misc]
         self.callbacks = callbacks
         self.retry: RetryOptions = retry or DEFAULT_RETRY

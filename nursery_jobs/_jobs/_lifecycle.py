@@ -16,7 +16,7 @@ from typing import Any, Final
 import trio
 
 from nursery_jobs._core._object import DurableObject
-from nursery_jobs._errors import CapabilityError, safe_repr
+from nursery_jobs._errors import CapabilityError, DamagedJobError, safe_repr
 from nursery_jobs._jobs._alarm_run import (
     AlarmRun,
     AlarmRunner,
@@ -35,6 +35,7 @@ from nursery_jobs._jobs._strikes import (
     strike_now,
 )
 from nursery_jobs._jobs._views import capability_view, jobs_view
+from nursery_jobs._names import check_name
 from nursery_jobs._policy import LIFECYCLE_RETRY
 
 logger = logging.getLogger("nursery_jobs")
@@ -89,7 +90,8 @@ class Lifecycle:
         self.store = JobStore(self.claim.transactions.conn, self.claim, self.claim.transactions,
                               completion_group=completion_group,
                               dead_letter_limit=dead_letter_limit,
-                              on_dropped=self._dead_letter_dropped)
+                              on_dropped=self._dead_letter_dropped,
+                              on_damaged=self._job_damaged, label=self.label)
         self.steering = Steering(self.store, self.claim.turns)
         self.jobs = jobs_view(self.store, HOST, self.steering)
         self.breaker = MemoryBreaker(self.store, max_alarm_memory_limit_strikes, self.label,
@@ -145,11 +147,9 @@ class Lifecycle:
         for cap in capabilities:
             if not isinstance(cap, Capability):
                 raise TypeError(f"use() takes Capability instances, got {cap!r}")
-            cap_id = cap._capability_id()
-            if not isinstance(cap_id, str) or not cap_id or cap_id == HOST:
-                raise CapabilityError(
-                    f"capability {cap!r} needs a non-empty id other than {HOST!r}"
-                )
+            cap_id = check_name(cap._capability_id(), f"capability {cap!r} id", CapabilityError)
+            if cap_id == HOST:
+                raise CapabilityError(f"capability {cap!r} needs an id other than {HOST!r}")
             if cap_id in self._capabilities:
                 raise CapabilityError(
                     f"{self!r}: a capability with id {cap_id!r} is already installed"
@@ -182,6 +182,7 @@ class Lifecycle:
             return
         self._starting = starting = trio.Event()
         try:
+            self.store.set_aside_untimed()
             sealed = recover_crashes(self.store, self.claim, self.max_alarm_memory_limit_strikes,
                                      self.label, self.emit)
             for cap in self._capabilities.values():
@@ -414,6 +415,11 @@ class Lifecycle:
     def _dead_letter_dropped(self, owner: str, job_id: str) -> None:
         self.emit("job:dead_letter_dropped", owner=owner, id=job_id,
                   limit=self.store.dead_letter_limit)
+
+    def _job_damaged(self, error: DamagedJobError) -> None:
+        self.emit("job:damaged", owner=error.owner, id=error.job_id, error=str(error),
+                  _log=(logging.ERROR, "%s (buried as a dead letter of reason 'damaged';"
+                        " the other jobs run)", (error,)))
 
     # -- diagnostics ------------------------------------------------------------------
     def emit(self, type: str, **data: Any) -> None:

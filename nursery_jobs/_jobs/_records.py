@@ -13,6 +13,7 @@ import attrs
 
 from nursery_jobs import _clock, _codec
 from nursery_jobs._errors import JobError, JobOwnershipError
+from nursery_jobs._names import check_name
 from nursery_jobs._policy import (
     DEFAULT_RETRY,
     RetryOptions,
@@ -179,20 +180,12 @@ def completion_of(
 
 
 def check_job_id(job_id: object, *, name: str = "id") -> str:
-    if not isinstance(job_id, str):
-        raise JobError(f"job {name} must be a str, got {type(job_id).__name__}")
+    if job_id.__class__ is not str or not job_id.isascii() or "\x00" in job_id or len(
+            job_id) > MAX_JOB_ID_LENGTH:  # (the usual id, ASCII and short: one test each)
+        check_name(job_id, f"job {name}", JobError, max_length=MAX_JOB_ID_LENGTH)
+    assert isinstance(job_id, str)
     if not job_id.strip():
         raise JobError(f"job {name} must be a non-blank string, got {job_id!r}")
-    if len(job_id) > MAX_JOB_ID_LENGTH:
-        raise JobError(
-            f"job {name} {job_id[:40]!r}... is longer than {MAX_JOB_ID_LENGTH} characters"
-        )
-    try:
-        job_id.encode("utf-8")
-    except UnicodeEncodeError:
-        raise JobError(f"job {name} {job_id!r} holds a lone surrogate") from None
-    if "\x00" in job_id:
-        raise JobError(f"job {name} {job_id!r} holds a NUL character")
     return job_id
 
 
@@ -226,9 +219,10 @@ def resolve_time(time: object, delay: object, now: float, *, job: str) -> float:
 
 
 def check_fn(fn: object) -> str:
-    if not isinstance(fn, str) or not fn:
-        raise JobError(f"job fn must be a non-empty str, got {fn!r}")
-    return fn
+    """A job's fn: a name every engine can store (it is a column of the job's row)."""
+    if fn.__class__ is str and fn and fn.isascii() and "\x00" not in fn:
+        return fn  # (the usual fn: no call, on the push path)
+    return check_name(fn, "job fn", JobError)
 
 
 def check_hung_timeout(value: object, *, job: str) -> float:

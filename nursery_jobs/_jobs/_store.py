@@ -18,7 +18,7 @@ import attrs
 from nursery_jobs import _clock
 from nursery_jobs._codec import encode_payload
 from nursery_jobs._core._transactions import atomic
-from nursery_jobs._errors import JobOwnershipError
+from nursery_jobs._errors import DamagedJobError, JobError, JobOwnershipError
 from nursery_jobs._jobs._records import Completion, DeadLetter, Job, ownership_error
 from nursery_jobs._jobs._table import Cursor, JobRow, JobTable
 
@@ -40,18 +40,21 @@ class JobStore:
     """The jobs and dead letters of one object, and the alarm they imply."""
 
     __slots__ = (
-        "_alarm", "_cancels", "_cancels_at_job", "_done", "_dropped", "completion_group", "conn",
-        "dead_letter_limit", "disabled", "end_work", "paused", "running_attempts", "running_id",
-        "running_seq", "ships_group", "superseded", "table", "tracing", "tx", "version",
+        "_alarm", "_cancels", "_cancels_at_job", "_damaged", "_done", "_dropped",
+        "completion_group", "conn", "dead_letter_limit", "disabled", "end_work", "paused",
+        "running_attempts", "running_id", "running_seq", "ships_group", "superseded", "table",
+        "tracing", "tx", "version",
     )
 
     def __init__(
         self, conn: sqlite3.Connection, alarm: AlarmClaim, transactions: ObjectTransactions, *,
         completion_group: int, dead_letter_limit: int = DEFAULT_DEAD_LETTER_LIMIT,
         on_dropped: Callable[[str, str], None] = lambda owner, job_id: None,
+        on_damaged: Callable[[DamagedJobError], None] = lambda error: None, label: str = "",
     ) -> None:
         self.conn = conn
-        self.table = JobTable(conn)
+        self.table = JobTable(conn, label)  # (``label``: ns/id, named by damaged rows)
+        self._damaged = on_damaged
         self.tx = transactions
         transactions.staged = self.table  # finished jobs' deletes wait for the group
         transactions.blocks = self  # a rolled-back block's effects in memory go too
@@ -286,8 +289,12 @@ class JobStore:
         return self.reading().meta(key)
 
     def due_batch(self, now: float, after: Cursor, limit: int) -> list[JobRow]:
-        """The alarm run's read: due rows after ``after`` in run order."""
-        return self.table.next_due(now, after, limit)
+        """The alarm run's read: due rows after ``after`` in run order (those that do
+        not read back are buried, ``set_aside``)."""
+        rows = self.table.next_due(now, after, limit)
+        if self.table.damaged:
+            self.set_aside()
+        return rows
 
     def trace(self, row: JobRow) -> str | None:
         """The pushing span's context stored with ``row``'s job (read with tracing on)."""
@@ -392,6 +399,11 @@ class JobStore:
             letter = self.table.dead_letter(owner, job_id)
             if letter is None:
                 return None
+            if letter.reason == "damaged":
+                raise JobError(
+                    f"cannot requeue {job_id!r}: its stored row did not read back (its payload"
+                    " is lost: see the letter's error); push the job again, or discard it"
+                )
             holder = self.table.owner_of(job_id)
             if holder == owner:
                 raise JobOwnershipError(
@@ -504,7 +516,32 @@ class JobStore:
             return self.table.strike(job_id, started, time)
 
     def running_markers(self) -> list[JobRow]:
-        return self.table.running()
+        rows = self.table.running()
+        if self.table.damaged:
+            self.set_aside()
+        return rows
+
+    def set_aside_untimed(self) -> None:
+        """Bury the jobs whose time is no number (at activation: the alarm time of the
+        others would not read otherwise)."""
+        self.table.untimed()
+        if self.table.damaged:
+            self.set_aside()
+
+    def set_aside(self) -> None:
+        """Bury the rows the table's reads found not to read back (``JobTable.damaged``)
+        as dead letters of reason ``"damaged"``, and tell ``on_damaged`` of each: the
+        fault is its job's, the other jobs run."""
+        damaged, self.table.damaged = self.table.damaged, []
+        with self.writing():
+            for seq, row, error in damaged:
+                self.table.bury_damaged(seq, row, str(error), _clock.now())
+            dropped = self.table.drop_oldest_dead_letters(self.dead_letter_limit)
+        self.flush()
+        for _seq, _row, error in damaged:
+            self._damaged(error)
+        for owner, dropped_id in dropped:
+            self._dropped(owner, dropped_id)
 
     def set_marker(self, job_id: str, started: float) -> None:
         with self.writing():

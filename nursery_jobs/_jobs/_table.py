@@ -9,11 +9,13 @@ import functools
 import json
 import math
 import sqlite3
+from collections.abc import Iterable
 from typing import Any, Final
 
 import attrs
 
 from nursery_jobs._codec import converter, decode_payload, encode_payload
+from nursery_jobs._errors import DamagedJobError, describe_error, safe_repr
 from nursery_jobs._jobs._records import DeadLetter, Job, checked_job
 from nursery_jobs._policy import DEFAULT_RETRY, RetryOptions
 
@@ -125,30 +127,51 @@ class JobRow:
 
     @classmethod
     def from_sql(cls, row: tuple[Any, ...]) -> JobRow:
-        (seq, id, owner, fn, time, payload, max_attempts, base_delay, max_delay, jitter,
-         singleflight, hung_timeout, exclusive, recovery_loop, created_at, attempts,
-         running_since, crash_strikes, priority, timeout, give_up_on) = row
-        if (max_attempts == 3 and base_delay == 0.1 and max_delay == 3.0 and jitter == 1
-                and give_up_on is None):
-            retry = DEFAULT_RETRY  # (the default's fields, compared without a tuple)
-        else:
-            retry = RetryOptions(max_attempts=max_attempts, base_delay=base_delay,
-                                 max_delay=max_delay, jitter=bool(jitter),
-                                 give_up_on=() if give_up_on is None else json.loads(give_up_on))
-        # A row of our own table was checked when it was pushed (1.2 µs -> 0.5 µs, ~5%
-        # of dispatch). Flags are stored as 0/1: ``!= 0`` is ``bool()`` without a call.
-        job = checked_job(id, owner, fn, time, decode_payload(payload), retry,
-                          singleflight != 0, hung_timeout, exclusive != 0,
-                          recovery_loop != 0, created_at, priority, timeout)
-        # Built without attrs' __init__ (every due row is read here: 1.24 -> 1.05 µs a
-        # row with the lines above, best of 15).
-        job_row = _new_row(cls)
-        job_row.seq, job_row.job, job_row.attempts = seq, job, attempts
-        job_row.running_since, job_row.crash_strikes = running_since, crash_strikes
-        return job_row
+        """The job of a row of ``nj_jobs``; ``DamagedJobError`` naming it if the row does
+        not read back (changed outside nursery_jobs). (A ``try`` costs nothing here
+        until it catches.)"""
+        try:
+            (seq, id, owner, fn, time, payload, max_attempts, base_delay, max_delay, jitter,
+             singleflight, hung_timeout, exclusive, recovery_loop, created_at, attempts,
+             running_since, crash_strikes, priority, timeout, give_up_on) = row
+            if (max_attempts == 3 and base_delay == 0.1 and max_delay == 3.0 and jitter == 1
+                    and give_up_on is None):
+                retry = DEFAULT_RETRY  # (the default's fields, compared without a tuple)
+            else:
+                retry = RetryOptions(
+                    max_attempts=max_attempts, base_delay=base_delay, max_delay=max_delay,
+                    jitter=bool(jitter),
+                    give_up_on=() if give_up_on is None else json.loads(give_up_on))
+            # A row of our own table was checked when it was pushed (1.2 µs -> 0.5 µs, ~5%
+            # of dispatch). Flags are stored as 0/1: ``!= 0`` is ``bool()`` without a call.
+            job = checked_job(id, owner, fn, time, decode_payload(payload), retry,
+                              singleflight != 0, hung_timeout, exclusive != 0,
+                              recovery_loop != 0, created_at, priority, timeout)
+            # Built without attrs' __init__ (every due row is read here: 1.24 -> 1.05 µs a
+            # row with the lines above, best of 15).
+            job_row = _new_row(cls)
+            job_row.seq, job_row.job, job_row.attempts = seq, job, attempts
+            job_row.running_since, job_row.crash_strikes = running_since, crash_strikes
+            return job_row
+        except Exception as exc:
+            raise damaged_row(row, exc) from None
 
 
 _new_row = object.__new__
+
+
+def damaged_row(row: tuple[Any, ...], error: BaseException) -> DamagedJobError:
+    """The error of a job row (``_COLUMNS``) that does not read back."""
+    job_id, owner = _text(row[1]), _text(row[2])
+    return DamagedJobError(
+        f"job {job_id!r} (owner {owner!r}): its stored row does not read back:"
+        f" {describe_error(error, 500)}", job_id, owner)
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else safe_repr(value, 100)
+
+
 # ``JobTable._meta`` of a table that has not read anything yet.
 _UNREAD: Final[tuple[int, dict[str, Any]]] = (-1, {})
 
@@ -166,10 +189,15 @@ class JobTable:
     """
 
     __slots__ = ("_conn", "_facts", "_facts_at", "_finished", "_held", "_held_args",
-                 "_in_savepoint", "_meta", "_staged_at", "all_held", "remembers")
+                 "_in_savepoint", "_meta", "_staged_at", "all_held", "damaged", "label",
+                 "remembers")
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
+    def __init__(self, conn: sqlite3.Connection, label: str = "") -> None:
         self._conn = conn  # the schema is the engine's (``_schema.prepare``)
+        self.label = label  # ``ns/id``: a damaged row's error names its object
+        # Rows the alarm's reads (``next_due``, ``running``) set aside because they do
+        # not read back: (push sequence, row, error), for the store to bury.
+        self.damaged: list[tuple[int, tuple[Any, ...], DamagedJobError]] = []
         self._finished: list[int] = []  # push sequences of finished jobs, not yet deleted
         self._staged_at = 0  # the connection's ``rollbacks`` when the first was staged
         # While a job's savepoint is open: the deletes run under it (a rollback of the
@@ -287,7 +315,7 @@ class JobTable:
         row = self.conn.execute(
             f"SELECT {_COLUMNS} FROM nj_jobs WHERE id = ?", (job_id,)
         ).fetchone()
-        return None if row is None else JobRow.from_sql(row)
+        return None if row is None else self._read([row])[0]
 
     def rows(self, owner: str | None = None) -> list[JobRow]:
         if owner is None:
@@ -296,7 +324,32 @@ class JobTable:
             cursor = self.conn.execute(
                 f"SELECT {_COLUMNS} FROM nj_jobs WHERE owner = ? ORDER BY {_ORDER}", (owner,)
             )
-        return [JobRow.from_sql(r) for r in cursor]
+        return self._read(cursor)
+
+    def _read(self, rows: Iterable[tuple[Any, ...]]) -> list[JobRow]:
+        """The jobs of ``rows``, or the ``DamagedJobError`` of the first that does not
+        read back, naming its object."""
+        try:
+            return [JobRow.from_sql(r) for r in rows]
+        except DamagedJobError as exc:
+            raise DamagedJobError(f"{self.label}: {exc}", exc.job_id, exc.owner,
+                                  self.label) from None
+
+    def _due(self, rows: list[tuple[Any, ...]]) -> list[JobRow]:
+        """The jobs of ``rows`` that read back; those that do not are set aside
+        (``damaged``): a row's fault is its job's, and the other jobs run."""
+        try:
+            return [JobRow.from_sql(r) for r in rows]  # (the usual case: one pass)
+        except DamagedJobError:
+            pass
+        jobs = []
+        for row in rows:
+            try:
+                jobs.append(JobRow.from_sql(row))
+            except DamagedJobError as exc:
+                self.damaged.append((row[0], row, DamagedJobError(
+                    f"{self.label}: {exc}", exc.job_id, exc.owner, self.label)))
+        return jobs
 
     def next_due(self, now: float, after: Cursor, limit: int = 1) -> list[JobRow]:
         """The first ``limit`` jobs due at ``now`` that come after ``after`` in run order."""
@@ -312,8 +365,8 @@ class JobTable:
             if after[0] < 0:
                 after = (0, -math.inf, -1)
             sql = DUE if not held else _due_of_zero(held, zero_only=False)
-            return [JobRow.from_sql(row) for row in
-                    conn.execute(sql, (now, after[1], after[2], *args, limit))]
+            return self._due(conn.execute(sql, (now, after[1], after[2], *args, limit))
+                             .fetchall())
         # Some priorities: run order in three parts, each read on an index in its own
         # order — priority > 0 and < 0 on the partial ``nj_jobs_priority``, priority 0
         # on ``nj_jobs_due``. One query ordered by (priority, time, seq) over all of them
@@ -324,17 +377,17 @@ class JobTable:
             rows += self._due_part(_prioritized(held, ">"), now, after, limit)
         if after[0] <= 0 and len(rows) < limit:
             start = after[1:] if after[0] == 0 else (-math.inf, -1)
-            rows += [JobRow.from_sql(row) for row in conn.execute(
+            rows += self._due(conn.execute(
                 _due_of_zero(held, zero_only=True),
-                (now, *start, *args, limit - len(rows)))]
+                (now, *start, *args, limit - len(rows))).fetchall())
         if len(rows) < limit:
             rows += self._due_part(_prioritized(held, "<"), now,
                                    after if after[0] > 0 else _AFTER_ZERO, limit - len(rows))
         return rows
 
     def _due_part(self, sql: str, now: float, after: Cursor, limit: int) -> list[JobRow]:
-        return [JobRow.from_sql(row) for row in self.conn.execute(
-            sql, (now, *after, *self._held_args, limit))]
+        return self._due(self.conn.execute(
+            sql, (now, *after, *self._held_args, limit)).fetchall())
 
     def trace(self, seq: int) -> str | None:
         """The pushing span's context stored with job ``seq`` (tracing on). Read apart
@@ -372,7 +425,35 @@ class JobTable:
         cursor = self.conn.execute(
             f"SELECT {_COLUMNS} FROM nj_jobs WHERE running_since IS NOT NULL ORDER BY {_ORDER}"
         )
-        return [JobRow.from_sql(r) for r in cursor]
+        return self._due(cursor.fetchall())
+
+    def untimed(self) -> None:
+        """Set aside (``damaged``) every row whose time is no number (text or a blob:
+        SQLite keeps what an outside writer put in a REAL column). SQLite orders every
+        number before any text or blob, so ``time >= ''`` is a range of the time index:
+        one probe."""
+        for row in self.conn.execute(f"SELECT {_COLUMNS} FROM nj_jobs WHERE time >= ''"):
+            error = damaged_row(row, TypeError(f"its time {row[4]!r} is no number"))
+            self.damaged.append((row[0], row, DamagedJobError(
+                f"{self.label}: {error}", error.job_id, error.owner, self.label)))
+
+    def bury_damaged(self, seq: int, row: tuple[Any, ...], error: str, now: float) -> None:
+        """Move a row that does not read back into the dead letters (reason
+        ``"damaged"``): the letter keeps its id, owner and fn, and ``error`` says what
+        did not read back (the payload is not kept: it did not decode)."""
+        _seq, job_id, owner, fn, time = row[:5]
+        letter = Job(id=_text(job_id), owner=_text(owner), fn=_text(fn),
+                     time=time if isinstance(time, float) else now, payload=None,
+                     retry=DEFAULT_RETRY, singleflight=False, hung_timeout=0.0,
+                     exclusive=False, recovery_loop=False, created_at=now)
+        record = converter.unstructure(letter)
+        self.conn.execute(
+            "INSERT OR REPLACE INTO nj_dead_letters (owner, id, job, error, attempts, reason,"
+            " time) VALUES (?, ?, ?, ?, ?, 'damaged', ?)",
+            (letter.owner, letter.id, encode_payload(record), error,
+             row[15] if isinstance(row[15], int) else 0, now),
+        )
+        self.conn.execute("DELETE FROM nj_jobs WHERE seq = ?", (seq,))
 
     def first_exclusive_time(self, excluding: str | None = None) -> float | None:
         """The earliest exclusive job's time (leaving out job ``excluding``, and the jobs

@@ -3,6 +3,8 @@ dashboard's ``/api`` print the same records, and ``printable`` escapes ids for t
 
 from __future__ import annotations
 
+import math
+import reprlib
 from collections.abc import Generator
 from typing import Any, Final, Literal, cast
 
@@ -21,10 +23,40 @@ PREVIEW_CHARS: Final = 200  # characters of a payload shown in a report
 
 
 # -- the JSON shape (``inspect --json`` and ``/api``) ----------------------------------------
+class _Preview(reprlib.Repr):
+    """``repr`` that never raises and whose work is bounded: an int past Python's
+    int-to-str limit (a payload the codec round-trips, DESIGN 5) is shown by its size,
+    and a container lists only what a preview can show. Any value whose repr fits a
+    preview is shown as ``repr`` shows it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        # (Each element takes 3 characters or more: a preview never shows more.)
+        shown = PREVIEW_CHARS // 3
+        self.maxlevel = 8
+        self.maxdict = self.maxlist = self.maxtuple = self.maxset = shown
+        self.maxfrozenset = self.maxdeque = self.maxarray = shown
+        self.maxstring = self.maxlong = self.maxother = PREVIEW_CHARS
+
+    def repr_str(self, x: str, level: int) -> str:
+        # (A head, as repr shows it: longer than any preview, so it is cut with "…".)
+        return repr(x[:PREVIEW_CHARS + 1])
+
+    def repr_int(self, x: int, level: int) -> str:
+        digits = int(abs(x).bit_length() * _LOG10_2) + 1
+        if digits <= PREVIEW_CHARS:
+            return repr(x)
+        return f"<int of ~{digits:,} digits>"
+
+
+_LOG10_2: Final = math.log10(2)
+_PREVIEW: Final = _Preview()
+
+
 def preview(value: Any) -> str | None:
     if value is None:
         return None
-    text = repr(value)
+    text = _PREVIEW.repr(value)
     return text if len(text) <= PREVIEW_CHARS else text[:PREVIEW_CHARS - 1] + "…"
 
 

@@ -9,7 +9,7 @@ import sqlite3
 from typing import Any, Final
 
 from nursery_jobs._codec import decode_payload
-from nursery_jobs._errors import NurseryJobsError
+from nursery_jobs._errors import NurseryJobsError, safe_repr
 from nursery_jobs._jobs._table import JobTable
 from nursery_jobs._ops._inspect import (
     AttemptInfo,
@@ -70,6 +70,7 @@ def _count(conn: sqlite3.Connection, row: ObjectRow, state: State, now: float,
     tables = _tables(conn)
     if "nj_jobs" not in tables:
         return ObjectSummary(row=row, state=state)
+    _check_times(conn)
     jobs, due, running, attempts = conn.execute(
         "SELECT COUNT(*), COALESCE(SUM(time <= ?), 0),"
         " COALESCE(SUM(running_since IS NOT NULL OR id IS ?), 0), COALESCE(MAX(attempts), 0)"
@@ -92,6 +93,25 @@ def _count(conn: sqlite3.Connection, row: ObjectRow, state: State, now: float,
     )
 
 
+class DamagedRowError(sqlite3.DatabaseError):
+    """A job row holds what nursery_jobs never writes (a time that is no number: SQLite
+    keeps text in a REAL column). The readers show its object as damaged, naming the
+    job, as they show a database that cannot be read; the other objects are read."""
+
+
+# SQLite orders every number before any text or blob: ``time >= ''`` finds the rows
+# whose time is no number on the time index (one probe).
+_UNTIMED: Final = "SELECT id, time FROM nj_jobs WHERE time >= '' LIMIT 1"
+
+
+def _check_times(conn: sqlite3.Connection) -> None:
+    found = conn.execute(_UNTIMED).fetchone()
+    if found is not None:
+        raise DamagedRowError(
+            f"job {found[0]!r}: its stored time {safe_repr(found[1], 60)} is no number (the"
+            " file was changed outside nursery_jobs)")
+
+
 def _payload(text: str | None) -> Any:
     try:
         return decode_payload(text)
@@ -105,6 +125,7 @@ def _read_jobs(conn: sqlite3.Connection, limit: int | None, running_id: str | No
     (where its row has no marker of its own)."""
     if "nj_jobs" not in _tables(conn):
         return []
+    _check_times(conn)
     has_priority = "priority" in _columns(conn, "nj_jobs")
     priority = "priority" if has_priority else "NULL"
     order = "priority DESC, time, seq" if has_priority else "time, seq"
@@ -166,6 +187,7 @@ def _object_counts(conn: sqlite3.Connection, now: float, running_id: str | None,
     tables = _tables(conn)
     if "nj_jobs" not in tables:
         return ObjectCounts(crash_strikes=0 if strikes else None)
+    _check_times(conn)
     (jobs,) = conn.execute("SELECT COUNT(*) FROM nj_jobs").fetchone()
     (due,) = conn.execute("SELECT COUNT(*) FROM nj_jobs WHERE time <= ?", (now,)).fetchone()
     (later,) = conn.execute("SELECT MIN(time) FROM nj_jobs WHERE time > ?", (now,)).fetchone()

@@ -18,6 +18,7 @@ import trio
 
 from nursery_jobs._engines._faults import GuardedConnection, fault_cause, fault_error
 from nursery_jobs._errors import ObjectIdError
+from nursery_jobs._names import check_name
 
 MAX_OBJECT_ID_LENGTH = 1024
 # Alarms of ``Catalog.due`` remembered for ``get_alarm`` at most (past it, forgotten).
@@ -53,24 +54,7 @@ CREATE TABLE IF NOT EXISTS nj_crashes (
 
 def check_object_id(object_id: object) -> str:
     """Return ``object_id`` if it is a valid object id, else raise ``ObjectIdError``."""
-    if not isinstance(object_id, str):
-        raise ObjectIdError(f"object id must be a str, got {type(object_id).__name__}")
-    if not object_id:
-        raise ObjectIdError("object id must be a non-empty string")
-    if len(object_id) > MAX_OBJECT_ID_LENGTH:
-        raise ObjectIdError(
-            f"object id {object_id[:40]!r}... is {len(object_id)} characters; "
-            f"the limit is {MAX_OBJECT_ID_LENGTH}"
-        )
-    try:
-        object_id.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ObjectIdError(
-            f"object id {object_id!r} holds a lone surrogate; it cannot be stored as UTF-8"
-        ) from None
-    if "\x00" in object_id:
-        raise ObjectIdError(f"object id {object_id!r} holds a NUL character")
-    return object_id
+    return check_name(object_id, "object id", ObjectIdError, max_length=MAX_OBJECT_ID_LENGTH)
 
 
 def object_file_name(namespace: str, object_id: str) -> str:
