@@ -436,6 +436,7 @@ def _library_errors() -> list[Exception]:
         e.UnknownObjectError("ns/o"), e.ObjectInUseError("in use"),
         e.ObjectHeldError("ns", "o", "host-1", 3.0), e.HttpError(403, "writes are off"),
         e.HttpBindError("127.0.0.1", 8321, OSError(98, "Address already in use")),
+        e.DamagedJobError("job 'j' of ns/o: its payload does not decode", "j", "host", "ns/o"),
         RemoteError("ns/o.m() raised X: y", "ns/o.m()", "X", "y"),
     ]
 
