@@ -5,6 +5,8 @@ holds no lone surrogate, so no engine takes a name one of them would refuse."""
 
 from __future__ import annotations
 
+import hashlib
+
 
 def check_name(
     value: object,
@@ -42,3 +44,14 @@ def check_name(
                 f"{what} {value!r} holds a lone surrogate; it cannot be stored as UTF-8"
             ) from None
     return value
+
+
+def name_digest(name: str) -> str:
+    """A fixed-size stand-in for ``name`` where a name does not fit (a flight-record
+    slot): a NUL, which marks it as no name holds one, and a hash of the name."""
+    return "\x00" + hashlib.blake2b(name.encode(), digest_size=16).hexdigest()
+
+
+def is_digest(text: str) -> bool:
+    """Whether ``text`` is a ``name_digest`` (no name starts with a NUL)."""
+    return text.startswith("\x00")

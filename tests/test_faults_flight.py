@@ -24,7 +24,8 @@ import trio
 import trio.testing
 
 import nursery_jobs as nj
-from nursery_jobs._engines.files._flight import SLOT_SIZE, FlightRecord
+from nursery_jobs._engines.files._flight import SLOT_SIZE, FlightRecord, resolve_owners
+from nursery_jobs._names import name_digest
 
 WORKER = Path(__file__).with_name("flight_worker.py")
 ROOT = Path(__file__).parent.parent
@@ -284,16 +285,28 @@ async def test_ids_too_long_for_a_slot_still_run(
     assert "alarm:retry" not in [e.type for e in events]
 
 
-def test_a_slot_never_writes_past_itself() -> None:
-    record = FlightRecord(None, 2)
+def test_a_slot_never_writes_past_itself_and_names_every_id() -> None:
+    """An id too long for its slot is written as its digest (a NUL and a hash), which
+    the reader resolves against the registered objects; a job id's digest is resolved
+    against the object's jobs (``_strikes``)."""
+    record = FlightRecord(None, 5)
     buf = record._buf
     assert isinstance(buf, bytearray)
-    first = record.acquire("ns", "o")
-    assert first is not None
-    first.record("j", 2.0)
-    assert record.acquire("ns", LONG * 2) is None  # would not fit: unrecorded
-    second = record.acquire("ns", "x" * 2000)
-    assert second is not None
-    second.record("y" * 3000, 3.0)  # the job id does not fit: the object is named
-    assert len(buf) == 2 * SLOT_SIZE
-    assert sorted(record.recover()) == [("ns", "o", "j", 2.0), ("ns", "x" * 2000, "", 3.0)]
+    for namespace, object_id, token, started in [
+        ("ns", "o", "j", 2.0), ("ns", LONG, LONG, 3.0), (LONG, LONG, "k", 4.0),
+        ("ns", "x" * 2000, "y" * 3000, 5.0), ("ns", "gone" + LONG, "z", 6.0),
+    ]:
+        slot = record.acquire(namespace, object_id)
+        assert slot is not None
+        slot.record(token, started)
+    assert len(buf) == 5 * SLOT_SIZE
+    found = record.recover()
+    assert ("ns", "o", "j", 2.0) in found  # (what fits is written as it is)
+    assert ("ns", name_digest(LONG), name_digest(LONG), 3.0) in found
+    assert (name_digest(LONG), name_digest(LONG), "k", 4.0) in found
+    assert ("ns", "x" * 2000, name_digest("y" * 3000), 5.0) in found
+    registered = [("ns", "o"), ("ns", LONG), (LONG, LONG), ("ns", "x" * 2000), ("ns", "p")]
+    assert sorted(resolve_owners(found, registered)) == sorted([
+        ("ns", "o", "j", 2.0), ("ns", LONG, name_digest(LONG), 3.0), (LONG, LONG, "k", 4.0),
+        ("ns", "x" * 2000, name_digest("y" * 3000), 5.0),  # ("gone": not registered)
+    ])

@@ -321,22 +321,17 @@ EMOJI_1024 = "\\U0001f600" * 1024  # 1024 characters, 4096 bytes of UTF-8
 
 
 @pytest.mark.crash
+@pytest.mark.parametrize("layout", ["files", "shared"])
 @pytest.mark.parametrize(("object_id", "job_id"), [
     ("o", "j"),
-    pytest.param(EMOJI_1024, "j", marks=pytest.mark.xfail(strict=True, reason=(
-        "review: a valid object id of 1024 non-ASCII characters does not fit a flight "
-        "slot (4096 bytes, _engines/files/_flight.py:32, acquire :145), so its alarm run "
-        "goes unrecorded: a job that kills its process gets no crash strike and runs "
-        "again at once, forever (DESIGN 3: which job runs is recorded before it runs)"))),
-    pytest.param("o", EMOJI_1024, marks=pytest.mark.xfail(strict=True, reason=(
-        "review: a valid job id of 1024 non-ASCII characters does not fit what is left of "
-        "its flight slot (_engines/files/_flight.py:71), so it runs unrecorded: SIGKILL "
-        "during it gives no crash strike, and the poison job is never sealed"))),
+    (EMOJI_1024, "j"),
+    ("o", EMOJI_1024),
 ], ids=["short ids", "long object id", "long job id"])
 async def test_a_job_that_kills_its_process_gets_a_crash_strike_whatever_its_ids(
-    tmp_path: Path, object_id: str, job_id: str
+    tmp_path: Path, object_id: str, job_id: str, layout: str
 ) -> None:
-    data = tmp_path / "data"
+    """An id too long for a flight slot is recorded as its digest, resolved on reading."""
+    data = f"shared:{tmp_path / 'data'}" if layout == "shared" else str(tmp_path / "data")
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     env = {**os.environ, "PYTHONPATH": str(Path(nj.__file__).parents[1])}

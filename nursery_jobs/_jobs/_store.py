@@ -282,6 +282,9 @@ class JobStore:
     def rows(self, owner: str | None = None) -> list[JobRow]:
         return self.reading().rows(owner)
 
+    def job_ids(self) -> list[str]:
+        return self.reading().job_ids()
+
     def dead_letters(self, owner: str | None) -> list[DeadLetter]:
         return self.reading().dead_letters(owner)
 

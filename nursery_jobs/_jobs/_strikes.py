@@ -21,6 +21,7 @@ from nursery_jobs import _clock
 from nursery_jobs._core._alarm import AlarmClaim
 from nursery_jobs._jobs._records import Job
 from nursery_jobs._jobs._store import JobStore
+from nursery_jobs._names import is_digest, name_digest
 from nursery_jobs._policy import STRIKE_DELAY
 
 logger = logging.getLogger("nursery_jobs")
@@ -130,6 +131,8 @@ def recover_crashes(
     of its tracked work) a crash strike; seal it at ``limit``. A crash uses up no
     attempt. Returns the sealed jobs."""
     crashed: dict[str, float] = dict(claim.crash_tokens())
+    if any(map(is_digest, crashed)):
+        crashed = _resolve_digests(crashed, store.job_ids())
     for marked in store.running_markers():
         assert marked.running_since is not None
         crashed.setdefault(marked.job.id, marked.running_since)
@@ -141,6 +144,15 @@ def recover_crashes(
             sealed.append(job)
     claim.clear_crash_tokens()
     return sealed
+
+
+def _resolve_digests(crashed: dict[str, float], job_ids: list[str]) -> dict[str, float]:
+    """``crashed`` with each digested job id (one too long for its flight slot) replaced
+    by the id of the job it digests; one of a job that is gone is dropped."""
+    digests = {name_digest(job_id): job_id for job_id in job_ids}
+    return {digests[token] if is_digest(token) else token: started
+            for token, started in crashed.items()
+            if not is_digest(token) or token in digests}
 
 
 def strike_now(

@@ -326,6 +326,10 @@ class JobTable:
             )
         return self._read(cursor)
 
+    def job_ids(self) -> list[str]:
+        """The id of every job (no row parsed: a damaged one is listed too)."""
+        return [str(row[0]) for row in self.conn.execute("SELECT id FROM nj_jobs")]
+
     def _read(self, rows: Iterable[tuple[Any, ...]]) -> list[JobRow]:
         """The jobs of ``rows``, or the ``DamagedJobError`` of the first that does not
         read back, naming its object."""

@@ -26,7 +26,7 @@ from nursery_jobs._engines._faults import GuardedConnection, fault_cause
 from nursery_jobs._engines._schema import prepare
 from nursery_jobs._engines.base import EngineSite, FlightSlot
 from nursery_jobs._engines.files._catalog import Catalog, connect, object_file_name, reopen
-from nursery_jobs._engines.files._flight import FlightRecord
+from nursery_jobs._engines.files._flight import FlightRecord, resolve_owners
 from nursery_jobs._engines.files._object import SqliteObject
 from nursery_jobs._engines.files._rebuild import (
     DESTROYED_SUFFIX,
@@ -328,7 +328,8 @@ class FilesEngine(CatalogEngine):
             raise
         # Work the last process on this path was doing when it died: hand it to the
         # objects (durably) before the record is wiped.
-        crashed = self.flight.recover()
+        crashed = resolve_owners(self.flight.recover(),
+                                 ((ns, oid) for ns, oid, _ in self.catalog.objects()))
         if crashed:
             logger.warning("%d alarm run(s) were in flight when the last process on %s died",
                            len(crashed), self.path)

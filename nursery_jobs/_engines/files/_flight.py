@@ -8,8 +8,13 @@ path again, the slots still filled name the work that a dead process was doing.
 
 Faults it contains (issue 10 #3, #6): the file's blocks are allocated before it is
 mapped, so a full disk is a ``StorageError`` naming the file, never a SIGBUS at the first
-write to an unbacked page; a slot that does not parse is ignored with a warning; an
-object or job id too long for a slot runs unrecorded rather than fail its alarm.
+write to an unbacked page; a slot that does not parse is ignored with a warning.
+
+Every valid id is recorded (DESIGN 3): one too long for its slot (an id is up to 1024
+characters, up to 4096 bytes of UTF-8) is written as its digest (``name_digest``: a NUL,
+which no name holds, and a fixed-size hash), which the reader resolves back to the id:
+an object id against the registered objects (``resolve_owners``), a job id against the
+object's jobs (``_jobs/_strikes``). An id that fits is written as it is.
 """
 
 from __future__ import annotations
@@ -22,10 +27,12 @@ import mmap
 import os
 import re
 import struct
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Final
 
 from nursery_jobs._errors import StorageError, describe_error
+from nursery_jobs._names import is_digest, name_digest
 
 logger = logging.getLogger("nursery_jobs")
 
@@ -36,6 +43,8 @@ _LENGTH = struct.Struct("<I")
 _STARTED = struct.Struct("<d")
 _HEAD: Final = _LENGTH.size
 _MAX_ENTRY = SLOT_SIZE - _HEAD
+# What an owner leaves of its slot at least: room for a start time and a digested token.
+_ROOM: Final = _STARTED.size + len(name_digest("").encode())
 # Bound once: a job's record is on the dispatch path (a record and a clear: 1.8 -> 0.7 µs).
 _pack_length = _LENGTH.pack_into
 _pack_started = _STARTED.pack_into
@@ -69,9 +78,10 @@ class FlightSlot:
         start = self._data
         end = start + len(data)
         if end > self._limit:
-            # A job id too long for what the owner left of the slot: the slot still
-            # names the object (a death wakes it), only not the job.
-            data, end = b"", start
+            # A job id too long for what the owner left of the slot: its digest, which
+            # always fits (``acquire`` leaves room for it).
+            data = name_digest(token).encode()
+            end = start + len(data)
         buf, offset = self._buf, self._offset
         # The entry first, its length last: a death in between leaves an empty slot.
         _pack_length(buf, offset, 0)
@@ -137,14 +147,13 @@ class FlightRecord:
         self._buf[:] = bytes(self._size)
 
     def acquire(self, namespace: str, object_id: str) -> FlightSlot | None:
-        """Take a free slot for an alarm run, or None if all are taken (or the ids are
-        too long for a slot: that run goes unrecorded, as when all are taken)."""
+        """Take a free slot for an alarm run, or None if all are taken. An id too long
+        for the slot is written as its digest (the object id first, then the
+        namespace), so that the slot always has room for a job's digest."""
         if not self._free:
             return None
-        owner = _owner(namespace, object_id)
-        if len(owner) + _STARTED.size > _MAX_ENTRY:
-            return None
-        return FlightSlot(self._buf, self._free.pop() * SLOT_SIZE, owner)
+        return FlightSlot(self._buf, self._free.pop() * SLOT_SIZE,
+                          _fitting_owner(namespace, object_id))
 
     def release(self, slot: FlightSlot) -> None:
         _LENGTH.pack_into(self._buf, slot._offset, 0)
@@ -156,6 +165,44 @@ class FlightRecord:
         if self._file is not None:
             os.close(self._file)
             self._file = None
+
+
+def _fitting_owner(namespace: str, object_id: str) -> bytes:
+    """The owner part of a slot of the object, leaving ``_ROOM`` in the slot."""
+    owner = _owner(namespace, object_id)
+    if len(owner) + _ROOM <= _MAX_ENTRY:
+        return owner  # (every id up to ~4000 bytes)
+    owner = _owner(namespace, name_digest(object_id))
+    if len(owner) + _ROOM <= _MAX_ENTRY:
+        return owner
+    return _owner(name_digest(namespace), name_digest(object_id))
+
+
+def resolve_owners(
+    entries: list[tuple[str, str, str, float]], objects: Iterable[tuple[str, str]]
+) -> list[tuple[str, str, str, float]]:
+    """``entries`` (from ``recover``) with each digested namespace or object id
+    replaced by the id of the registered object (from ``objects``) it digests. An entry
+    that names no registered object is dropped with a warning (there is nothing of it
+    to wake). Reads ``objects`` only when an entry holds a digest."""
+    if not any(is_digest(ns) or is_digest(oid) for ns, oid, _, _ in entries):
+        return entries
+    known: dict[tuple[str, str], tuple[str, str]] = {}
+    for namespace, object_id in objects:
+        if len(_owner(namespace, object_id)) + _ROOM > _MAX_ENTRY:  # (digested)
+            names = json.loads(_fitting_owner(namespace, object_id)[:-1])
+            known[(names[0], names[1])] = (namespace, object_id)
+    resolved = []
+    for namespace, object_id, token, started in entries:
+        if is_digest(namespace) or is_digest(object_id):
+            found = known.get((namespace, object_id))
+            if found is None:
+                logger.warning("flight record: dropped an entry naming no registered "
+                               "object (its id was too long for a slot)")
+                continue
+            namespace, object_id = found
+        resolved.append((namespace, object_id, token, started))
+    return resolved
 
 
 def _owner(namespace: str, object_id: str) -> bytes:

@@ -37,7 +37,7 @@ from nursery_jobs._engines.files._engine import (
     CatalogEngine,
     _unwritable,
 )
-from nursery_jobs._engines.files._flight import FlightRecord
+from nursery_jobs._engines.files._flight import FlightRecord, resolve_owners
 from nursery_jobs._engines.postgres._copy import SHIPPED, Change, PgObject
 from nursery_jobs._engines.shared._object import POOL_SIZE, CopyPool, SharedObject
 from nursery_jobs._errors import (
@@ -171,7 +171,8 @@ class SharedEngine(CatalogEngine):
         except BaseException:
             self.close()
             raise
-        crashed = self.flight.recover()
+        crashed = resolve_owners(self.flight.recover(),
+                                 ((ns, oid) for ns, oid, _ in self.catalog.objects()))
         if crashed:
             logger.warning("%d alarm run(s) were in flight when the last process on %s died",
                            len(crashed), self.path)
