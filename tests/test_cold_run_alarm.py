@@ -55,9 +55,22 @@ def writes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, float | None]]:
     return log
 
 
-def _env(rt: Any = None) -> dict[str, Any]:
+def _env() -> dict[str, Any]:
     return {"ran": [], "alarm_while_running": [], "push_on_start": False,
             "index": lambda: None}
+
+
+async def _down_while_due(data: Path, env: dict[str, Any], **later: float) -> None:
+    """Push "a" (due at +10) and the jobs of ``later`` (id: time), then stay down while
+    "a" falls due (until +100)."""
+    async with nj.open_runtime(data, env=env) as rt:
+        for job_id, time in {"a": EPOCH + 10, **later}.items():
+            await rt.get(Cold, "o").push(job_id, time)
+    await trio.sleep(100)
+
+
+def _watch_index(rt: Any, env: dict[str, Any]) -> None:
+    env["index"] = lambda: rt.engine.catalog.get_alarm(Cold.namespace, "o")
 
 
 async def test_a_cold_run_writes_the_fallback_then_the_next_alarm(
@@ -66,13 +79,10 @@ async def test_a_cold_run_writes_the_fallback_then_the_next_alarm(
 ) -> None:
     env = _env()
     with trio.fail_after(HANG):
-        async with nj.open_runtime(tmp_path / "data", env=env) as rt:
-            await rt.get(Cold, "o").push("a", EPOCH + 10)
-            await rt.get(Cold, "o").push("b", EPOCH + 500)
-        await trio.sleep(100)  # down while "a" falls due
+        await _down_while_due(tmp_path / "data", env, b=EPOCH + 500)
         writes.clear()
         async with nj.open_runtime(tmp_path / "data", env=env) as rt:
-            env["index"] = lambda: rt.engine.catalog.get_alarm(Cold.namespace, "o")
+            _watch_index(rt, env)
             await trio.sleep(1)
             assert env["ran"] == [("a", 100)]
             # While "a" ran, the index held the fallback: a death then re-runs the
@@ -89,12 +99,10 @@ async def test_a_due_job_pushed_by_on_start_gets_the_backup_alarm(
 ) -> None:
     env = _env()
     with trio.fail_after(HANG):
-        async with nj.open_runtime(tmp_path / "data", env=env) as rt:
-            await rt.get(Cold, "o").push("a", EPOCH + 10)
-        await trio.sleep(100)
+        await _down_while_due(tmp_path / "data", env)
         env["push_on_start"] = True
         async with nj.open_runtime(tmp_path / "data", env=env) as rt:
-            env["index"] = lambda: rt.engine.catalog.get_alarm(Cold.namespace, "o")
+            _watch_index(rt, env)
             await trio.sleep(1)
             assert env["ran"] == [("a", 100), ("from-start", 100)]
             assert env["alarm_while_running"] == [(EPOCH + 130, 0)] * 2

@@ -83,9 +83,13 @@ class Storage:
         they run (``run_sql``), as ``execute`` does. Taking it needs a turn."""
         self._tx.check_read()
         self.pinned = True
+        return cast("sqlite3.Connection", self._object_connection())
+
+    def _object_connection(self) -> ObjectConnection:
+        """The one ``ObjectConnection`` of this storage (made when first needed)."""
         if self._handle is None:
             self._handle = ObjectConnection(self)
-        return cast("sqlite3.Connection", self._handle)
+        return self._handle
 
     @property
     def db(self) -> sqlite_utils.Database:
@@ -112,9 +116,7 @@ class Storage:
         if self._cursors is None:
             self._cursors = weakref.WeakSet()
         self._cursors.add(cursor)
-        if self._handle is None:
-            self._handle = ObjectConnection(self)
-        return cast("sqlite3.Cursor", ObjectCursor(self._handle, cursor))
+        return cast("sqlite3.Cursor", ObjectCursor(self._object_connection(), cursor))
 
     def run_sql(self, run: Callable[[sqlite3.Connection], T]) -> T:
         """``run(connection)`` for one raw SQL statement of the object's code, in the
