@@ -100,8 +100,11 @@ class Lifecycle:
         self._capabilities: dict[str, Capability] = {}
         self.started = False
         self._starting: trio.Event | None = None
-        # Tracked alarm work in progress: (job owner, job id, started) -> how many tasks.
-        self.tracked: dict[tuple[str, str, float], int] = {}
+        # Tracked alarm work in progress: (job owner, job id) -> {when the run that
+        # started it started: how many tasks}. Empty: none.
+        self.tracked: dict[tuple[str, str], dict[float, int]] = {}
+        # A row the store writes for a job carries the marker of its work in progress.
+        self.store.work_since = self.work_since
         # Startup (crash strikes, capabilities' on_start, re-arming the alarm from the
         # queue) runs before the first call too, not only when an alarm wakes us.
         self.claim.on_startup(self.start)
@@ -280,8 +283,8 @@ class Lifecycle:
                 # death meanwhile is a crash strike of this job).
                 self.store.set_marker(job.id, started)
             run.tracked = True
-            key = (job.owner, job.id, started)
-            self.tracked[key] = self.tracked.get(key, 0) + 1
+            runs = self.tracked.setdefault((job.owner, job.id), {})
+            runs[started] = runs.get(started, 0) + 1
         self.ctx.nursery.start_soon(self._tracked_work, fn, args, job, started)
         return True
 
@@ -293,11 +296,15 @@ class Lifecycle:
         marker was rolled back with its writes)."""
         if run.tracked:
             return run.started
-        if not self.tracked:
-            return None
-        owner, job_id = job.owner, job.id
-        return max((started for (o, i, started) in self.tracked if o == owner and i == job_id),
-                   default=None)
+        return self.work_since(job.owner, job.id)
+
+    def work_since(self, owner: str, job_id: str) -> float | None:
+        """When the latest run of ``owner``'s job ``job_id`` whose tracked work goes on
+        started, or None: the job's running marker, whichever row holds the job now (a
+        job pushed again after it completed is held by its work as a replaced one is).
+        Does not checkpoint."""
+        runs = self.tracked.get((owner, job_id)) if self.tracked else None
+        return max(runs) if runs else None
 
     async def _tracked_work(
         self, fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...], job: Job | None,
@@ -327,14 +334,20 @@ class Lifecycle:
                               error=safe_repr(exc))
         finally:
             if job is not None:
-                key = (job.owner, job.id, started)
-                left = self.tracked[key] - 1
+                key = (job.owner, job.id)
+                runs = self.tracked[key]
+                left = runs[started] - 1
                 if left:
-                    self.tracked[key] = left
+                    runs[started] = left
                 else:
-                    del self.tracked[key]
+                    del runs[started]
+                    if not runs:
+                        del self.tracked[key]
                     async with self._last_turn("tracked work ending"):
-                        if self.store.clear_marker(job.id, started):
+                        # The marker goes to the work of the job that goes on, if any
+                        # (an earlier run's may outlast this one's), else it is cleared.
+                        rest = self.work_since(job.owner, job.id)
+                        if self.store.clear_marker(job.id, started, rest):
                             self.store.rearm()
 
     @asynccontextmanager

@@ -43,7 +43,7 @@ class JobStore:
         "_alarm", "_cancels", "_cancels_at_job", "_damaged", "_done", "_dropped",
         "completion_group", "conn", "dead_letter_limit", "disabled", "end_work", "paused",
         "running_attempts", "running_id", "running_seq", "ships_group", "superseded", "table",
-        "tracing", "tx", "version",
+        "tracing", "tx", "version", "work_since",
     )
 
     def __init__(
@@ -92,6 +92,10 @@ class JobStore:
         self._cancels_at_job = 0
         # What ends that work (``Steering.cancel_work``).
         self.end_work: Callable[[str, str], None] = lambda owner, job_id: None
+        # When the latest tracked work in progress of (owner, id)'s runs started, or None
+        # (``Lifecycle.work_since``): a row written for that job carries it as its
+        # running marker, whether it replaces the job's row or follows one that is gone.
+        self.work_since: Callable[[str, str], float | None] = lambda owner, job_id: None
 
     def _read_paused(self) -> None:
         self.paused = paused = self.table.paused()
@@ -325,7 +329,7 @@ class JobStore:
         Raises:
             JobOwnershipError: another owner holds the id.
         """
-        replaced = False
+        replaced = marked = False
         with self.writing():
             if stable_id:
                 holder = self.table.owner_of(job.id)
@@ -342,13 +346,29 @@ class JobStore:
                 # go (they showed as the new job's, and stayed for good once it passed
                 # at its first attempt: only a job that failed before forgets its rows).
                 self.table.forget_attempts(job.owner, job.id)
+            if stable_id:
+                marked = self._mark_work(job.owner, job.id)
         if replaced:
             stored = self.table.row(job.id)
             if stored is not None:
                 job = attrs.evolve(job, created_at=stored.job.created_at)
-        if (replaced or job.exclusive) and not self.conn.in_transaction:
+        if (replaced or marked or job.exclusive) and not self.conn.in_transaction:
             self.rearm()  # committed: now the alarm may also rise
         return job
+
+    def _mark_work(self, owner: str, job_id: str) -> bool:
+        """Give the row just written for ``owner``'s job ``job_id`` the running marker of
+        the tracked work its earlier runs started, if some goes on; return whether it
+        did. The id names the job across its rows: one that completed (its row deleted)
+        or became a dead letter while its work went on, then is pushed or requeued
+        again, is that job still running (single-flight holds it until the work ends or
+        is hung; a death meanwhile is its crash strike), as a replaced row is (the
+        upsert keeps its marker)."""
+        since = self.work_since(owner, job_id)
+        if since is None:
+            return False
+        self.table.set_marker(job_id, since)
+        return True
 
     def cancel(self, owner: str, job_id: str) -> bool:
         in_transaction = self.conn.in_transaction
@@ -425,7 +445,7 @@ class JobStore:
             # (The requeue's own span, if any, asked for this run: the letter kept none.)
             self.table.upsert(job, text,
                               None if self.tracing is None else self.tracing.push_context())
-
+            self._mark_work(owner, job_id)  # (its last run's work may go on: see push)
         return job
 
     def set_paused(self, owner: str | None, paused: bool) -> bool:
@@ -550,10 +570,12 @@ class JobStore:
         with self.writing():
             self.table.set_marker(job_id, started)
 
-    def clear_marker(self, job_id: str, started: float) -> bool:
-        """Tracked work of job ``job_id`` (started at ``started``) has ended."""
+    def clear_marker(self, job_id: str, started: float, rest: float | None = None) -> bool:
+        """The tracked work of job ``job_id`` that started at ``started`` has ended: its
+        marker becomes ``rest``, when the work of the job still in progress started
+        (None: none is). Returns whether the row's marker was ``started``."""
         with self.writing():
-            cleared = self.table.clear_marker(job_id, started)
+            cleared = self.table.clear_marker(job_id, started, rest)
             return cleared
 
     # -- the alarm --------------------------------------------------------------------

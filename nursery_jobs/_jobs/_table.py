@@ -565,10 +565,12 @@ class JobTable:
             "UPDATE nj_jobs SET running_since = ? WHERE id = ?", (started, job_id)
         )
 
-    def clear_marker(self, job_id: str, started: float) -> bool:
+    def clear_marker(self, job_id: str, started: float, rest: float | None = None) -> bool:
+        """The job's work that started at ``started`` ended: if that is its marker, set
+        it to ``rest`` (work of it that goes on; None: no marker)."""
         cursor = self.conn.execute(
-            "UPDATE nj_jobs SET running_since = NULL WHERE id = ? AND running_since = ?",
-            (job_id, started),
+            "UPDATE nj_jobs SET running_since = ? WHERE id = ? AND running_since = ?",
+            (rest, job_id, started),
         )
         return cursor.rowcount > 0
 
