@@ -29,6 +29,7 @@ from nursery_jobs._core._runtime import Durability
 
 from ._floor import SYNCHRONOUS, floors
 from ._progress import Progress
+from ._quiet import quiet_backlog_warnings
 
 PEERS = ("huey", "persistqueue", "dbos", "apscheduler")
 # Jobs per peer run, at most: the slowest peers would take minutes at our N. Rates are
@@ -266,31 +267,38 @@ def run(n: int, directory: Path | None, with_peers: bool, progress_enabled: bool
                         + 2 * len(object_sizes), progress_enabled)
     tmp = Path(tempfile.mkdtemp(prefix="nj-bench-", dir=directory))
     try:
-        report: dict[str, Any] = {"n": n, "disk": str(tmp), "python": sys.version.split()[0],
-                                  "nursery_jobs": nj.__version__, "ceiling": {}, "peers": {}}
-        for durability in ("normal", "full"):
-            report["ceiling"][durability] = ceiling(tmp, n, durability)
-            progress.step(f"sqlite3 ceiling ({durability})")
-        report["floor"] = floors(tmp, n, "normal")
-        report["ours"] = ours(tmp, n, progress)
-        if depths:
-            from ._depth import depth_rows  # (it builds on this module's bench object)
-
-            report["depth"] = depth_rows(tmp, n, depths, progress)
-        if object_sizes:
-            from ._objects import object_rows
-
-            report["objects"] = object_rows(tmp, object_sizes, runs, progress)
-        for name in available:
-            # No peer offers WAL with synchronous=NORMAL (each commits with an fsync, in
-            # its own settings): one run each, at its durable settings.
-            report["peers"][name] = peer(name, tmp, min(n, PEER_N[name]), "full")
-            progress.step(f"peer {name}")
-        note = peers_note() if with_peers else None
-        if note is not None:
-            report["peers_note"] = note
+        with quiet_backlog_warnings():
+            return _run(tmp, n, with_peers, available, progress, depths, object_sizes, runs)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _run(tmp: Path, n: int, with_peers: bool, available: list[str], progress: Progress,
+         depths: tuple[int, ...], object_sizes: tuple[int, ...], runs: int) -> dict[str, Any]:
+    """``run`` in ``tmp``."""
+    report: dict[str, Any] = {"n": n, "disk": str(tmp), "python": sys.version.split()[0],
+                              "nursery_jobs": nj.__version__, "ceiling": {}, "peers": {}}
+    for durability in ("normal", "full"):
+        report["ceiling"][durability] = ceiling(tmp, n, durability)
+        progress.step(f"sqlite3 ceiling ({durability})")
+    report["floor"] = floors(tmp, n, "normal")
+    report["ours"] = ours(tmp, n, progress)
+    if depths:
+        from ._depth import depth_rows  # (it builds on this module's bench object)
+
+        report["depth"] = depth_rows(tmp, n, depths, progress)
+    if object_sizes:
+        from ._objects import object_rows
+
+        report["objects"] = object_rows(tmp, object_sizes, runs, progress)
+    for name in available:
+        # No peer offers WAL with synchronous=NORMAL (each commits with an fsync, in
+        # its own settings): one run each, at its durable settings.
+        report["peers"][name] = peer(name, tmp, min(n, PEER_N[name]), "full")
+        progress.step(f"peer {name}")
+    note = peers_note() if with_peers else None
+    if note is not None:
+        report["peers_note"] = note
     return report
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import functools
 import json
-import logging
 import math
 import os
 import secrets
@@ -39,6 +38,7 @@ from nursery_jobs._engines.postgres._engine import PostgresEngine, _safe_label
 
 from ._pg_host import HostBench, PgBenchObject
 from ._progress import Progress
+from ._quiet import quiet_backlog_warnings
 
 SCALE_OBJECTS = 300
 MANY_OBJECTS = 100
@@ -447,20 +447,6 @@ def failover(dsn: str, lease_ttl: float, objects: int) -> dict[str, float]:
             return time.time()
 
         return trio.run(_survive, dsn, lease_ttl, objects, arm_and_kill)
-
-
-@contextmanager
-def quiet_backlog_warnings() -> Iterator[None]:
-    """The benchmark queues thousands of jobs on one object on purpose: the backlog and
-    stall warnings that would flood stderr are expected here. Errors still show; the
-    logger's level is restored after (``main`` may run inside another program's process)."""
-    log = logging.getLogger("nursery_jobs")
-    level = log.level
-    log.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        log.setLevel(level)
 
 
 # -- the report -----------------------------------------------------------------------------
