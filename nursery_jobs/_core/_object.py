@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import weakref
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, ClassVar, cast
@@ -158,7 +159,18 @@ def resolve_namespace(namespace: str, class_path: str | None) -> type[DurableObj
 
 
 def class_path(cls: type[DurableObject]) -> str:
-    return f"{module_of(cls)}:{cls.__qualname__}"
+    """Where ``cls`` is imported from ("module:qualname"), as recorded with its objects.
+    Worked out once per class (every activation asks; for a class of a script, the
+    script's real path and its packages are looked up on disk: ~40 µs, measured)."""
+    path = _CLASS_PATHS.get(cls)
+    if path is None:
+        path = _CLASS_PATHS[cls] = f"{module_of(cls)}:{cls.__qualname__}"
+    return path
+
+
+# class -> class_path(class): what ``__main__`` is importable as does not change while
+# the process runs.
+_CLASS_PATHS: weakref.WeakKeyDictionary[type, str] = weakref.WeakKeyDictionary()
 
 
 def module_of(cls: type) -> str:
