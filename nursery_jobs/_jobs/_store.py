@@ -330,6 +330,17 @@ class JobStore:
             JobOwnershipError: another owner holds the id.
         """
         replaced = marked = False
+        if not stable_id:
+            # A new id: one statement, atomic on its own (no BEGIN and COMMIT around
+            # it: two statements fewer a push, ~10 % of a push's SQL on a working copy).
+            self.tx.check_write()
+            self._lower_alarm(job.time, job.exclusive, job.id, job.owner)
+            tracing = self.tracing
+            self.table.upsert(job, payload_text,
+                              None if tracing is None else tracing.push_context())
+            if job.exclusive and not self.conn.in_transaction:
+                self.rearm()  # committed: now the alarm may also rise
+            return job
         with self.writing():
             if stable_id:
                 holder = self.table.owner_of(job.id)
