@@ -15,18 +15,24 @@ same readers as for a data directory. Its reads block:
 
 Every face shows the whole database (every host's objects), as PostgreSQL holds it: an
 active object's commits reach it within the engine's ship interval (50 ms).
+
+A row changed outside nursery_jobs (no JSON, a number field that holds none) is its
+object's fault, as in a data directory: that object is shown ``damaged``, the row named
+(``_load``), and every other object is read and counted as before (``_counted``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
+import math
 import re
 import sqlite3
 import sys
 from collections.abc import Callable, Iterator
 from functools import partial
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar, cast
 from urllib.parse import unquote
 
 import attrs
@@ -36,7 +42,7 @@ from nursery_jobs._engines._schema import prepare
 from nursery_jobs._engines.postgres import _ops as pg_ops
 from nursery_jobs._engines.postgres._copy import load_rows
 from nursery_jobs._engines.postgres._schema import ROW_TABLES, TABLES_BY_NAME, check_version
-from nursery_jobs._errors import DataDirectoryError, StorageError
+from nursery_jobs._errors import DataDirectoryError, StorageError, safe_repr
 from nursery_jobs._jobs._table import PAUSED_ALL, PAUSED_PREFIX
 from nursery_jobs._ops._inspect import (
     AlarmSummary,
@@ -58,6 +64,7 @@ if TYPE_CHECKING:
 
 Conn = Any  # psycopg.Connection[Any]: psycopg is an optional dependency
 T = TypeVar("T")
+Key = tuple[str, str]  # (namespace, object id)
 
 
 @attrs.frozen(kw_only=True)
@@ -154,6 +161,21 @@ def _filters(
     elif only == "active":
         clauses.append("lease_until >= now()")
     return (" WHERE " + " AND ".join(clauses)) if clauses else "", params
+
+
+def _rows_of(table: str, only: list[Key] | None) -> tuple[str, list[Any]]:
+    """A FROM item ``r`` (namespace, object_id, key, data): the stored rows of ``table``
+    of the objects ``only`` (None: of every object), and its parameters."""
+    if only is None:
+        return "(SELECT namespace, object_id, key, data FROM nj_rows WHERE tbl = %s) r", [
+            table]
+    # (OFFSET 0 fences the subquery: no clause of the query around it, whose casts fail
+    # on a row changed outside nursery_jobs, is pushed below the join that keeps only
+    # the objects asked for.)
+    return ("(SELECT n.namespace, n.object_id, n.key, n.data FROM nj_rows n"
+            " JOIN unnest(%s::text[], %s::text[]) AS k(ns, oid)"
+            " ON n.namespace = k.ns AND n.object_id = k.oid WHERE n.tbl = %s OFFSET 0) r",
+            [[key[0] for key in only], [key[1] for key in only], table])
 
 
 class PgReader(_ObjectReader):
@@ -274,45 +296,91 @@ class PgReader(_ObjectReader):
                       ) -> dict[tuple[str, str], ObjectCounts]:
         """Every object's counts, in SQL over ``nj_rows`` (running: marked in its row, or
         in its live holder's shipped flight list); crash strikes always (the server
-        reads every row anyway, in its own process)."""
-        columns = TABLES_BY_NAME["nj_jobs"].columns
-        at = {name: columns.index(name) for name in
-              ("time", "running_since", "attempts", "crash_strikes")}
-        found: dict[tuple[str, str], dict[str, Any]] = {
-            (str(ns), str(oid)): {} for ns, oid in self._pg.execute(
-                "SELECT namespace, object_id FROM nj_objects")}
-        running = {(str(ns), str(oid), str(job)) for ns, oid, job in self._pg.execute(
-            "SELECT namespace, object_id, key FROM nj_rows WHERE tbl = 'nj_jobs'"
-            " AND data::jsonb->>%s IS NOT NULL", (at["running_since"],))}
+        reads every row anyway, in its own process). An object with a row the SQL
+        cannot read (changed outside nursery_jobs: no JSON, a time that is no number)
+        is counted alone, through its working copy, as the SQLite readers count it
+        (damaged, naming the row); every other object is still counted in SQL."""
+        keys = [(str(ns), str(oid)) for ns, oid in self._pg.execute(
+            "SELECT namespace, object_id FROM nj_objects" + _ORDER)]
+        flights: set[tuple[str, str, str]] = set()
         for (flight,) in self._pg.execute(
             "SELECT h.flight FROM nj_hosts h WHERE EXISTS (SELECT 1 FROM nj_objects o"
             " WHERE o.owner = h.host_id AND o.lease_until >= now())"
         ):
-            running.update((str(ns), str(oid), str(token))
+            flights.update((str(ns), str(oid), str(token))
                            for ns, oid, token, _started in (flight or []) if token)
-        for ns, oid, jobs, due, later, failing, struck, attempts in self._pg.execute(
+        return self._counted(now, keys, flights, whole=True)
+
+    def _counted(self, now: float, keys: list[Key], flights: set[tuple[str, str, str]], *,
+                 whole: bool = False) -> dict[Key, ObjectCounts]:
+        """The counts of ``keys`` (``whole``: of every object) in SQL, in a savepoint;
+        where a row of them does not cast (the savepoint undoes just that), the counts
+        of each half of them, down to the one object whose rows fail, which is read
+        whole. One damaged object among N costs about 2 log2(N) counts of shrinking
+        halves, not a working copy per object."""
+        psycopg = _driver()
+        try:
+            with self._pg.transaction():  # (a savepoint of the snapshot's transaction)
+                return self._counts_in_sql(now, keys, None if whole else keys, flights)
+        except psycopg.DataError:
+            if len(keys) > 1:
+                half = len(keys) // 2
+                return {**self._counted(now, keys[:half], flights),
+                        **self._counted(now, keys[half:], flights)}
+        found: dict[Key, ObjectCounts] = {}
+        for key in keys:  # (no more than one)
+            row = self.row(*key)
+            if row is not None:
+                found[key] = self._counts(row, now, strikes=True)
+        return found
+
+    def _counts_in_sql(self, now: float, keys: list[Key], only: list[Key] | None,
+                       flights: set[tuple[str, str, str]]) -> dict[Key, ObjectCounts]:
+        """The counts of ``keys`` in SQL over the rows of the objects ``only`` (None:
+        of every object, ``keys`` being every one).
+
+        Raises:
+            psycopg.DataError: a row of them that does not cast (the transaction is
+                aborted: the caller's savepoint undoes it).
+        """
+        columns = TABLES_BY_NAME["nj_jobs"].columns
+        at = {name: columns.index(name) for name in
+              ("time", "running_since", "attempts", "crash_strikes")}
+        found: dict[Key, dict[str, Any]] = {key: {} for key in keys}
+        jobs, job_params = _rows_of("nj_jobs", only)
+        running = {(str(ns), str(oid), str(job)) for ns, oid, job in self._pg.execute(
+            f"SELECT namespace, object_id, key FROM {jobs}"
+            " WHERE data::jsonb->>%s IS NOT NULL", [*job_params, at["running_since"]])}
+        running.update(flights if only is None else
+                       (f for f in flights if (f[0], f[1]) in found))
+        # (jsonb -> float8 and -> int: a field that is no number — a string, null, out
+        # of range — is refused, not read as one.)
+        for ns, oid, count, due, later, failing, struck, attempts in self._pg.execute(
             "SELECT namespace, object_id, count(*),"
             " count(*) FILTER (WHERE t <= %s AND r IS NULL), min(t) FILTER (WHERE t > %s),"
             " count(*) FILTER (WHERE a > 0), count(*) FILTER (WHERE c > 0),"
             " coalesce(max(a), 0) FROM (SELECT namespace, object_id,"
-            " (data::jsonb->>%s)::float8 AS t, data::jsonb->>%s AS r,"
-            " (data::jsonb->>%s)::int AS a, (data::jsonb->>%s)::int AS c"
-            " FROM nj_rows WHERE tbl = 'nj_jobs') j GROUP BY namespace, object_id",
-            (now, now, at["time"], at["running_since"], at["attempts"], at["crash_strikes"]),
+            " (data::jsonb->%s)::float8 AS t, data::jsonb->>%s AS r,"
+            " (data::jsonb->%s)::int AS a, (data::jsonb->%s)::int AS c"
+            f" FROM {jobs}) j GROUP BY namespace, object_id",
+            [now, now, at["time"], at["running_since"], at["attempts"], at["crash_strikes"],
+             *job_params],
         ):
             found.setdefault((str(ns), str(oid)), {}).update(
-                jobs=int(jobs), due_jobs=int(due), failing_jobs=int(failing),
+                jobs=int(count), due_jobs=int(due), failing_jobs=int(failing),
                 crash_strikes=int(struck), max_attempts=int(attempts),
                 next_due=None if later is None else float(later))
+        letters, letter_params = _rows_of("nj_dead_letters", only)
         for ns, oid, n in self._pg.execute(
-            "SELECT namespace, object_id, count(*) FROM nj_rows WHERE tbl = 'nj_dead_letters'"
-            " GROUP BY namespace, object_id"
+            f"SELECT namespace, object_id, count(*) FROM {letters}"
+            " GROUP BY namespace, object_id", letter_params,
         ):
             found.setdefault((str(ns), str(oid)), {})["dead_letters"] = int(n)
+        meta, meta_params = _rows_of("nj_meta", only)
         for ns, oid, key, value in self._pg.execute(
-            "SELECT namespace, object_id, key, data::jsonb->>1 FROM nj_rows"
-            " WHERE tbl = 'nj_meta' AND (key IN (%s, %s) OR key LIKE %s)",
-            (PAUSED_ALL, STRIKES_KEY, PAUSED_PREFIX + "%"),
+            "SELECT namespace, object_id, key, CASE WHEN key = %s THEN"
+            f" (data::jsonb->1)::int END FROM {meta} WHERE key IN (%s, %s) OR key LIKE %s",
+            [STRIKES_KEY, *meta_params, PAUSED_ALL, STRIKES_KEY, PAUSED_PREFIX + "%"],
         ):
             entry = found.setdefault((str(ns), str(oid)), {})
             if key == PAUSED_ALL or key.startswith(PAUSED_PREFIX):
@@ -324,15 +392,15 @@ class PgReader(_ObjectReader):
             entry = found.setdefault((ns, oid), {})
             entry["running_jobs"] = entry.get("running_jobs", 0) + 1
         if running:  # (a job running by its flight list is not due: it runs)
-            keys = sorted(running)
+            marked = sorted(running)
             for ns, oid, n in self._pg.execute(
-                "SELECT r.namespace, r.object_id, count(*) FROM nj_rows r JOIN"
+                f"SELECT r.namespace, r.object_id, count(*) FROM {jobs} JOIN"
                 " unnest(%s::text[], %s::text[], %s::text[]) AS f(ns, oid, k)"
                 " ON r.namespace = f.ns AND r.object_id = f.oid AND r.key = f.k"
-                " WHERE r.tbl = 'nj_jobs' AND (r.data::jsonb->>%s)::float8 <= %s"
+                " WHERE (r.data::jsonb->%s)::float8 <= %s"
                 " AND r.data::jsonb->>%s IS NULL GROUP BY r.namespace, r.object_id",
-                ([k[0] for k in keys], [k[1] for k in keys], [k[2] for k in keys],
-                 at["time"], now, at["running_since"]),
+                [*job_params, [k[0] for k in marked], [k[1] for k in marked],
+                 [k[2] for k in marked], at["time"], now, at["running_since"]],
             ):
                 found[(str(ns), str(oid))]["due_jobs"] -= int(n)
         return {key: ObjectCounts(**entry) for key, entry in found.items()}
@@ -376,21 +444,19 @@ class PgReader(_ObjectReader):
     ) -> Iterator[tuple[sqlite3.Connection | None, State, str | None]]:
         label = f"{row.namespace}/{row.id}"
         state: State = "active" if row.active else "evicted"
-        stored: list[tuple[str, str]] = self._pg.execute(
-            "SELECT tbl, data FROM nj_rows WHERE namespace = %s AND object_id = %s",
+        stored: list[tuple[str, str, str]] = self._pg.execute(
+            "SELECT tbl, key, data FROM nj_rows WHERE namespace = %s AND object_id = %s",
             (row.namespace, row.id),
         ).fetchall()
         conn = self._copy
         if conn is None:
             conn = self._copy = sqlite3.connect(":memory:", isolation_level=None)
             prepare(conn, label=self._label)
-        for table in ROW_TABLES:
-            conn.execute(f"DELETE FROM {table.name}")
-        try:
-            load_rows(conn, label, stored)
-        except (StorageError, ValueError, TypeError, sqlite3.Error) as exc:
-            # Rows this code cannot load (hand-edited, another version): say so, go on.
-            yield None, "damaged", f"{label}: stored rows cannot be read: {exc}"
+        problem = _load(conn, label, stored)
+        if problem is not None:
+            # Rows this code cannot read (changed outside nursery_jobs, another
+            # version): the object is shown damaged, naming the row; the others are read.
+            yield None, "damaged", problem
             return
         yield conn, state, None
 
@@ -417,6 +483,98 @@ class PgReader(_ObjectReader):
             if token and (ns, oid) == (row.namespace, row.id):
                 return float(started)
         return None
+
+
+# What loading a stored row may raise: a row of a table the object schema lacks, no
+# JSON, no row of its table (too long, a list where a value goes, NULL where none may
+# be, an int too large for SQLite).
+_UNLOADABLE: Final = (StorageError, ValueError, TypeError, OverflowError, sqlite3.Error)
+_OUTSIDE: Final = " (the row was changed outside nursery_jobs)"
+
+
+def _row_name(table: str, key: object) -> str:
+    return f"job {key!r}" if table == "nj_jobs" else f"{table} row {key!r}"
+
+
+def _clear(conn: sqlite3.Connection) -> None:
+    for table in ROW_TABLES:
+        conn.execute(f"DELETE FROM {table.name}")
+
+
+def _load(conn: sqlite3.Connection, label: str, stored: list[tuple[str, str, str]],
+          ) -> str | None:
+    """Fill the working copy on ``conn`` with an object's ``stored`` rows ((table, key,
+    JSON row)); what is wrong with them, naming the row (None: nothing). The copy then
+    holds a number in every number column, as nursery_jobs writes it: every reader of
+    it converts what it reads without a check of its own."""
+    _clear(conn)
+    try:
+        load_rows(conn, label, [(table, data) for table, _key, data in stored])
+    except _UNLOADABLE as exc:
+        return _unloadable(conn, label, stored, exc)
+    return _misfiled(conn)
+
+
+def _unloadable(conn: sqlite3.Connection, label: str, stored: list[tuple[str, str, str]],
+                error: Exception) -> str:
+    """The problem of the first of ``stored`` rows that does not load alone (their
+    loading together raised ``error``). Reads the rows again: only for a damaged
+    object."""
+    for table, key, data in stored:
+        try:
+            load_rows(conn, label, [(table, data)])
+        except _UNLOADABLE as exc:
+            return f"{_row_name(table, key)}: its stored row does not load: {exc}{_OUTSIDE}"
+        finally:
+            _clear(conn)
+    return f"{label}: stored rows cannot be read: {error}"
+
+
+@functools.cache
+def _number_columns() -> list[tuple[str, tuple[str, ...], list[tuple[str, bool]]]]:
+    """Per table of the working copy: its name, its key columns, and its number columns
+    (name, and whether an integer column: an infinity converts to no int), as the object
+    schema declares them."""
+    scratch = sqlite3.connect(":memory:")
+    try:
+        prepare(scratch, label="(the object schema)")
+        return [(table.name, table.key_columns, [
+            (str(name), str(kind) == "INTEGER") for _cid, name, kind, *_ in
+            scratch.execute(f"PRAGMA table_info({table.name})")
+            if str(kind) in ("INTEGER", "REAL")]) for table in ROW_TABLES]
+    finally:
+        scratch.close()
+
+
+def _misfiled(conn: sqlite3.Connection) -> str | None:
+    """The first row of the working copy with a number column that holds no number
+    (SQLite keeps the text of a number stored as a JSON string), or breaker strikes that
+    are no number, named; None where there is none. A scan of each table in memory."""
+    for table, key_columns, numbers in _number_columns():
+        if not numbers:
+            continue
+        wrong = " OR ".join(
+            f"typeof({name}) IN ('text', 'blob')" + (f" OR abs({name}) = 9e999"
+                                                     if integer else "")
+            for name, integer in numbers)
+        found = conn.execute(
+            f"SELECT {', '.join(key_columns)}, {', '.join(name for name, _ in numbers)}"
+            f" FROM {table} WHERE {wrong} LIMIT 1").fetchone()
+        if found is None:
+            continue
+        width = len(key_columns)
+        key = found[0] if width == 1 else list(found[:width])
+        for (name, integer), value in zip(numbers, found[width:], strict=True):
+            if isinstance(value, (str, bytes)) or (
+                    integer and isinstance(value, float) and math.isinf(value)):
+                return (f"{_row_name(table, key)}: its stored {name} {safe_repr(value, 60)}"
+                        f" is no number{_OUTSIDE}")
+    found = conn.execute("SELECT value FROM nj_meta WHERE key = ? AND typeof(value)"
+                         " NOT IN ('integer', 'real')", (STRIKES_KEY,)).fetchone()
+    if found is not None:
+        return (f"{_row_name('nj_meta', STRIKES_KEY)}: its stored value"
+                f" {safe_repr(found[0], 60)} is no number{_OUTSIDE}")
+    return None
 
 
 def _driver() -> Any:

@@ -54,6 +54,7 @@ from nursery_jobs._errors import (
     RpcError,
     StorageError,
     UnknownObjectError,
+    safe_repr,
 )
 
 logger = logging.getLogger("nursery_jobs")
@@ -67,6 +68,14 @@ _COMMIT: Final = {"NORMAL": "off", "FULL": "on"}
 # ~4 ms forwarded call in `nursery-jobs bench --engine postgres`). A stale answer costs
 # little: the old holder answers "moved", or stops answering, and the call asks again.
 OWNER_HINT_TTL: Final = 1.0
+# The longest lease (seconds): a dead host's objects wait this long for another host.
+# The server timeouts derived from it (up to 3 x lease_ttl, in ms) must fit PostgreSQL's
+# int settings (at most ~24.8 days); a day is far past any sensible lease.
+MAX_LEASE_TTL: Final = 86_400.0
+# The most connections (each a server process, and a worker thread here) one host's pool
+# opens: past it a host would exhaust the server (``max_connections`` is 100 by default,
+# for every host together) before it ran anything faster.
+MAX_POOL_SIZE: Final = 256
 
 
 class PostgresEngine:
@@ -75,11 +84,18 @@ class PostgresEngine:
     Args:
         dsn: a ``postgresql://`` address (or any libpq connection string).
         lease_ttl: seconds a host's lease on an object lasts without renewal (renewed
-            every ``lease_ttl / 3``); a dead host's objects move after this long.
-        pool_size: connections (and worker threads) for PostgreSQL I/O.
+            every ``lease_ttl / 3``); a dead host's objects move after this long. At
+            most ``MAX_LEASE_TTL`` (a day).
+        pool_size: connections (and worker threads) for PostgreSQL I/O, from 2 to
+            ``MAX_POOL_SIZE`` (256).
         synchronous: "NORMAL" (``synchronous_commit = off``: a commit survives the
             host's death, not the server's) or "FULL" (``on``).
         client_only: hold no object, claim no alarm: every call goes to a host.
+
+    Raises:
+        ValueError: an option out of its bounds (of any size or type: nothing is
+            converted before it is checked). Nothing connects before ``open``.
+        TypeError: ``dsn`` is no str, ``client_only`` no bool.
     """
 
     holds_files = False  # (see Engine.holds_files)
@@ -89,15 +105,27 @@ class PostgresEngine:
         self, dsn: str, *, lease_ttl: float = 10.0, pool_size: int = 8,
         synchronous: str = "NORMAL", client_only: bool = False,
     ) -> None:
+        if not isinstance(dsn, str):
+            raise TypeError(
+                f"dsn must be a str (a postgresql:// address), got {safe_repr(dsn, 80)}")
+        # (Compared, never converted first: an int too large for a float compares exactly
+        # with the bounds, where float() raised OverflowError; NaN is no number > 0.)
         if isinstance(lease_ttl, bool) or not isinstance(lease_ttl, (int, float)) or not (
-            0 < lease_ttl < math.inf
+            0 < lease_ttl <= MAX_LEASE_TTL
         ):
-            raise ValueError(f"lease_ttl must be a finite number of seconds > 0, got {lease_ttl!r}")
-        if isinstance(pool_size, bool) or not isinstance(pool_size, int) or pool_size < 2:
-            raise ValueError(f"pool_size must be an int >= 2, got {pool_size!r}")
-        commit = _COMMIT.get(synchronous.upper())
+            raise ValueError(
+                f"lease_ttl must be a number of seconds > 0 and <= {MAX_LEASE_TTL:g},"
+                f" got {safe_repr(lease_ttl, 80)}")
+        if isinstance(pool_size, bool) or not isinstance(pool_size, int) or not (
+            2 <= pool_size <= MAX_POOL_SIZE
+        ):
+            raise ValueError(
+                f"pool_size must be an int from 2 to {MAX_POOL_SIZE}, got"
+                f" {safe_repr(pool_size, 80)}")
+        commit = _COMMIT.get(synchronous.upper()) if isinstance(synchronous, str) else None
         if commit is None:
-            raise ValueError(f"synchronous must be 'NORMAL' or 'FULL', got {synchronous!r}")
+            raise ValueError(
+                f"synchronous must be 'NORMAL' or 'FULL', got {safe_repr(synchronous, 80)}")
         if not isinstance(client_only, bool):
             raise TypeError(f"client_only must be a bool, got {client_only!r}")
         self.client_only = client_only
