@@ -13,7 +13,7 @@ import trio
 from conftest import engine
 
 import nursery_jobs as nj
-from nursery_jobs import _codec
+from nursery_jobs import _call_codec, _codec
 from nursery_jobs._errors import CallCodecError
 
 
@@ -176,10 +176,10 @@ def test_an_oversized_call_is_refused_on_every_path() -> None:
     big = "x" * (_codec.MAX_PAYLOAD_BYTES // 2)
     # Each argument alone fits; together they do not: refused as the envelope would be.
     with pytest.raises(CallCodecError) as info:
-        _codec.copy_arguments((big, big, big), {}, "ns/o.m()")
+        _call_codec.copy_arguments((big, big, big), {}, "ns/o.m()")
     assert info.value.part == "arguments"
     with pytest.raises(CallCodecError) as info:
-        _codec.copy_result([big, big, big], "ns/o.m()")
+        _call_codec.copy_result([big, big, big], "ns/o.m()")
     assert info.value.part == "result"
 
 
@@ -189,20 +189,20 @@ def test_a_call_the_envelope_refuses_is_refused_by_the_local_copy_too() -> None:
     such a call through that the cross-host envelope (PostgreSQL) refuses as over 1 MiB."""
     text = "\U0001f600" * 100_000 + "\ud800"
     with pytest.raises(CallCodecError) as info:
-        _codec.encode_call((text,), {}, (), "ns/o.m()")
+        _call_codec.encode_call((text,), {}, (), "ns/o.m()")
     assert info.value.part == "arguments"
     with pytest.raises(CallCodecError) as info:
-        _codec.copy_arguments((text,), {}, "ns/o.m()")
+        _call_codec.copy_arguments((text,), {}, "ns/o.m()")
     assert info.value.part == "arguments"
     with pytest.raises(CallCodecError) as info:
-        _codec.copy_result(text, "ns/o.m()")
+        _call_codec.copy_result(text, "ns/o.m()")
     assert info.value.part == "result"
     fits = "\U0001f600" * 80_000 + "\ud800"  # (960,014 bytes: passes on every path)
-    assert _codec.copy_arguments((fits,), {}, "ns/o.m()")[0] == (fits,)
-    assert _codec.copy_result(fits, "ns/o.m()") == fits
+    assert _call_codec.copy_arguments((fits,), {}, "ns/o.m()")[0] == (fits,)
+    assert _call_codec.copy_result(fits, "ns/o.m()") == fits
 
 
 @pytest.mark.parametrize("text", ['[[],{},5]', '[[],{},[],1,{"a":1}]', '[[1],{},null]'])
 def test_a_forged_call_envelope_raises_codec_error(text: str) -> None:
     with pytest.raises(nj.CodecError, match="call envelope"):
-        _codec.decode_call(text)
+        _call_codec.decode_call(text)

@@ -21,10 +21,10 @@ from hypothesis import strategies as st
 from nursery_jobs._codec import (
     _MAX_DEPTH,
     MAX_PAYLOAD_BYTES,
-    converter,
     decode_payload,
     encode_payload,
 )
+from nursery_jobs._converter import converter
 from nursery_jobs._errors import CodecError, NurseryJobsError
 
 

@@ -17,7 +17,7 @@ from pg_support import eventually, sql
 psycopg = pytest.importorskip("psycopg")  # the postgres extra; CI installs it (dev)
 
 import nursery_jobs as nj
-from nursery_jobs._codec import encode_call
+from nursery_jobs._call_codec import encode_call
 from nursery_jobs._engines.postgres import _calls as calls
 from nursery_jobs._engines.postgres._calls import channel
 from nursery_jobs._engines.postgres._engine import PostgresEngine

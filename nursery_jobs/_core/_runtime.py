@@ -23,7 +23,7 @@ import attrs
 import psutil
 import trio
 
-from nursery_jobs import _clock, _codec
+from nursery_jobs import _call_codec, _clock, _codec
 from nursery_jobs._core._alarm import Key, Timer, retry_unreachable
 from nursery_jobs._core._host import ObjectHost, Phase
 from nursery_jobs._core._limits import JobLimits, check_limits
@@ -156,7 +156,7 @@ class Stub:
             raise RpcError(f"{self._ns}/{self._id}: method name must be a str, got"
                            f" {type(name).__name__}")
         if args or kwargs:
-            copied, named = _codec.copy_arguments(args, kwargs, self._method(name))
+            copied, named = _call_codec.copy_arguments(args, kwargs, self._method(name))
         else:
             copied, named = args, kwargs
         place = call_place(self._cls, name)
@@ -178,7 +178,7 @@ class Stub:
             else:
                 if result is None:
                     return None
-                return _codec.copy_result(result, self._method(name))
+                return _call_codec.copy_result(result, self._method(name))
         raise ObjectFencedError(f"{self._ns}/{self._id}: {error}") from error
 
     def _method(self, name: str) -> str:

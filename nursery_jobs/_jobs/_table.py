@@ -14,7 +14,8 @@ from typing import Any, Final
 
 import attrs
 
-from nursery_jobs._codec import converter, decode_payload, encode_payload
+from nursery_jobs._codec import decode_payload, encode_payload
+from nursery_jobs._converter import converter
 from nursery_jobs._errors import DamagedJobError, describe_error, safe_repr
 from nursery_jobs._jobs._records import DeadLetter, Job, checked_job
 from nursery_jobs._policy import DEFAULT_RETRY, RetryOptions

@@ -1,7 +1,7 @@
 """Calls across hosts: a stub call for an object another live host leases travels as a
 row of ``nj_calls`` plus a notification on the owner's channel; the owner runs it as a
 local stub call and answers the same way. Arguments and results go through the payload
-codec, in the envelope every engine's stub call copies through (``_codec.encode_call``,
+codec, in the envelope every engine's stub call copies through (``_call_codec.encode_call``,
 ``encode_result``); an exception raised by the call travels as data — its class's name,
 its args and attributes through the same codec — and is rebuilt by the caller from a
 class it has loaded (a ``RemoteError`` naming it where it cannot be): never pickled,
@@ -38,7 +38,8 @@ from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 import trio
 
-from nursery_jobs._codec import decode_call, decode_payload, encode_call, encode_result
+from nursery_jobs._call_codec import decode_call, encode_call, encode_result
+from nursery_jobs._codec import decode_payload
 from nursery_jobs._engines.postgres._call_errors import dump_error, load_error
 from nursery_jobs._errors import (
     NurseryJobsError,
