@@ -50,7 +50,7 @@ def test_the_benchmark_reports_every_figure(
 
 
 @pytest.mark.parametrize(("option", "error"), [
-    (["--runs", "2"], "--runs applies to --engine postgres or --objects only"),
+    (["--runs", "0"], "--runs must be at least 1"),
     (["--quick"], "--quick applies to --engine postgres only"),
     (["--lease-ttl", "3"], "--lease-ttl applies to --engine postgres only"),
     (["--objects", "--object-sizes", "10,x"], "--object-sizes: a comma-separated list"),
@@ -65,6 +65,36 @@ def test_options_that_do_not_apply_are_refused(
         main(["--no-peers", *option])
     assert exc.value.code == 2
     assert error in capsys.readouterr().err
+
+
+def test_the_hot_path_is_measured_run_after_run_beside_its_floor(tmp_path: Path) -> None:
+    from nursery_jobs.bench._hot import FIGURES, hot_path_runs
+    from nursery_jobs.bench._progress import Progress
+
+    runs = hot_path_runs(tmp_path, 300, 2, Progress(2, False))
+    assert len(runs) == 2
+    for measured in runs:
+        assert set(measured) == {key for _label, key, _floor, _target in FIGURES}
+        for figure in measured.values():
+            assert figure["ours"] > 0 and figure["floor"] > 0 and figure["cpu_us"] > 0
+    assert list(tmp_path.iterdir()) == []  # each run's files are gone
+
+
+def test_the_hot_path_table_gives_each_ratio_median_and_range_against_its_target() -> None:
+    from nursery_jobs.bench._hot import FIGURES, render_hot
+
+    def run_of(ratio: float) -> dict[str, dict[str, float]]:
+        return {key: {"ours": 1000.0 * ratio, "floor": 1000.0, "cpu_us": 10.0}
+                for _label, key, _floor, _target in FIGURES}
+
+    lines = render_hot([run_of(0.9), run_of(0.5), run_of(0.7)])
+    by_label = {label: next(line for line in lines if line.startswith(label))
+                for label, _key, _floor, _target in FIGURES}
+    push = by_label["push, one durable push per call"]
+    assert "0.70 (0.50-0.90)" in push and "≥0.80 missed" in push
+    assert "700/s" in push and "1,000/s" in push
+    assert by_label["dispatch, 1 object x N"].endswith("≥0.60 met")
+    assert by_label["dispatch, 100 objects x N/100"].endswith("≥0.55 met")
 
 
 def test_the_floors_do_the_work_they_time(tmp_path: Path) -> None:

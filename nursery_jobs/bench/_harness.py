@@ -259,12 +259,14 @@ def run(n: int, directory: Path | None, with_peers: bool, progress_enabled: bool
         runs: int = 1) -> dict[str, Any]:
     """Every figure of the report; with ``depths``, also the rates of the first ``n``
     jobs of a queue ``n`` deep and of each of ``depths`` deep (``_depth``); with
-    ``object_sizes``, one object per task at those counts (``_objects``, ``runs`` each)."""
+    ``object_sizes``, one object per task at those counts (``_objects``, ``runs`` each);
+    with ``runs`` > 1, the hot path against its floor ``runs`` times (``_hot``)."""
     available = peers_available() if with_peers else []
-    # Steps: 2 ceilings, 8 of ours (``ours``), the peers, the depths (the first at n),
-    # the objects rows (one per size and layout).
-    progress = Progress(2 + 8 + len(available) + (len({n, *depths}) if depths else 0)
-                        + 2 * len(object_sizes), progress_enabled)
+    # Steps: 2 ceilings, 8 of ours (``ours``), the hot path's runs, the peers, the depths
+    # (the first at n), the objects rows (one per size and layout).
+    progress = Progress(2 + 8 + (runs if runs > 1 else 0) + len(available)
+                        + (len({n, *depths}) if depths else 0) + 2 * len(object_sizes),
+                        progress_enabled)
     tmp = Path(tempfile.mkdtemp(prefix="nj-bench-", dir=directory))
     try:
         with quiet_backlog_warnings():
@@ -283,6 +285,10 @@ def _run(tmp: Path, n: int, with_peers: bool, available: list[str], progress: Pr
         progress.step(f"sqlite3 ceiling ({durability})")
     report["floor"] = floors(tmp, n, "normal")
     report["ours"] = ours(tmp, n, progress)
+    if runs > 1:
+        from ._hot import hot_path_runs  # (it builds on this module's bench object)
+
+        report["hot"] = hot_path_runs(tmp, n, runs, progress)
     if depths:
         from ._depth import depth_rows  # (it builds on this module's bench object)
 
@@ -362,6 +368,12 @@ def render(report: dict[str, Any]) -> str:
               f" p99 {now['p99_ms']:.3f} ms ({now['samples']} samples)",
               f"lateness of a 100 ms timer: p50 {timer['p50_ms']:.3f} ms,"
               f" p99 {timer['p99_ms']:.3f} ms ({timer['samples']} samples)"]
+    if report.get("hot"):
+        from ._hot import render_hot
+
+        lines += ["", f"the hot path against its floor, {len(report['hot'])} runs (each: the"
+                  " floors, then nursery_jobs, durability normal; ratio of the two in each run):",
+                  *render_hot(report["hot"])]
     if report.get("depth"):
         from ._depth import render_depth
 
@@ -413,7 +425,9 @@ def main(argv: list[str] | None = None) -> int:
                         " default: $NJ_POSTGRES_DSN)")
     parser.add_argument("--runs", type=int, default=None,
                         help="postgres: runs of every figure (default 3; 1 with --quick);"
-                        " sqlite: runs of each --objects row (default 1)")
+                        " sqlite: runs of the hot path against its floor, each the floors"
+                        " then nursery_jobs, with the median and range of each ratio, and"
+                        " of each --objects row (default 1)")
     parser.add_argument("--quick", action="store_true",
                         help="postgres: a smoke test with tiny N (not figures to quote)")
     parser.add_argument("--lease-ttl", type=float, default=None,
@@ -449,8 +463,6 @@ def main(argv: list[str] | None = None) -> int:
 
         return pg_main(args.dsn, args.n, args.runs, args.quick, args.lease_ttl, args.json,
                        parser.error, calls_only=args.calls_only)
-    if args.runs is not None and not args.objects:
-        parser.error("--runs applies to --engine postgres or --objects only")
     for given, option in ((args.lease_ttl, "--lease-ttl"),
                           (args.quick or None, "--quick"),
                           (args.calls_only or None, "--calls-only")):
