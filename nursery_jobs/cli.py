@@ -135,7 +135,8 @@ def inspect(data: str, as_json: bool) -> int:
     finally:
         if isinstance(source, SharedSource):
             source.close()
-    return _print_report(report, source.label, now, as_json)
+    return _print_report(report, source.label if isinstance(source, SharedSource) else data,
+                         now, as_json)
 
 
 def _print_report(report: dict[str, Any], data: str, now: float, as_json: bool) -> int:
@@ -305,9 +306,9 @@ def serve(data: str, host: str, port: int) -> int:
         source = _open_stopped(data)
         if isinstance(source, int):
             return source
-        access = Inline(source)
-        close = source.close if isinstance(source, SharedSource) else (lambda: None)
-        data = source.label
+        access, close = Inline(source), (lambda: None)
+        if isinstance(source, SharedSource):
+            close, data = source.close, source.label
     import trio
 
     from nursery_jobs._ops._web import serve_offline
@@ -375,6 +376,9 @@ def main(argv: list[str] | None = None) -> int:
         return bench_main(rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if shared_path(str(getattr(args, "data", ""))) == "":
+        return _fail(f"{args.data!r} names no directory: give shared:<path>, e.g."
+                     " shared:./data; nothing was read or written", 2)
     if args.command == "inspect":
         try:
             return inspect(args.data, args.json)

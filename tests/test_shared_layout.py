@@ -308,6 +308,23 @@ def test_the_cli_on_a_shared_location_that_holds_nothing_says_so_in_one_line(
     assert list(tmp_path.iterdir()) == []  # nothing written
 
 
+@pytest.mark.parametrize("location", ["shared:", "shared://", "SHARED:"])
+def test_the_cli_on_a_shared_location_that_names_no_directory_reads_nothing(
+    tmp_path: Path, location: str, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Not the current directory: ``shared:`` names none."""
+    from nursery_jobs import cli
+
+    monkeypatch.chdir(tmp_path)
+    for args in (["inspect", location], ["pause", location, "ns", "obj"]):
+        code = cli.main(args)
+        out, err = capsys.readouterr()
+        assert (code, out) == (2, "")
+        assert err.count("\n") == 1 and "names no directory" in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
 async def test_by_default_idle_objects_past_the_pool_leave_and_hand_their_copies_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
