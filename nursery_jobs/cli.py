@@ -1,10 +1,11 @@
-"""The ``nursery-jobs`` console script: inspect a stopped data directory or a PostgreSQL
-database, re-queue its dead letters, serve its dashboard, run the dispatch benchmark.
+"""The ``nursery-jobs`` console script: inspect a stopped data directory (a file per
+object, or ``shared:<directory>``) or a PostgreSQL database, re-queue its dead letters,
+pause or resume its objects, serve its dashboard, run the dispatch benchmark.
 
 None of these starts a runtime: no alarm of any object runs inside the CLI. Against a
-data directory a runtime holds, ``inspect`` and ``requeue`` say so and point to the
-live dashboard (``open_runtime(..., http=...)``); on PostgreSQL, ``requeue`` refuses an
-object a live host holds. An address is shown as given, its password as ``***``.
+data directory a runtime holds, every face says so and points to the live dashboard
+(``open_runtime(..., http=...)``); on PostgreSQL, ``requeue`` refuses an object a live
+host holds. An address is shown as given, its password as ``***``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from nursery_jobs._core._location import shared_path
 from nursery_jobs._errors import (
     DataDirectoryError,
     HttpBindError,
@@ -31,6 +33,7 @@ from nursery_jobs._errors import (
 )
 from nursery_jobs._ops._inspect import Inline, SourceAccess, is_postgres_address
 from nursery_jobs._ops._inspect_json import printable, report_json
+from nursery_jobs._ops._inspect_shared import SharedSource
 from nursery_jobs._ops._offline import NoDeadLetter, pause_offline, requeue_offline
 from nursery_jobs._ops._readonly import refuse_if_running
 from nursery_jobs._ops._sources import OfflineSource
@@ -79,11 +82,14 @@ def _when(t: float | None, now: float) -> str:
     return f"{stamp}Z ({'in ' if delta > 0 else ''}{abs(delta):.1f} s{'' if delta > 0 else ' ago'})"
 
 
-def _open_stopped(data: Path) -> OfflineSource | int:
-    """The data directory of a stopped runtime, or the exit code that says why not."""
+def _open_stopped(data: str) -> OfflineSource | SharedSource | int:
+    """The data directory of a stopped runtime (``shared:<directory>``: of the shared
+    layout), or the exit code that says why not."""
+    shared = shared_path(data)
+    path = Path(data if shared is None else shared)
     try:
-        refuse_if_running(data)
-        return OfflineSource(data)
+        refuse_if_running(path)
+        return OfflineSource(path) if shared is None else SharedSource(path)
     except RuntimeLockedError as exc:
         return _fail(str(exc), _IN_USE)
     except DataDirectoryError as exc:
@@ -112,7 +118,7 @@ def inspect(data: str, as_json: bool) -> int:
     """Objects, their alarms, queued jobs and dead letters. Reads only."""
     if is_postgres_address(data):
         return _inspect_postgres(data, as_json)
-    source = _open_stopped(Path(data))
+    source = _open_stopped(data)
     if isinstance(source, int):
         return source
     now = time.time()
@@ -121,9 +127,16 @@ def inspect(data: str, as_json: bool) -> int:
     except ObjectInUseError as exc:
         return _fail(str(exc), _IN_USE)
     except sqlite3.DatabaseError as exc:
+        if isinstance(source, SharedSource):
+            return _fail(f"cannot read {source.label}: its {source.database.name} is damaged"
+                         f" ({exc})", 2)
         return _fail(f"cannot read {data}: its catalog is damaged ({exc}); a runtime"
                      " opening the directory rebuilds it", 2)
-    return _print_report(report, data, now, as_json)
+    finally:
+        if isinstance(source, SharedSource):
+            source.close()
+    return _print_report(report, source.label if isinstance(source, SharedSource) else data,
+                         now, as_json)
 
 
 def _print_report(report: dict[str, Any], data: str, now: float, as_json: bool) -> int:
@@ -182,12 +195,19 @@ def requeue(data: str, namespace: str, object_id: str, job_id: str, owner: str) 
     alarm, no user code."""
     label = f"{namespace}/{object_id}"
     postgres = is_postgres_address(data)
+    shared = shared_path(data)
     try:
         if postgres:
             from nursery_jobs._ops._offline import requeue_postgres
 
             done = requeue_postgres(data, namespace, object_id, job_id, owner=owner,
                                     now=time.time())
+        elif shared is not None:
+            from nursery_jobs._ops._offline_shared import requeue_shared
+
+            data = f"shared:{shared}"
+            done = requeue_shared(shared, namespace, object_id, job_id, owner=owner,
+                                  now=time.time())
         else:
             done = requeue_offline(data, namespace, object_id, job_id, owner=owner,
                                    now=time.time())
@@ -216,12 +236,19 @@ def pause(data: str, namespace: str, object_id: str, owner: str | None, paused: 
     postgres = is_postgres_address(data)
     if owner is not None and not owner:
         return _fail("--owner must be a non-empty owner id ('host' or a capability id)", 2)
+    shared = shared_path(data)
     try:
         if postgres:
             from nursery_jobs._ops._offline import pause_postgres
 
             done = pause_postgres(data, namespace, object_id, owner=owner, paused=paused,
                                   now=time.time())
+        elif shared is not None:
+            from nursery_jobs._ops._offline_shared import pause_shared
+
+            data = f"shared:{shared}"
+            done = pause_shared(shared, namespace, object_id, owner=owner, paused=paused,
+                                now=time.time())
         else:
             done = pause_offline(data, namespace, object_id, owner=owner, paused=paused,
                                  now=time.time())
@@ -276,10 +303,12 @@ def serve(data: str, host: str, port: int) -> int:
             return _fail(str(exc), 2)
         close = database.close
     else:
-        source = _open_stopped(Path(data))
+        source = _open_stopped(data)
         if isinstance(source, int):
             return source
         access, close = Inline(source), (lambda: None)
+        if isinstance(source, SharedSource):
+            close, data = source.close, source.label
     import trio
 
     from nursery_jobs._ops._web import serve_offline
@@ -305,15 +334,18 @@ def serve(data: str, host: str, port: int) -> int:
     return 0
 
 
+_LOCATION = "a data directory, shared:<directory> (the shared layout) or a postgresql:// address"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="nursery-jobs", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     p_inspect = sub.add_parser("inspect", help="list objects, alarms, jobs and dead letters")
-    p_inspect.add_argument("data", help="a data directory or a postgresql:// address")
+    p_inspect.add_argument("data", help=_LOCATION)
     p_inspect.add_argument("--json", action="store_true")
     p_requeue = sub.add_parser("requeue", help="put a dead letter back in its queue")
-    p_requeue.add_argument("data", help="a data directory or a postgresql:// address")
+    p_requeue.add_argument("data", help=_LOCATION)
     p_requeue.add_argument("namespace")
     p_requeue.add_argument("object_id")
     p_requeue.add_argument("job_id")
@@ -321,15 +353,15 @@ def main(argv: list[str] | None = None) -> int:
     for name, help in (("pause", "pause an object's jobs (they stay due and do not run)"),
                        ("resume", "resume an object's paused jobs (what is due runs)")):
         p_pause = sub.add_parser(name, help=help)
-        p_pause.add_argument("data", help="a data directory or a postgresql:// address")
+        p_pause.add_argument("data", help=_LOCATION)
         p_pause.add_argument("namespace")
         p_pause.add_argument("object_id")
         p_pause.add_argument("--owner", default=None,
                              help="only this owner's jobs ('host' or a capability id;"
                              " default: every job of the object)")
     p_serve = sub.add_parser("serve", help="serve the dashboard of a stopped data directory"
-                             " or a PostgreSQL database, read-only")
-    p_serve.add_argument("data", help="a data directory or a postgresql:// address")
+                             " (either layout) or a PostgreSQL database, read-only")
+    p_serve.add_argument("data", help=_LOCATION)
     p_serve.add_argument("--host", default="127.0.0.1")
     p_serve.add_argument("--port", type=int, default=8321)
     sub.add_parser("bench", help="run the dispatch benchmark (see: nursery-jobs bench -h)",
@@ -344,11 +376,9 @@ def main(argv: list[str] | None = None) -> int:
         return bench_main(rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
-    if str(getattr(args, "data", "")).startswith("shared:"):
-        # (The faces read object files or PostgreSQL; a wrong count would be silent.)
-        return _fail(f"nursery-jobs {args.command}: the shared layout ({args.data}) has no"
-                     " operator faces yet (inspect, requeue, pause, resume, serve); nothing"
-                     " was read or written", 2)
+    if shared_path(str(getattr(args, "data", ""))) == "":
+        return _fail(f"{args.data!r} names no directory: give shared:<path>, e.g."
+                     " shared:./data; nothing was read or written", 2)
     if args.command == "inspect":
         try:
             return inspect(args.data, args.json)

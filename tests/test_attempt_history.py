@@ -16,6 +16,7 @@ from conftest import EPOCH, engine
 import nursery_jobs as nj
 from nursery_jobs._ops._inspect import AttemptInfo
 from nursery_jobs._ops._offline import requeue_offline, requeue_postgres
+from nursery_jobs._ops._offline_shared import requeue_shared
 from nursery_jobs._ops._queries import _read_attempts
 from nursery_jobs.testing import run_until_idle
 
@@ -177,7 +178,6 @@ async def test_a_job_replaced_by_a_push_of_its_id_starts_afresh(
 async def test_a_dead_letter_requeued_offline_starts_afresh(
     autojump_clock: trio.abc.Clock, tmp_path: Path,
 ) -> None:
-    engine.skip_on("shared", "the operator faces do not read the shared layout yet")
     # ``nursery-jobs requeue`` (a stopped data directory, or PostgreSQL) moved the row
     # back with attempts 0 but kept the letter's attempt rows: its next failure
     # overwrote attempt 1 and showed the old attempt 2 beside it.
@@ -187,7 +187,10 @@ async def test_a_dead_letter_requeued_offline_starts_afresh(
         await settle(rt, 20)
         assert [a.attempt for a in (await history(rt, "f"))["dies"]] == [1, 2]
     now = EPOCH + trio.current_time()
-    if isinstance(where, str):
+    if engine.name == "shared":
+        requeue_shared(where.removeprefix("shared:"), Flaky.namespace, "f", "dies",
+                       owner="host", now=now)
+    elif isinstance(where, str):
         requeue_postgres(where, Flaky.namespace, "f", "dies", owner="host", now=now)
     else:
         requeue_offline(where, Flaky.namespace, "f", "dies", owner="host", now=now)

@@ -81,7 +81,6 @@ async def fill(rt: nj.Runtime) -> None:
 
 
 async def test_the_view_finds_one_letter_among_every_objects(tmp_path: Any) -> None:
-    engine.skip_on("shared", "the operator faces do not read the shared layout yet")
     async with nj.open_runtime(engine.location, http=LOOPBACK) as rt:
         url = rt.http_url or ""
         await fill(rt)
@@ -112,7 +111,6 @@ async def test_the_view_finds_one_letter_among_every_objects(tmp_path: Any) -> N
 
 
 async def test_requeue_and_discard_of_every_match(tmp_path: Any) -> None:
-    engine.skip_on("shared", "the operator faces do not read the shared layout yet")
     async with nj.open_runtime(engine.location, http=LOOPBACK, http_writes=True,
                                env={"fail": True}) as rt:
         url = rt.http_url or ""
@@ -153,7 +151,6 @@ async def test_requeue_and_discard_of_every_match(tmp_path: Any) -> None:
 
 
 async def test_hostile_text_is_shown_escaped_and_bad_arguments_refused() -> None:
-    engine.skip_on("shared", "the operator faces do not read the shared layout yet")
     async with nj.open_runtime(engine.location, http=LOOPBACK) as rt:
         url = rt.http_url or ""
         await rt.get(Account, "evil<b>").push("charge", id="x\x1b[31m", retry=ONCE,

@@ -70,7 +70,6 @@ async def scrape(url: str) -> dict[str, Any]:
 
 
 async def test_every_family_is_typed_and_the_gauges_count_every_object() -> None:
-    engine.skip_on("shared", "the operator faces do not read the shared layout yet")
     ns = Sender.namespace
     async with nj.open_runtime(engine.location, http=LOOPBACK) as rt:
         assert rt.http_url is not None
@@ -118,7 +117,6 @@ async def test_every_family_is_typed_and_the_gauges_count_every_object() -> None
 
 
 async def test_the_gauges_count_objects_that_are_not_in_memory(tmp_path: Any) -> None:
-    engine.skip_on("shared", "the operator faces do not read the shared layout yet")
     engine.skip_on("memory", "a memory runtime's objects are gone once it closes")
     location = engine.durable(tmp_path)
     async with nj.open_runtime(location) as rt:

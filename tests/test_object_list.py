@@ -63,7 +63,6 @@ def test_ids_sort_naturally() -> None:
 
 
 async def test_filters_sorts_and_cards() -> None:
-    engine.skip_on("shared", "the operator faces do not read the shared layout yet")
     global HELD
     HELD = trio.Event()
     async with nj.open_runtime(engine.location, http=LOOPBACK) as rt:

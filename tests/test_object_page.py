@@ -57,7 +57,6 @@ class Shop(nj.DurableObject):
 
 
 async def test_the_page_says_what_each_job_is_doing() -> None:
-    engine.skip_on("shared", "the operator faces do not read the shared layout yet")
     async with nj.open_runtime(engine.location, http=LOOPBACK) as rt:
         url = rt.http_url or ""
         shop = rt.get(Shop, "shop-1")
@@ -112,7 +111,6 @@ async def test_the_page_says_what_each_job_is_doing() -> None:
 
 
 async def test_inspect_json_says_schedules_in_words(tmp_path: Any) -> None:
-    engine.skip_on("shared", "the operator faces do not read the shared layout yet")
     engine.skip_on("memory", "inspect reads a stored location")
     location = engine.durable(tmp_path)
     async with nj.open_runtime(location) as rt:

@@ -107,7 +107,6 @@ async def _dashboard(rt: nj.Runtime) -> tuple[str, str, dict[str, str]]:
 async def test_an_action_on_a_missing_object_is_a_404_and_creates_nothing(action: str) -> None:
     """It activated the object, creating it (an empty database, a catalog or PostgreSQL
     row), and answered 303 "no dead letter host/bounce"."""
-    engine.skip_on("shared", "the operator faces do not read the shared layout yet")
     with trio.fail_after(60):
         async with nj.open_runtime(engine.location, http=LOOPBACK, http_writes=True) as rt:
             url, token, headers = await _dashboard(rt)
@@ -127,7 +126,6 @@ async def test_hostile_ids_get_a_typed_4xx_from_actions_and_pages_and_write_noth
     object), from an action and from the object's pages alike. They were a 500 (a huge
     id, a NUL: an ObjectIdError traceback; a NUL on PostgreSQL's pages a 503), or a
     new object (a path)."""
-    engine.skip_on("shared", "the operator faces do not read the shared layout yet")
     with trio.fail_after(120):
         async with nj.open_runtime(engine.location, http=LOOPBACK, http_writes=True) as rt:
             url, token, headers = await _dashboard(rt)
@@ -193,6 +191,11 @@ def _files(data: Path) -> dict[str, tuple[int, int, str]]:
             for p in sorted(data.rglob("*")) if p.is_file()}
 
 
+def _directory(location: Any) -> Path:
+    """A data directory's path (``shared:<directory>`` too)."""
+    return Path(str(location).removeprefix("shared:"))
+
+
 def _postgres(dsn: str) -> Any:
     from pg_support import sql
 
@@ -208,7 +211,6 @@ async def test_the_cli_on_a_missing_or_hostile_object_exits_2_and_writes_nothing
     stopped data directory and on PostgreSQL: exit 2 naming it, nothing written (not
     a byte of the directory's files, not a row)."""
     engine.skip_on("memory", "the CLI reads a data directory or a PostgreSQL database")
-    engine.skip_on("shared", "the CLI has no faces on the shared layout yet")
     location = engine.durable(tmp_path)
     async with nj.open_runtime(location) as rt:
         await rt.get(Mailer, "known").push("fail", id="bounce", retry=ONCE)
@@ -216,7 +218,7 @@ async def test_the_cli_on_a_missing_or_hostile_object_exits_2_and_writes_nothing
     dsn = getattr(rt.engine, "dsn", None)
 
     def snapshot() -> Any:
-        return _postgres(dsn) if dsn is not None else _files(Path(location))
+        return _postgres(dsn) if dsn is not None else _files(_directory(location))
 
     before = snapshot()
     for namespace, object_id, _ in HOSTILE:
@@ -263,11 +265,11 @@ async def test_serve_answers_a_missing_or_hostile_object_with_a_4xx_and_reads_on
     database) of an object that does not exist, or a hostile id: 404 or 400, and not a
     byte or a row written (a NUL was a 503 on PostgreSQL: its driver refused it)."""
     from nursery_jobs._ops._inspect_pg import PgDatabase
+    from nursery_jobs._ops._inspect_shared import SharedSource
     from nursery_jobs._ops._sources import OfflineSource
     from nursery_jobs._ops._web import serve_offline
 
     engine.skip_on("memory", "serve reads a data directory or a PostgreSQL database")
-    engine.skip_on("shared", "serve has no face on the shared layout yet")
     location = engine.durable(tmp_path)
     async with nj.open_runtime(location) as rt:
         await rt.get(Mailer, "known").push("fail", id="bounce", retry=ONCE)
@@ -275,10 +277,11 @@ async def test_serve_answers_a_missing_or_hostile_object_with_a_4xx_and_reads_on
     dsn = getattr(rt.engine, "dsn", None)
 
     def snapshot() -> Any:
-        return _postgres(dsn) if dsn is not None else _files(Path(location))
+        return _postgres(dsn) if dsn is not None else _files(_directory(location))
 
     before = snapshot()
-    access: Any = PgDatabase(dsn) if dsn is not None else OfflineSource(location)
+    access: Any = (PgDatabase(dsn) if dsn is not None else SharedSource(_directory(location))
+                   if engine.name == "shared" else OfflineSource(location))
     try:
         with trio.fail_after(60):
             async with trio.open_nursery() as nursery:
@@ -293,6 +296,6 @@ async def test_serve_answers_a_missing_or_hostile_object_with_a_4xx_and_reads_on
                 assert status == 200
                 nursery.cancel_scope.cancel(reason="the test is done")
     finally:
-        if dsn is not None:
+        if dsn is not None or engine.name == "shared":
             access.close()
     assert snapshot() == before

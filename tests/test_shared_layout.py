@@ -284,30 +284,45 @@ async def test_a_commit_outside_calls_ships_within_the_interval(
                     ("nj_kv", "bg", '["bg", "\\"put\\""]')]
 
 
-async def test_the_dashboard_refuses_the_shared_layout_rather_than_count_wrong(
-    tmp_path: Path,
-) -> None:
-    # Its pages read object files the layout does not have: the gauges of objects out of
-    # memory (dead letters, due jobs) would be silently zero.
-    with pytest.raises(nj.EngineError, match="do not read the shared layout yet"):
-        async with nj.open_runtime(f"shared:{tmp_path / 'data'}", http=("127.0.0.1", 0)):
-            pass
+async def test_the_dashboard_serves_the_shared_layout(tmp_path: Path) -> None:
+    # It refused (EngineError): its pages read object files the layout does not have,
+    # and would have counted objects out of memory as zero. They read the shared
+    # database now (tests/test_operator_faces_shared.py).
+    async with nj.open_runtime(f"shared:{tmp_path / 'data'}", http=("127.0.0.1", 0)) as rt:
+        assert rt.http_url is not None and rt.http_url.startswith("http://127.0.0.1:")
 
 
 @pytest.mark.parametrize("command", [
-    ("inspect",), ("requeue", "ns", "obj", "job"), ("pause", "ns", "obj"),
-    ("resume", "ns", "obj"), ("serve", "--port", "0"),
+    ("inspect",), ("inspect", "--json"), ("requeue", "ns", "obj", "job"),
+    ("pause", "ns", "obj"), ("resume", "ns", "obj"), ("serve", "--port", "0"),
 ])
-def test_the_cli_refuses_the_shared_layout_in_one_line(
+def test_the_cli_on_a_shared_location_that_holds_nothing_says_so_in_one_line(
     tmp_path: Path, command: tuple[str, ...], capsys: pytest.CaptureFixture[str],
 ) -> None:
     from nursery_jobs import cli
 
     code = cli.main([command[0], f"shared:{tmp_path}", *command[1:]])
-    err = capsys.readouterr().err
-    assert code == 2
-    assert err.count("\n") == 1 and "no operator faces yet" in err, err
+    out, err = capsys.readouterr()
+    assert (code, out) == (2, "")
+    assert err.count("\n") == 1 and "no shared.sqlite3" in err, err
     assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+@pytest.mark.parametrize("location", ["shared:", "shared://", "SHARED:"])
+def test_the_cli_on_a_shared_location_that_names_no_directory_reads_nothing(
+    tmp_path: Path, location: str, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Not the current directory: ``shared:`` names none."""
+    from nursery_jobs import cli
+
+    monkeypatch.chdir(tmp_path)
+    for args in (["inspect", location], ["pause", location, "ns", "obj"]):
+        code = cli.main(args)
+        out, err = capsys.readouterr()
+        assert (code, out) == (2, "")
+        assert err.count("\n") == 1 and "names no directory" in err, err
+    assert list(tmp_path.iterdir()) == []
 
 
 async def test_by_default_idle_objects_past_the_pool_leave_and_hand_their_copies_on(

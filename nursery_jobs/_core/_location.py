@@ -67,10 +67,17 @@ def engine_for(
 SHARED_PREFIX = "shared:"
 
 
-def _shared(text: str, *, synchronous: str) -> SharedEngine:
+def shared_path(text: str) -> str | None:
+    """The directory a ``shared:<path>`` location names (``shared://./data`` and
+    ``shared:///abs/path`` too; ``""`` for none), or None: not the shared layout."""
+    if text[:len(SHARED_PREFIX)].lower() != SHARED_PREFIX:
+        return None
     path = text[len(SHARED_PREFIX):]
-    if path.startswith("//"):
-        path = path[2:]  # shared://./data, shared:///abs/path
+    return path[2:] if path.startswith("//") else path
+
+
+def _shared(text: str, *, synchronous: str) -> SharedEngine:
+    path = shared_path(text)
     if not path:
         raise EngineError(
             f"{text!r} names no directory: give shared:<path>, e.g. shared:./data"

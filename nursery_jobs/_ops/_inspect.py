@@ -7,7 +7,12 @@ inside one snapshot. ``OfflineSource`` (``_sources``) reads a stopped data direc
 without creating a file or taking a lock a runtime would wait on; ``RuntimeSource``
 (``_sources``) reads a running runtime, and is the only code outside the core that
 touches the runtime's internals (keep it that way: after a restructure of the core, this
-class is what changes). ``_offline`` holds the one write, requeue, on either engine.
+class is what changes). ``_offline`` holds the writes (requeue, pause, resume) on a data
+directory and on PostgreSQL, ``_offline_shared`` on the shared layout.
+
+The shared layout (``_inspect_shared``): ``SharedSource`` reads a stopped directory and
+``SharedRuntimeSource`` (a ``RuntimeSource``) a running one; both load an object's
+stored rows as PostgreSQL's ``PgReader`` does (``_stored_rows``).
 
 How the SQLite sources read: ``_readonly`` opens a database file without leaving anything
 behind, ``_queries`` holds the SQL on a catalog and on one object's database,

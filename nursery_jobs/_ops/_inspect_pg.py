@@ -18,31 +18,26 @@ active object's commits reach it within the engine's ship interval (50 ms).
 
 A row changed outside nursery_jobs (no JSON, a number field that holds none) is its
 object's fault, as in a data directory: that object is shown ``damaged``, the row named
-(``_load``), and every other object is read and counted as before (``_counted``).
+(``_stored_rows``, shared with the shared layout's readers), and every other object is
+read and counted as before (``_counted``).
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import json
-import math
 import re
-import sqlite3
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 from urllib.parse import unquote
 
 import attrs
 import trio
 
-from nursery_jobs._engines._schema import prepare
 from nursery_jobs._engines.postgres import _ops as pg_ops
-from nursery_jobs._engines.postgres._copy import load_rows
-from nursery_jobs._engines.postgres._schema import ROW_TABLES, TABLES_BY_NAME, check_version
-from nursery_jobs._errors import DataDirectoryError, StorageError, safe_repr
+from nursery_jobs._engines.postgres._schema import TABLES_BY_NAME, check_version
+from nursery_jobs._errors import DataDirectoryError, StorageError
 from nursery_jobs._jobs._table import PAUSED_ALL, PAUSED_PREFIX
 from nursery_jobs._ops._inspect import (
     AlarmSummary,
@@ -54,10 +49,10 @@ from nursery_jobs._ops._inspect import (
     ObjectCounts,
     ObjectPage,
     ObjectRow,
-    State,
 )
 from nursery_jobs._ops._queries import STRIKES_KEY, _payload
 from nursery_jobs._ops._readers import _ObjectReader, letter_page, totals_of
+from nursery_jobs._ops._stored_rows import StoredRows
 
 if TYPE_CHECKING:
     from nursery_jobs._engines.postgres._engine import PostgresEngine
@@ -178,9 +173,10 @@ def _rows_of(table: str, only: list[Key] | None) -> tuple[str, list[Any]]:
             [[key[0] for key in only], [key[1] for key in only], table])
 
 
-class PgReader(_ObjectReader):
+class PgReader(StoredRows, _ObjectReader):
     """A ``DataSource`` over ``conn``, inside a snapshot its caller holds open
-    (``_ops.read_only``). Blocks on every read: use it in a worker thread. Close it."""
+    (``_ops.read_only``). Blocks on every read: use it in a worker thread. Close it
+    (its in-memory database; not the connection: its caller's)."""
 
     def __init__(self, conn: Conn, *, label: str, live: bool) -> None:
         self._pg = conn
@@ -189,16 +185,6 @@ class PgReader(_ObjectReader):
         self._rows: dict[tuple[str, str], ObjectRow] = {}
         self.leases: dict[tuple[str, str], LeaseInfo] = {}
         self._flights: dict[str, list[Any]] | None = None
-        # One in-memory database with the object schema, refilled with each object's
-        # rows in turn: a working copy per object (schema, capture triggers) cost ~0.7 ms
-        # of the ~1 ms an object took on a dashboard page.
-        self._copy: sqlite3.Connection | None = None
-
-    def close(self) -> None:
-        """Close the in-memory copy (not the connection: its caller's)."""
-        if self._copy is not None:
-            self._copy.close()
-            self._copy = None
 
     @property
     def label(self) -> str:
@@ -438,27 +424,11 @@ class PgReader(_ObjectReader):
         return letter_page(found, search, offset, limit)
 
     # -- an object's rows --------------------------------------------------------------------
-    @contextlib.contextmanager
-    def _object_db(
-        self, row: ObjectRow
-    ) -> Iterator[tuple[sqlite3.Connection | None, State, str | None]]:
-        label = f"{row.namespace}/{row.id}"
-        state: State = "active" if row.active else "evicted"
-        stored: list[tuple[str, str, str]] = self._pg.execute(
+    def _stored_rows(self, row: ObjectRow) -> list[tuple[str, str, str]]:
+        return self._pg.execute(  # type: ignore[no-any-return]
             "SELECT tbl, key, data FROM nj_rows WHERE namespace = %s AND object_id = %s",
             (row.namespace, row.id),
         ).fetchall()
-        conn = self._copy
-        if conn is None:
-            conn = self._copy = sqlite3.connect(":memory:", isolation_level=None)
-            prepare(conn, label=self._label)
-        problem = _load(conn, label, stored)
-        if problem is not None:
-            # Rows this code cannot read (changed outside nursery_jobs, another
-            # version): the object is shown damaged, naming the row; the others are read.
-            yield None, "damaged", problem
-            return
-        yield conn, state, None
 
     def _running_id(self, row: ObjectRow) -> str | None:
         """The job the holder's last shipped flight list shows running (shipped every
@@ -483,98 +453,6 @@ class PgReader(_ObjectReader):
             if token and (ns, oid) == (row.namespace, row.id):
                 return float(started)
         return None
-
-
-# What loading a stored row may raise: a row of a table the object schema lacks, no
-# JSON, no row of its table (too long, a list where a value goes, NULL where none may
-# be, an int too large for SQLite).
-_UNLOADABLE: Final = (StorageError, ValueError, TypeError, OverflowError, sqlite3.Error)
-_OUTSIDE: Final = " (the row was changed outside nursery_jobs)"
-
-
-def _row_name(table: str, key: object) -> str:
-    return f"job {key!r}" if table == "nj_jobs" else f"{table} row {key!r}"
-
-
-def _clear(conn: sqlite3.Connection) -> None:
-    for table in ROW_TABLES:
-        conn.execute(f"DELETE FROM {table.name}")
-
-
-def _load(conn: sqlite3.Connection, label: str, stored: list[tuple[str, str, str]],
-          ) -> str | None:
-    """Fill the working copy on ``conn`` with an object's ``stored`` rows ((table, key,
-    JSON row)); what is wrong with them, naming the row (None: nothing). The copy then
-    holds a number in every number column, as nursery_jobs writes it: every reader of
-    it converts what it reads without a check of its own."""
-    _clear(conn)
-    try:
-        load_rows(conn, label, [(table, data) for table, _key, data in stored])
-    except _UNLOADABLE as exc:
-        return _unloadable(conn, label, stored, exc)
-    return _misfiled(conn)
-
-
-def _unloadable(conn: sqlite3.Connection, label: str, stored: list[tuple[str, str, str]],
-                error: Exception) -> str:
-    """The problem of the first of ``stored`` rows that does not load alone (their
-    loading together raised ``error``). Reads the rows again: only for a damaged
-    object."""
-    for table, key, data in stored:
-        try:
-            load_rows(conn, label, [(table, data)])
-        except _UNLOADABLE as exc:
-            return f"{_row_name(table, key)}: its stored row does not load: {exc}{_OUTSIDE}"
-        finally:
-            _clear(conn)
-    return f"{label}: stored rows cannot be read: {error}"
-
-
-@functools.cache
-def _number_columns() -> list[tuple[str, tuple[str, ...], list[tuple[str, bool]]]]:
-    """Per table of the working copy: its name, its key columns, and its number columns
-    (name, and whether an integer column: an infinity converts to no int), as the object
-    schema declares them."""
-    scratch = sqlite3.connect(":memory:")
-    try:
-        prepare(scratch, label="(the object schema)")
-        return [(table.name, table.key_columns, [
-            (str(name), str(kind) == "INTEGER") for _cid, name, kind, *_ in
-            scratch.execute(f"PRAGMA table_info({table.name})")
-            if str(kind) in ("INTEGER", "REAL")]) for table in ROW_TABLES]
-    finally:
-        scratch.close()
-
-
-def _misfiled(conn: sqlite3.Connection) -> str | None:
-    """The first row of the working copy with a number column that holds no number
-    (SQLite keeps the text of a number stored as a JSON string), or breaker strikes that
-    are no number, named; None where there is none. A scan of each table in memory."""
-    for table, key_columns, numbers in _number_columns():
-        if not numbers:
-            continue
-        wrong = " OR ".join(
-            f"typeof({name}) IN ('text', 'blob')" + (f" OR abs({name}) = 9e999"
-                                                     if integer else "")
-            for name, integer in numbers)
-        found = conn.execute(
-            f"SELECT {', '.join(key_columns)}, {', '.join(name for name, _ in numbers)}"
-            f" FROM {table} WHERE {wrong} LIMIT 1").fetchone()
-        if found is None:
-            continue
-        width = len(key_columns)
-        key = found[0] if width == 1 else list(found[:width])
-        for (name, integer), value in zip(numbers, found[width:], strict=True):
-            if isinstance(value, (str, bytes)) or (
-                    integer and isinstance(value, float) and math.isinf(value)):
-                return (f"{_row_name(table, key)}: its stored {name} {safe_repr(value, 60)}"
-                        f" is no number{_OUTSIDE}")
-    found = conn.execute("SELECT value FROM nj_meta WHERE key = ? AND typeof(value)"
-                         " NOT IN ('integer', 'real')", (STRIKES_KEY,)).fetchone()
-    if found is not None:
-        return (f"{_row_name('nj_meta', STRIKES_KEY)}: its stored value"
-                f" {safe_repr(found[0], 60)} is no number{_OUTSIDE}")
-    return None
 
 
 def _driver() -> Any:

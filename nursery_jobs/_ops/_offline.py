@@ -20,7 +20,6 @@ import attrs
 from nursery_jobs._codec import decode_payload
 from nursery_jobs._engines._faults import fault_cause
 from nursery_jobs._errors import (
-    DataDirectoryError,
     NurseryJobsError,
     ObjectHeldError,
     ObjectInUseError,
@@ -31,7 +30,7 @@ from nursery_jobs._errors import (
 from nursery_jobs._jobs._records import ownership_error
 from nursery_jobs._jobs._table import PAUSED_ALL, PAUSED_PREFIX
 from nursery_jobs._ops._queries import _tables
-from nursery_jobs._ops._readonly import refuse_if_running
+from nursery_jobs._ops._readonly import check_files_directory, refuse_if_running
 
 if TYPE_CHECKING:
     from nursery_jobs._engines.postgres._ops import Edit
@@ -102,9 +101,7 @@ def requeue_offline(
         JobOwnershipError: another owner's queued job holds the id.
     """
     data = Path(data)
-    if not (data / "catalog.sqlite3").is_file():
-        raise DataDirectoryError(f"{data} is not a nursery_jobs data directory"
-                                 " (no catalog.sqlite3)")
+    check_files_directory(data)
     with _runtime_lock(data):
         with _translated(f"the catalog of {data}"):
             catalog = _writable(data / "catalog.sqlite3")
@@ -358,9 +355,7 @@ def pause_offline(
         DataDirectoryError, UnknownObjectError: no such directory or object.
     """
     data = Path(data)
-    if not (data / "catalog.sqlite3").is_file():
-        raise DataDirectoryError(f"{data} is not a nursery_jobs data directory"
-                                 " (no catalog.sqlite3)")
+    check_files_directory(data)
     with _runtime_lock(data):
         with _translated(f"the catalog of {data}"):
             catalog = _writable(data / "catalog.sqlite3")

@@ -1,6 +1,7 @@
 """Reading SQLite files without leaving anything behind: a database opened read-only with
 no file created beside it and no lock a runtime would wait on, whether a runtime holds a
-data directory, and an object's database file as found (its state, its signature).
+data directory, which layout a directory holds, and an object's database file as found
+(its state, its signature).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from nursery_jobs._engines.files._rebuild import QUARANTINE
-from nursery_jobs._errors import ObjectInUseError, RuntimeLockedError
+from nursery_jobs._errors import DataDirectoryError, ObjectInUseError, RuntimeLockedError
 from nursery_jobs._ops._inspect import State
 
 # -- reading SQLite without leaving anything behind --------------------------------------
@@ -104,10 +105,43 @@ def runtime_running(data: Path) -> bool:
     return False
 
 
+def check_files_directory(data: Path) -> None:
+    """Refuse what is not a data directory of the files layout. Creates nothing.
+
+    Raises:
+        DataDirectoryError: no ``catalog.sqlite3`` (saying so where the directory holds
+            the shared layout, which ``shared:<directory>`` names).
+    """
+    if (data / "catalog.sqlite3").is_file():
+        return
+    if (data / "shared.sqlite3").is_file():
+        raise DataDirectoryError(f"{data} holds the shared layout (shared.sqlite3), not a"
+                                 f" file per object: give it as shared:{data}")
+    raise DataDirectoryError(f"{data} is not a nursery_jobs data directory"
+                             " (no catalog.sqlite3)")
+
+
+def check_shared_directory(data: Path) -> None:
+    """Refuse what is not a data directory of the shared layout. Creates nothing.
+
+    Raises:
+        DataDirectoryError: no ``shared.sqlite3`` (saying so where the directory holds
+            a file per object, which its path without ``shared:`` names).
+    """
+    if (data / "shared.sqlite3").is_file():
+        return
+    if (data / "catalog.sqlite3").is_file():
+        raise DataDirectoryError(
+            f"shared:{data} holds a file per object (catalog.sqlite3, objects/), not the"
+            f" shared layout: give its path without 'shared:' ({data})")
+    raise DataDirectoryError(f"shared:{data} is not a nursery_jobs data directory of the"
+                             " shared layout (no shared.sqlite3)")
+
+
 def refuse_if_running(data: Path) -> None:
     if runtime_running(data):
         raise RuntimeLockedError(
-            f"{data} is in use by a running runtime: its objects' databases are locked."
+            f"{data} is in use by a running runtime (it holds {data / 'runtime.lock'})."
             " Stop it, or look at it live: open_runtime(..., http=('127.0.0.1', 8321))"
             " serves its dashboard at http://127.0.0.1:8321/"
         )

@@ -13,9 +13,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from nursery_jobs import _clock
-from nursery_jobs._errors import DataDirectoryError, UnknownObjectError
+from nursery_jobs._errors import UnknownObjectError
 from nursery_jobs._ops._inspect import ObjectPage, ObjectRow, State
-from nursery_jobs._ops._readonly import _file_db, _file_signature, open_readonly
+from nursery_jobs._ops._readonly import (
+    _file_db,
+    _file_signature,
+    check_files_directory,
+    open_readonly,
+)
 from nursery_jobs._ops._slices import _FileSource
 
 if TYPE_CHECKING:
@@ -27,9 +32,7 @@ class OfflineSource(_FileSource):
 
     def __init__(self, data: str | os.PathLike[str]) -> None:
         self.data = Path(data)
-        if not (self.data / "catalog.sqlite3").is_file():
-            raise DataDirectoryError(f"{self.data} is not a nursery_jobs data directory"
-                                     " (no catalog.sqlite3)")
+        check_files_directory(self.data)
 
     @property
     def label(self) -> str:

@@ -28,10 +28,8 @@ import trio
 
 from nursery_jobs import _clock
 from nursery_jobs._core._metrics import Metrics
-from nursery_jobs._engines.shared._engine import SharedEngine
 from nursery_jobs._errors import (
     DataDirectoryError,
-    EngineError,
     HttpError,
     ObjectFencedError,
     ObjectInUseError,
@@ -48,6 +46,7 @@ from nursery_jobs._ops._inspect import (
     SourceAccess,
 )
 from nursery_jobs._ops._inspect_json import detail_json, report_json, report_steps
+from nursery_jobs._ops._inspect_shared import runtime_source
 from nursery_jobs._ops._listen import serve_app
 from nursery_jobs._ops._prometheus import CONTENT_TYPE, LiveCounters, exposition, read_scrape
 from nursery_jobs._ops._slices import Sliced, _FileSource
@@ -468,13 +467,9 @@ async def start_http(rt: Runtime, nursery: trio.Nursery, address: object, *,
     host, port = _check_address(address)
     if not isinstance(writes, bool):
         raise TypeError(f"http_writes must be a bool, got {writes!r}")
-    if isinstance(rt.engine, SharedEngine):
-        # Its pages would read object files that the layout does not have: counts of
-        # objects out of memory would be silently zero.
-        raise EngineError(
-            f"the dashboard and /metrics do not read the shared layout yet ({rt.engine.label}):"
-            " open it without http=, or use a data directory of the files layout")
-    source = RuntimeSource(rt)
+    # (The shared layout: an active object read from its working copy, the others from
+    # their stored rows; see ``_inspect_shared``.)
+    source = runtime_source(rt)
     pg = postgres_engine(rt.engine)
     # PostgreSQL: the whole database (every host's objects), read in the engine's pool.
     access: SourceAccess = Sliced(source) if pg is None else PgRuntimeAccess(pg)

@@ -118,6 +118,10 @@ class SharedEngine(CatalogEngine):
         # (``due``, ``next_alarm_after``, ``get_alarm``) before the shared database does.
         self._unshipped: dict[Key, tuple[float | None, int]] = {}
         self._conn: sqlite3.Connection | None = None
+        # (namespace, id) -> how many times this runtime wrote the object's stored rows
+        # since an operator face first asked (``rows_written``); None until then: no
+        # entry per object shipped where no dashboard reads.
+        self._writes: dict[Key, int] | None = None
         self._ship_passes = 0
         self._ships = 0
         self._rows_shipped = 0
@@ -285,6 +289,21 @@ class SharedEngine(CatalogEngine):
         self._conn.execute("DELETE FROM nj_rows WHERE namespace = ? AND object_id = ?",
                            (namespace, object_id))
         self._unshipped.pop((namespace, object_id), None)
+        self._wrote((namespace, object_id))
+
+    def rows_written(self, namespace: str, object_id: str) -> int:
+        """A count that moves whenever this runtime writes the object's stored rows (a
+        ship, a destroy), from the first time it is asked: while it stays, the rows an
+        operator face read out of memory are still what is stored (this runtime is
+        their only writer). Does not checkpoint."""
+        if self._writes is None:
+            self._writes = {}
+        return self._writes.get((namespace, object_id), 0)
+
+    def _wrote(self, key: Key) -> None:
+        writes = self._writes
+        if writes is not None:
+            writes[key] = writes.get(key, 0) + 1
 
     def object_rows(self, namespace: str, object_id: str) -> list[tuple[str, str, str]]:
         """(table, key, JSON row) of an object as shipped (for reading, e.g. tests)."""
@@ -338,6 +357,8 @@ class SharedEngine(CatalogEngine):
                     state.unregistered = None
                 self._ships += 1
                 self._rows_shipped += len(change.upserts) + len(change.deletes)
+                if self._writes is not None:  # (a dashboard reads: see rows_written)
+                    self._wrote((ns, oid))
             except BaseException:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
