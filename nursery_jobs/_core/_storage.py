@@ -14,7 +14,7 @@ import sqlite_utils
 from nursery_jobs._clock import coerce_time
 from nursery_jobs._codec import decode_payload, encode_payload
 from nursery_jobs._errors import AlarmOwnedError, StorageError, StorageKeyError, TurnError
-from nursery_jobs._names import check_name
+from nursery_jobs._names import MAX_NAME_LENGTH, check_name
 
 if TYPE_CHECKING:
     import datetime
@@ -323,7 +323,12 @@ def _refuse_raw_sql(conn: sqlite3.Connection, what: str) -> None:  # hook(pg)
 
 
 def _key(key: object, *, allow_empty: bool = False) -> str:
-    if key.__class__ is str and key and key.isascii() and "\x00" not in key:
+    """``key`` if it can be a storage key (a ``list`` prefix: or ``""``), else
+    ``StorageKeyError``, before the statement runs. Bounded as an id is
+    (``MAX_NAME_LENGTH``): a prefix longer than any key is refused too."""
+    if (key.__class__ is str and key and key.isascii() and "\x00" not in key
+            and len(key) <= MAX_NAME_LENGTH):
         return key  # (the usual key: no call, on every storage call)
     # (PostgreSQL text holds no NUL: a working copy holding one would never ship again.)
-    return check_name(key, "storage key", StorageKeyError, allow_empty=allow_empty)
+    return check_name(key, "storage key", StorageKeyError, max_length=MAX_NAME_LENGTH,
+                      allow_empty=allow_empty)
