@@ -118,6 +118,11 @@ class Account(nj.DurableObject):
                 await trio.sleep(1)
             if self.env.jobs_run == BACKLOG:
                 self.env.done.set()
+        if ctx.job.fn == "slow":
+            # Holds the turn for 3 s: past a turn_warning of 2 s.
+            self.env.jobs_run += 1
+            self.env.ready.set()
+            await trio.sleep(3)
         if ctx.job.fn == "finish_once_waited_for":
             # Holds the turn until the interleave method is waiting for it.
             self.env.ready.set()
@@ -510,3 +515,27 @@ async def test_each_slow_turn_warns_once_and_quick_ones_never(
             await slow.take(3)  # from 18 to 21: warned at 20
             times = [e.time - EPOCH for e in events if e.type == "object:turn_slow"]
             assert times == [17, 20]
+
+
+async def test_a_slow_job_after_a_hand_over_is_warned_again(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A hand-over ends the alarm run's holding: the turn it takes back is a new one, so a
+    second slow job of the same run gets its own ``object:turn_slow``."""
+    env = Env()
+    events: list[nj.Event] = []
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(engine.location, env=env, turn_warning=2.0) as rt:
+            rt.events.add_listener(events.append)
+            account = rt.get(Account, "a")
+            await account.push_many("slow", 2, EPOCH + 10)
+            await env.ready.wait()  # at +10 the first job holds the turn to +13
+            await trio.sleep(1)
+            # The call waits for the first job; the run hands the turn over at +13.
+            assert await account.jobs_run_so_far() == 1
+            assert trio.current_time() == 13
+            await trio.sleep(10)  # the second job holds the turn from +13 to +16
+            assert await account.jobs_run_so_far() == 2
+            slow = [(e.time - EPOCH, e.data["holder"]) for e in events
+                    if e.type == "object:turn_slow"]
+            assert [when for when, _ in slow] == [12, 15], slow

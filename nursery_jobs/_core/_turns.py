@@ -186,7 +186,7 @@ class Turn:
         self.kind = kind
         self.holder = holder
         self.since = trio.current_time()
-        self.warned = False  # object:turn_slow emitted
+        self.warned = False  # object:turn_slow emitted (for this admission: ``_admit``)
         # The task that entered it (first) and tasks re-entering it by call chain; none
         # for a place in line no task has taken yet (``reserve``).
         self.tasks: list[Holder] = [] if task is None else [Holder(task)]
@@ -452,7 +452,10 @@ class TurnGate:
         return kind == "read" or not self._readers
 
     def _admit(self, turn: Turn) -> None:
+        # Each admission is a new holding (an alarm run's turn taken back after a
+        # hand-over too): its time and its slow-turn warning start afresh.
         turn.since = trio.current_time()
+        turn.warned = False
         if turn.kind == "write":
             self.writer = turn
             self.writer_task = turn.tasks[0].task if turn.tasks else None
