@@ -15,6 +15,9 @@ function, so that each test that needs them fails on its own while those names a
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -236,6 +239,96 @@ def waiter_class() -> type[nj.DurableObject]:
     return Waiter
 
 
+class Handle(nj.DurableObject):
+    """Keeps ``storage.conn`` from ``__init__`` (the startup turn), and a cursor, a blob
+    and iterdump's lines it got in a call, then uses one of them in a task that holds no
+    turn (``HANDLE_PATHS``)."""
+
+    namespace = "tests.test_turns.Handle"
+
+    def __init__(self, ctx: nj.ObjectContext) -> None:
+        super().__init__(ctx)
+        self.env: Env = ctx.env
+        self.conn = ctx.storage.conn  # kept from __init__
+        self.kept: dict[str, Any] = {}
+
+    async def fill(self, path: str) -> None:
+        """Make table ``t``; keep what ``path`` uses later (only that: an open cursor
+        or blob would hold up a backup)."""
+        self.conn.execute("CREATE TABLE IF NOT EXISTS t (n INTEGER, b BLOB)")
+        self.conn.executemany("INSERT INTO t VALUES (?, zeroblob(4))", [(n,) for n in range(3)])
+        if "cursor" in path:
+            self.kept["cursor"] = self.conn.execute("SELECT n FROM t ORDER BY n")
+            assert self.kept["cursor"].fetchone() == (0,)  # the rest is read later
+        if "blob" in path:
+            self.kept["blob"] = self.conn.blobopen("t", "b", 1)
+        if "lines" in path:
+            self.kept["dump"] = self.conn.iterdump()
+
+    async def use_later(self, path: str) -> None:
+        self.ctx.nursery.start_soon(self._use, path)
+
+    async def _use(self, path: str) -> None:
+        await trio.sleep(1)  # the call that started this task has ended: no turn here
+        try:
+            HANDLE_PATHS[path](self)
+        except Exception as exc:
+            self.env.errors.append(exc)
+        finally:
+            self.env.done.set()
+
+    async def seen(self) -> tuple[list[Any], bytes, Any, bool]:
+        """The rows of ``t``, the first blob, whether the row factory is the default,
+        and whether a function ``f`` was registered."""
+        rows = [tuple(row) for row in self.conn.execute("SELECT n FROM t ORDER BY n")]
+        blob = self.conn.execute("SELECT b FROM t WHERE rowid = 1").fetchone()[0]
+        try:
+            self.conn.execute("SELECT f()")
+            registered = True
+        except sqlite3.OperationalError:
+            registered = False
+        return rows, blob, self.conn.row_factory is None, registered
+
+
+def _backup(handle: Handle) -> None:
+    with contextlib.closing(sqlite3.connect(":memory:")) as target:
+        handle.conn.backup(target)
+
+
+def _with_conn(handle: Handle) -> None:
+    with handle.conn:
+        pass
+
+
+# Every way from a kept ``storage.conn`` (and what it handed out) into the connection.
+HANDLE_PATHS: dict[str, Callable[[Handle], Any]] = {
+    "execute": lambda h: h.conn.execute("DELETE FROM t"),
+    "executemany": lambda h: h.conn.executemany("DELETE FROM t WHERE n = ?", [(0,)]),
+    "executescript": lambda h: h.conn.executescript("DELETE FROM t;"),
+    "taking a cursor": lambda h: h.conn.cursor(),
+    "a new cursor's execute": lambda h: h.conn.cursor().execute("DELETE FROM t"),
+    "commit": lambda h: h.conn.commit(),
+    "rollback": lambda h: h.conn.rollback(),
+    "with conn": _with_conn,
+    "iterdump": lambda h: list(h.conn.iterdump()),
+    "backup": _backup,
+    "create_function": lambda h: h.conn.create_function("f", 0, lambda: 1),
+    "blobopen": lambda h: h.conn.blobopen("t", "b", 1),
+    "in_transaction": lambda h: h.conn.in_transaction,
+    "set row_factory": lambda h: setattr(h.conn, "row_factory", sqlite3.Row),
+    "fetchone of a kept cursor": lambda h: h.kept["cursor"].fetchone(),
+    "fetchall of a kept cursor": lambda h: h.kept["cursor"].fetchall(),
+    "fetchmany of a kept cursor": lambda h: h.kept["cursor"].fetchmany(2),
+    "iterating a kept cursor": lambda h: list(h.kept["cursor"]),
+    "next of a kept cursor": lambda h: next(h.kept["cursor"]),
+    "a kept cursor's execute": lambda h: h.kept["cursor"].execute("DELETE FROM t"),
+    "reading a kept blob": lambda h: h.kept["blob"].read(),
+    "writing a kept blob": lambda h: h.kept["blob"].write(b"ab"),
+    "writing a kept blob by index": lambda h: h.kept["blob"].__setitem__(0, 7),
+    "iterating kept iterdump lines": lambda h: list(h.kept["dump"]),
+}
+
+
 class Slow(nj.DurableObject):
     namespace = "tests.test_turns.Slow"
 
@@ -422,6 +515,25 @@ async def test_a_background_task_without_a_turn_gets_turn_error_and_writes_nothi
             # Both the write and the read were refused.
             assert [type(e) for e in env.errors] == [nj.TurnError, nj.TurnError]
             assert await stub.get("k") is None
+
+
+@pytest.mark.parametrize("path", list(HANDLE_PATHS))
+async def test_every_way_into_a_kept_connection_without_a_turn_raises_and_touches_nothing(
+    autojump_clock: trio.testing.MockClock, path: str,
+) -> None:
+    """``storage.conn`` kept from ``__init__``, and the cursors, blobs and iterators it
+    handed out in a turn: used by a task that holds none, each raises TurnError, and
+    nothing is read or written (the rows, the blob, the row factory and the functions
+    of the connection are as they were)."""
+    env = Env()
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(engine.location, env=env) as rt:
+            stub = rt.get(Handle, "h")
+            await stub.fill(path)
+            await stub.use_later(path)
+            await env.done.wait()
+            assert [type(e) for e in env.errors] == [nj.TurnError], env.errors
+            assert await stub.seen() == ([(0,), (1,), (2,)], bytes(4), True, False)
 
 
 async def test_a_background_task_writes_inside_ctx_turn(
