@@ -50,6 +50,7 @@ class Env:
     done: trio.Event = attrs.Factory(trio.Event)
     flags: dict[str, trio.Event] = attrs.Factory(dict)
     errors: list[BaseException] = attrs.Factory(list)
+    log: list[Any] = attrs.Factory(list)
     jobs_run: int = 0
 
     def flag(self, name: str) -> trio.Event:
@@ -329,6 +330,42 @@ HANDLE_PATHS: dict[str, Callable[[Handle], Any]] = {
 }
 
 
+class SlowCapability(nj.Capability):
+    """A capability whose ``on_start`` (part of the Lifecycle's startup) takes a second."""
+
+    id = "slow"
+
+    async def on_start(self) -> None:
+        await trio.sleep(1)
+
+
+def starting_class() -> type[nj.DurableObject]:
+    class Starting(nj.DurableObject):
+        """``on_start`` takes a second, the Lifecycle's startup another; each call logs
+        when it runs and holds its turn for a second."""
+
+        namespace = "tests.test_turns.Starting"
+
+        def __init__(self, ctx: nj.ObjectContext) -> None:
+            super().__init__(ctx)
+            self.env: Env = ctx.env
+            self.lifecycle = nj.Lifecycle.install(self).use(SlowCapability())
+
+        async def on_start(self) -> None:
+            await trio.sleep(1)
+
+        @nj.read_only
+        async def look(self, name: str) -> None:
+            self.env.log.append((name, trio.current_time()))
+            await trio.sleep(1)
+
+        async def write(self, name: str) -> None:
+            self.env.log.append((name, trio.current_time()))
+            await trio.sleep(1)
+
+    return Starting
+
+
 class Slow(nj.DurableObject):
     namespace = "tests.test_turns.Slow"
 
@@ -416,6 +453,36 @@ async def test_a_call_chain_back_to_an_object_reenters_its_turn(
             assert await a.bounce("b", 4) == ["a", "b", "a", "b", "a"]
             assert await a.visits() == 3
             assert await rt.get(Chain, "b").visits() == 2
+
+
+@pytest.mark.parametrize(("arrivals", "expected"), [
+    ([("look", "reader", 0), ("write", "writer", 0.5)], [("reader", 2), ("writer", 3)]),
+    ([("write", "writer", 0), ("look", "reader", 0.5)], [("writer", 2), ("reader", 3)]),
+    ([("look", "reader 1", 0), ("look", "reader 2", 0.25), ("write", "writer", 0.5)],
+     [("reader 1", 2), ("reader 2", 2), ("writer", 3)]),
+], ids=["read then write", "write then read", "two reads then write"])
+async def test_calls_that_arrive_while_the_object_starts_run_in_arrival_order(
+    autojump_clock: trio.testing.MockClock, arrivals: list[tuple[str, str, float]],
+    expected: list[tuple[str, float]],
+) -> None:
+    """Calls that arrive while the object starts (``on_start`` from 0 to 1, then the
+    Lifecycle's startup to 2) run in arrival order, a read-only call first too: it runs
+    the startup at its place in line, and read-only calls next to each other in line
+    still run side by side."""
+    starting = starting_class()
+    env = Env()
+
+    async def call(method: str, name: str, at: float) -> None:
+        await trio.sleep(at)
+        await stub.call(method, name)
+
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(engine.location, env=env) as rt:
+            stub = rt.get(starting, "s")
+            async with trio.open_nursery() as nursery:
+                for method, name, at in arrivals:
+                    nursery.start_soon(call, method, name, at)
+            assert env.log == expected
 
 
 # -- read-only methods --------------------------------------------------------------------
