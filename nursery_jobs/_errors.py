@@ -7,7 +7,8 @@ lookup errors derive from :class:`LookupError`::
     NurseryJobsError
      ├─ ObjectIdError (ValueError)        a bad object id or namespace
      ├─ TimeArgumentError (TypeError, ValueError)  a bad time, delay or jitter argument
-     ├─ StorageKeyError (TypeError, ValueError)    a storage key that is not a non-empty str
+     ├─ StorageKeyError (TypeError, ValueError)    a storage key that is not a non-empty str,
+     │                                    at most 1024 characters
      ├─ CodecError (ValueError)           a payload that cannot be stored
      │   ├─ CallCodecError                a stub call's argument or result  .method .part
      │   └─ DamagedJobError               a stored job row does not read back (its file was
@@ -94,7 +95,8 @@ class TimeArgumentError(NurseryJobsError, TypeError, ValueError):
 
 
 class StorageKeyError(NurseryJobsError, TypeError, ValueError):
-    """A storage key is not a non-empty str."""
+    """A storage key is not a non-empty str of at most 1024 characters that every
+    engine can store (no NUL, no lone surrogate)."""
 
 
 class CodecError(NurseryJobsError, ValueError):

@@ -6,6 +6,12 @@ holds no lone surrogate, so no engine takes a name one of them would refuse."""
 from __future__ import annotations
 
 import hashlib
+from typing import Final
+
+# The longest object id, job id or storage key, in characters (DESIGN 2: "the same
+# holds for job ids and storage keys"). A bound, so that no name is megabytes of text
+# that every read of its row, every index and every shipped row carries.
+MAX_NAME_LENGTH: Final = 1024
 
 
 def check_name(

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
 import trio
+from pg_support import fresh_database
 
 import nursery_jobs as nj
 
@@ -156,3 +157,76 @@ async def test_an_open_runtime_option_no_float_holds_is_refused_naming_it(
         async with nj.open_runtime(tmp_path / "data", **{option: bad}):
             pass
     assert not (tmp_path / "data").exists()
+
+
+# -- storage keys: bounded as ids are, on every engine -------------------------------------
+
+
+class Keys(nj.DurableObject):
+    """Runs one KV call with the key it is given, and reports what came of it."""
+
+    namespace = "tests.test_hostile_inputs.Keys"
+
+    async def attempt(self, call: str, char: str, length: int) -> str:
+        storage, key = self.ctx.storage, char * length  # (a call's arguments hold 1 MiB)
+        try:
+            if call == "get":
+                storage.get(key)
+            elif call == "put":
+                storage.put(key, 1)
+            elif call == "delete":
+                storage.delete(key)
+            else:
+                storage.list(key)
+        except nj.StorageKeyError as exc:
+            assert isinstance(exc, ValueError)
+            return str(exc)
+        return "no error"
+
+    async def round_trip(self, key: str) -> tuple[Any, dict[str, Any]]:
+        self.ctx.storage.put(key, "kept")
+        return self.ctx.storage.get(key), self.ctx.storage.list(key[:10])
+
+    async def stored(self) -> dict[str, Any]:
+        return self.ctx.storage.list()
+
+
+@pytest.fixture(params=["memory", "files", "shared", "postgres"])
+def key_location(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Any]:
+    """A durable location of each engine (memory: None)."""
+    if request.param == "postgres":
+        with fresh_database() as dsn:
+            yield dsn
+    elif request.param == "shared":
+        yield f"shared:{tmp_path / 'data'}"
+    else:
+        yield None if request.param == "memory" else tmp_path / "data"
+
+
+@pytest.mark.parametrize("call", ["get", "put", "delete", "list"])
+async def test_a_storage_key_longer_than_an_id_is_refused_naming_its_length_on_every_engine(
+    key_location: Any, call: str
+) -> None:
+    """A key (or a ``list`` prefix) over 1024 characters, as a job or object id, raises
+    ``StorageKeyError`` naming its length and the limit; nothing is written."""
+    with trio.fail_after(30):
+        async with nj.open_runtime(key_location) as rt:
+            keys = rt.get(Keys, "k")
+            message = await keys.attempt(call, "x", 2_000_000)
+            assert "2000000" in message and "1024" in message, message
+            assert "storage key" in message
+            assert "1025" in await keys.attempt(call, "é", 1025)
+            assert await keys.stored() == {}
+
+
+async def test_a_storage_key_of_1024_characters_is_kept_on_every_engine(
+    key_location: Any,
+) -> None:
+    """The longest key is stored, read, listed and survives a restart of the runtime."""
+    key = "k" * 1024
+    with trio.fail_after(30):
+        async with nj.open_runtime(key_location) as rt:
+            assert await rt.get(Keys, "k").round_trip(key) == ("kept", {key: "kept"})
+        if key_location is not None:
+            async with nj.open_runtime(key_location) as rt:
+                assert await rt.get(Keys, "k").stored() == {key: "kept"}

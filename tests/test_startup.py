@@ -48,6 +48,11 @@ class Starter(nj.DurableObject):
         self.cap.log.append(("hello", nj.now() - EPOCH))
         return "hi"
 
+    @nj.read_only
+    async def peek(self) -> str:
+        self.cap.log.append(("peek", nj.now() - EPOCH))
+        return "seen"
+
     async def push(self, job_id: str, at: float) -> None:
         await self.cap.lifecycle.jobs.push("f", id=job_id, time=EPOCH + at)
 
@@ -95,3 +100,19 @@ async def test_a_call_re_arms_an_alarm_the_index_lost(
         assert engine.stored_alarm(rt, Starter.namespace, "s") == (EPOCH + 50, 0)
         await trio.sleep(60)
     assert ("job", "j", 50) in log
+
+
+async def test_a_failing_startup_fails_a_read_only_call_and_the_next_one_retries(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A read-only call runs the startup at its place in line too: its error is the
+    call's, and the next read-only call runs the startup again, then reads."""
+    log: list[Any] = []
+    async with nj.open_runtime(engine.location, env=(log, {1})) as rt:
+        obj = rt.get(Starter, "s")
+        with pytest.raises(RuntimeError, match="start 1 failed"):
+            await obj.peek()
+        await trio.sleep(1)
+        assert await obj.peek() == "seen"
+        assert await obj.peek() == "seen"
+    assert log == [("start", 0), ("start", 1), ("peek", 1), ("peek", 1)]

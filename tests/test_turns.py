@@ -15,6 +15,9 @@ function, so that each test that needs them fails on its own while those names a
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -47,6 +50,7 @@ class Env:
     done: trio.Event = attrs.Factory(trio.Event)
     flags: dict[str, trio.Event] = attrs.Factory(dict)
     errors: list[BaseException] = attrs.Factory(list)
+    log: list[Any] = attrs.Factory(list)
     jobs_run: int = 0
 
     def flag(self, name: str) -> trio.Event:
@@ -118,6 +122,11 @@ class Account(nj.DurableObject):
                 await trio.sleep(1)
             if self.env.jobs_run == BACKLOG:
                 self.env.done.set()
+        if ctx.job.fn == "slow":
+            # Holds the turn for 3 s: past a turn_warning of 2 s.
+            self.env.jobs_run += 1
+            self.env.ready.set()
+            await trio.sleep(3)
         if ctx.job.fn == "finish_once_waited_for":
             # Holds the turn until the interleave method is waiting for it.
             self.env.ready.set()
@@ -231,6 +240,132 @@ def waiter_class() -> type[nj.DurableObject]:
     return Waiter
 
 
+class Handle(nj.DurableObject):
+    """Keeps ``storage.conn`` from ``__init__`` (the startup turn), and a cursor, a blob
+    and iterdump's lines it got in a call, then uses one of them in a task that holds no
+    turn (``HANDLE_PATHS``)."""
+
+    namespace = "tests.test_turns.Handle"
+
+    def __init__(self, ctx: nj.ObjectContext) -> None:
+        super().__init__(ctx)
+        self.env: Env = ctx.env
+        self.conn = ctx.storage.conn  # kept from __init__
+        self.kept: dict[str, Any] = {}
+
+    async def fill(self, path: str) -> None:
+        """Make table ``t``; keep what ``path`` uses later (only that: an open cursor
+        or blob would hold up a backup)."""
+        self.conn.execute("CREATE TABLE IF NOT EXISTS t (n INTEGER, b BLOB)")
+        self.conn.executemany("INSERT INTO t VALUES (?, zeroblob(4))", [(n,) for n in range(3)])
+        if "cursor" in path:
+            self.kept["cursor"] = self.conn.execute("SELECT n FROM t ORDER BY n")
+            assert self.kept["cursor"].fetchone() == (0,)  # the rest is read later
+        if "blob" in path:
+            self.kept["blob"] = self.conn.blobopen("t", "b", 1)
+        if "lines" in path:
+            self.kept["dump"] = self.conn.iterdump()
+
+    async def use_later(self, path: str) -> None:
+        self.ctx.nursery.start_soon(self._use, path)
+
+    async def _use(self, path: str) -> None:
+        await trio.sleep(1)  # the call that started this task has ended: no turn here
+        try:
+            HANDLE_PATHS[path](self)
+        except Exception as exc:
+            self.env.errors.append(exc)
+        finally:
+            self.env.done.set()
+
+    async def seen(self) -> tuple[list[Any], bytes, Any, bool]:
+        """The rows of ``t``, the first blob, whether the row factory is the default,
+        and whether a function ``f`` was registered."""
+        rows = [tuple(row) for row in self.conn.execute("SELECT n FROM t ORDER BY n")]
+        blob = self.conn.execute("SELECT b FROM t WHERE rowid = 1").fetchone()[0]
+        try:
+            self.conn.execute("SELECT f()")
+            registered = True
+        except sqlite3.OperationalError:
+            registered = False
+        return rows, blob, self.conn.row_factory is None, registered
+
+
+def _backup(handle: Handle) -> None:
+    with contextlib.closing(sqlite3.connect(":memory:")) as target:
+        handle.conn.backup(target)
+
+
+def _with_conn(handle: Handle) -> None:
+    with handle.conn:
+        pass
+
+
+# Every way from a kept ``storage.conn`` (and what it handed out) into the connection.
+HANDLE_PATHS: dict[str, Callable[[Handle], Any]] = {
+    "execute": lambda h: h.conn.execute("DELETE FROM t"),
+    "executemany": lambda h: h.conn.executemany("DELETE FROM t WHERE n = ?", [(0,)]),
+    "executescript": lambda h: h.conn.executescript("DELETE FROM t;"),
+    "taking a cursor": lambda h: h.conn.cursor(),
+    "a new cursor's execute": lambda h: h.conn.cursor().execute("DELETE FROM t"),
+    "commit": lambda h: h.conn.commit(),
+    "rollback": lambda h: h.conn.rollback(),
+    "with conn": _with_conn,
+    "iterdump": lambda h: list(h.conn.iterdump()),
+    "backup": _backup,
+    "create_function": lambda h: h.conn.create_function("f", 0, lambda: 1),
+    "blobopen": lambda h: h.conn.blobopen("t", "b", 1),
+    "in_transaction": lambda h: h.conn.in_transaction,
+    "set row_factory": lambda h: setattr(h.conn, "row_factory", sqlite3.Row),
+    "fetchone of a kept cursor": lambda h: h.kept["cursor"].fetchone(),
+    "fetchall of a kept cursor": lambda h: h.kept["cursor"].fetchall(),
+    "fetchmany of a kept cursor": lambda h: h.kept["cursor"].fetchmany(2),
+    "iterating a kept cursor": lambda h: list(h.kept["cursor"]),
+    "next of a kept cursor": lambda h: next(h.kept["cursor"]),
+    "a kept cursor's execute": lambda h: h.kept["cursor"].execute("DELETE FROM t"),
+    "reading a kept blob": lambda h: h.kept["blob"].read(),
+    "writing a kept blob": lambda h: h.kept["blob"].write(b"ab"),
+    "writing a kept blob by index": lambda h: h.kept["blob"].__setitem__(0, 7),
+    "iterating kept iterdump lines": lambda h: list(h.kept["dump"]),
+}
+
+
+class SlowCapability(nj.Capability):
+    """A capability whose ``on_start`` (part of the Lifecycle's startup) takes a second."""
+
+    id = "slow"
+
+    async def on_start(self) -> None:
+        await trio.sleep(1)
+
+
+def starting_class() -> type[nj.DurableObject]:
+    class Starting(nj.DurableObject):
+        """``on_start`` takes a second, the Lifecycle's startup another; each call logs
+        when it runs and holds its turn for a second."""
+
+        namespace = "tests.test_turns.Starting"
+
+        def __init__(self, ctx: nj.ObjectContext) -> None:
+            super().__init__(ctx)
+            self.env: Env = ctx.env
+            self.lifecycle = nj.Lifecycle.install(self).use(SlowCapability())
+
+        async def on_start(self) -> None:
+            await trio.sleep(1)
+
+        @nj.read_only
+        async def look(self, name: str) -> None:
+            self.env.log.append((name, trio.current_time()))
+            await trio.sleep(1)
+
+        async def write(self, name: str) -> None:
+            self.env.log.append((name, trio.current_time()))
+            await trio.sleep(1)
+
+    return Starting
+
+
 class Slow(nj.DurableObject):
     namespace = "tests.test_turns.Slow"
 
@@ -318,6 +453,36 @@ async def test_a_call_chain_back_to_an_object_reenters_its_turn(
             assert await a.bounce("b", 4) == ["a", "b", "a", "b", "a"]
             assert await a.visits() == 3
             assert await rt.get(Chain, "b").visits() == 2
+
+
+@pytest.mark.parametrize(("arrivals", "expected"), [
+    ([("look", "reader", 0), ("write", "writer", 0.5)], [("reader", 2), ("writer", 3)]),
+    ([("write", "writer", 0), ("look", "reader", 0.5)], [("writer", 2), ("reader", 3)]),
+    ([("look", "reader 1", 0), ("look", "reader 2", 0.25), ("write", "writer", 0.5)],
+     [("reader 1", 2), ("reader 2", 2), ("writer", 3)]),
+], ids=["read then write", "write then read", "two reads then write"])
+async def test_calls_that_arrive_while_the_object_starts_run_in_arrival_order(
+    autojump_clock: trio.testing.MockClock, arrivals: list[tuple[str, str, float]],
+    expected: list[tuple[str, float]],
+) -> None:
+    """Calls that arrive while the object starts (``on_start`` from 0 to 1, then the
+    Lifecycle's startup to 2) run in arrival order, a read-only call first too: it runs
+    the startup at its place in line, and read-only calls next to each other in line
+    still run side by side."""
+    starting = starting_class()
+    env = Env()
+
+    async def call(method: str, name: str, at: float) -> None:
+        await trio.sleep(at)
+        await stub.call(method, name)
+
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(engine.location, env=env) as rt:
+            stub = rt.get(starting, "s")
+            async with trio.open_nursery() as nursery:
+                for method, name, at in arrivals:
+                    nursery.start_soon(call, method, name, at)
+            assert env.log == expected
 
 
 # -- read-only methods --------------------------------------------------------------------
@@ -419,6 +584,25 @@ async def test_a_background_task_without_a_turn_gets_turn_error_and_writes_nothi
             assert await stub.get("k") is None
 
 
+@pytest.mark.parametrize("path", list(HANDLE_PATHS))
+async def test_every_way_into_a_kept_connection_without_a_turn_raises_and_touches_nothing(
+    autojump_clock: trio.testing.MockClock, path: str,
+) -> None:
+    """``storage.conn`` kept from ``__init__``, and the cursors, blobs and iterators it
+    handed out in a turn: used by a task that holds none, each raises TurnError, and
+    nothing is read or written (the rows, the blob, the row factory and the functions
+    of the connection are as they were)."""
+    env = Env()
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(engine.location, env=env) as rt:
+            stub = rt.get(Handle, "h")
+            await stub.fill(path)
+            await stub.use_later(path)
+            await env.done.wait()
+            assert [type(e) for e in env.errors] == [nj.TurnError], env.errors
+            assert await stub.seen() == ([(0,), (1,), (2,)], bytes(4), True, False)
+
+
 async def test_a_background_task_writes_inside_ctx_turn(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -510,3 +694,27 @@ async def test_each_slow_turn_warns_once_and_quick_ones_never(
             await slow.take(3)  # from 18 to 21: warned at 20
             times = [e.time - EPOCH for e in events if e.type == "object:turn_slow"]
             assert times == [17, 20]
+
+
+async def test_a_slow_job_after_a_hand_over_is_warned_again(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A hand-over ends the alarm run's holding: the turn it takes back is a new one, so a
+    second slow job of the same run gets its own ``object:turn_slow``."""
+    env = Env()
+    events: list[nj.Event] = []
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(engine.location, env=env, turn_warning=2.0) as rt:
+            rt.events.add_listener(events.append)
+            account = rt.get(Account, "a")
+            await account.push_many("slow", 2, EPOCH + 10)
+            await env.ready.wait()  # at +10 the first job holds the turn to +13
+            await trio.sleep(1)
+            # The call waits for the first job; the run hands the turn over at +13.
+            assert await account.jobs_run_so_far() == 1
+            assert trio.current_time() == 13
+            await trio.sleep(10)  # the second job holds the turn from +13 to +16
+            assert await account.jobs_run_so_far() == 2
+            slow = [(e.time - EPOCH, e.data["holder"]) for e in events
+                    if e.type == "object:turn_slow"]
+            assert [when for when, _ in slow] == [12, 15], slow

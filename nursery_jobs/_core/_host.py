@@ -644,17 +644,22 @@ class ObjectHost:
         with self.working() as scope:
             if self.dormant:
                 await self.awaken()
-            if self._startup:
-                if ticket is not None:
-                    turns.drop(ticket)  # (its place would wait for the startup's turn)
-                async with turns.turn("write", "startup"):
-                    await self._gated(self.call_startup)
             if kind == "read":
-                # Gated too: a write call that raised or was cancelled, or a task's
-                # ctx.turn(), may have left commits unshipped that this call reads.
-                async with turns.turn("read", f"call {name}()", ticket=ticket):
+                block = turns.turn("read", f"call {name}()", ticket=ticket)
+                async with block:
+                    if self._startup:
+                        # Its turn is a writing one (admitted so at the call's place in
+                        # line, ``runs_startup``, or re-entered): the startup runs first.
+                        await self._gated(self.call_startup)
+                    if block.runs_startup:
+                        block.end_startup()
+                    # Gated too: a write call that raised or was cancelled, or a task's
+                    # ctx.turn(), may have left commits unshipped that this call reads.
                     result = await self._gated(run)
             else:  # @nj.interleave: no turn (it enters ctx.turn() to write)
+                if self._startup:
+                    async with turns.turn("write", "startup"):
+                        await self._gated(self.call_startup)
                 # Each of its ctx.turn() blocks ships before it ends (the gate here
                 # would come after a later turn could have opened a group).
                 token = interleave_gate.set(self._gate_failed)
@@ -731,6 +736,7 @@ class ObjectHost:
         if self._startup is None:
             self._startup = []
         self._startup.append(hook)
+        self.turns.startup_pending = True
 
     async def call_startup(self) -> None:
         """Run the startup hooks (once per activation, until they succeed)."""
@@ -738,6 +744,7 @@ class ObjectHost:
             for hook in self._startup:
                 await hook()
             self._startup = None
+            self.turns.startup_pending = False
         else:
             await trio.lowlevel.checkpoint()
 

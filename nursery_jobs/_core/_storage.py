@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 import sqlite3
 import weakref
@@ -14,7 +15,7 @@ import sqlite_utils
 from nursery_jobs._clock import coerce_time
 from nursery_jobs._codec import decode_payload, encode_payload
 from nursery_jobs._errors import AlarmOwnedError, StorageError, StorageKeyError, TurnError
-from nursery_jobs._names import check_name
+from nursery_jobs._names import MAX_NAME_LENGTH, check_name
 
 if TYPE_CHECKING:
     import datetime
@@ -79,8 +80,8 @@ class Storage:
     @property
     def conn(self) -> sqlite3.Connection:
         """The object's ``sqlite3`` connection (it then stays open while the object is
-        resident: it never goes dormant). Its statements need the object's turn as
-        they run (``run_sql``), as ``execute`` does. Taking it needs a turn."""
+        resident: it never goes dormant). Every use of it needs the object's turn as
+        it is made (``ObjectConnection``), as ``execute`` does. Taking it needs a turn."""
         self._tx.check_read()
         self.pinned = True
         return cast("sqlite3.Connection", self._object_connection())
@@ -219,12 +220,17 @@ class Storage:
 
 
 class ObjectConnection:
-    """``storage.conn`` (and under ``storage.db``): the object's connection, whose
-    statements (``execute``, ``executemany``, ``executescript``, a ``cursor()``'s,
-    ``commit``, ``rollback``, ``with conn:``) each ask for the turn as they run
-    (``Storage.run_sql``): a handle kept from ``__init__`` and used by a task without a
-    turn raises ``TurnError`` and runs nothing, and one kept past the object's life
-    raises ``StorageError``. Everything else is the connection's own."""
+    """``storage.conn`` (and under ``storage.db``): the one way from the object's code to
+    its ``sqlite3`` connection, and every way through it asks for the turn. A call of a
+    method of the connection (``execute``, ``executemany``, ``executescript``,
+    ``cursor``, ``commit``, ``rollback``, ``with conn:``, ``iterdump``, ``backup``,
+    ``create_function``, ``blobopen``, any other) runs as a raw SQL statement does
+    (``Storage.run_sql``); an attribute is read in a turn (``in_transaction``) and set as
+    a statement runs (``row_factory``: setting ``isolation_level`` commits). What a call
+    hands out that reaches the connection later (a cursor, a blob, ``iterdump``'s lines)
+    asks for the turn as it is used (``_bound``). So a handle kept from ``__init__`` and
+    used by a task without a turn raises ``TurnError`` and touches nothing, and one kept
+    past the object's life raises ``StorageError``."""
 
     __slots__ = ("_storage",)
 
@@ -241,7 +247,7 @@ class ObjectConnection:
         return ObjectCursor(self, self._storage.run_sql(lambda c: c.executescript(script)))
 
     def cursor(self, *args: Any) -> ObjectCursor:
-        return ObjectCursor(self, self._storage._conn.cursor(*args))
+        return ObjectCursor(self, self._storage.run_sql(lambda c: c.cursor(*args)))
 
     def commit(self) -> None:
         self._storage.run_sql(lambda c: c.commit())
@@ -256,20 +262,47 @@ class ObjectConnection:
         return bool(self._storage.run_sql(lambda c: c.__exit__(*exc)))
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._storage._conn, name)
+        storage = self._storage
+        storage._tx.check_read()
+        conn = storage._conn
+        member = getattr(type(conn), name, None)
+        if callable(member) and not isinstance(member, type):  # (conn.Error is a class)
+            # A method: asked for the turn as it is called, not as it is looked up (a
+            # bound method kept would reach the connection with no turn).
+            return functools.partial(self._call, name)
+        return getattr(conn, name)
+
+    def _call(self, name: str, /, *args: Any, **kwargs: Any) -> Any:
+        """The connection's method ``name``, run as a raw SQL statement is."""
+        return _bound(self, self._storage.run_sql(lambda c: getattr(c, name)(*args, **kwargs)))
 
     def __setattr__(self, name: str, value: Any) -> None:
-        setattr(self._storage._conn, name, value)
+        self._storage.run_sql(lambda c: setattr(c, name, value))
 
     def __repr__(self) -> str:
         return f"<ObjectConnection of {self._storage._tx.label}>"
 
 
+def _bound(connection: ObjectConnection, value: Any) -> Any:
+    """``value``, returned by a method of the connection, as the object's code gets it:
+    what reaches the connection as it is used later asks for the turn then."""
+    if isinstance(value, sqlite3.Cursor):
+        return ObjectCursor(connection, value)
+    if isinstance(value, sqlite3.Blob):
+        return ObjectBlob(connection._storage, value)
+    if isinstance(value, Iterator):  # (iterdump's lines: each step runs a statement)
+        return ObjectRows(connection._storage, value)
+    return value
+
+
 class ObjectCursor:
-    """A cursor of ``ObjectConnection``: its statements ask for the turn as they run.
-    (Rows of a statement run in a turn are fetched as a plain cursor's.)"""
+    """A cursor of ``ObjectConnection``: its statements ask for the turn as they run, and
+    fetching its rows is a read, in a turn (SQLite steps a statement as its rows are
+    fetched: rows fetched after the turn ended would be read in none)."""
 
     __slots__ = ("_cursor", "connection")
+    _cursor: sqlite3.Cursor
+    connection: ObjectConnection
 
     def __init__(self, connection: ObjectConnection, cursor: sqlite3.Cursor) -> None:
         object.__setattr__(self, "connection", connection)
@@ -288,17 +321,99 @@ class ObjectCursor:
         self.connection._storage.run_sql(lambda _: self._cursor.executescript(script))
         return self
 
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self._cursor)
+    def _in_turn(self) -> sqlite3.Cursor:
+        self.connection._storage._tx.check_read()
+        return self._cursor
+
+    def fetchone(self) -> Any:
+        return self._in_turn().fetchone()
+
+    def fetchmany(self, *size: int) -> list[Any]:
+        return self._in_turn().fetchmany(*size)
+
+    def fetchall(self) -> list[Any]:
+        return self._in_turn().fetchall()
+
+    def __iter__(self) -> ObjectCursor:
+        return self
 
     def __next__(self) -> Any:
-        return next(self._cursor)
+        return next(self._in_turn())
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._cursor, name)
+        return getattr(self._in_turn(), name)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        setattr(self._cursor, name, value)
+        setattr(self._in_turn(), name, value)
+
+
+class ObjectBlob:
+    """A blob of ``ObjectConnection.blobopen``: reading it needs a turn of the object,
+    writing it a writing turn (``TurnError`` otherwise: nothing is read or written).
+    (``PRAGMA query_only`` stops a blob from opening for writing in a read-only turn,
+    not one opened before.)"""
+
+    __slots__ = ("_blob", "_storage")
+
+    def __init__(self, storage: Storage, blob: sqlite3.Blob) -> None:
+        self._storage = storage
+        self._blob = blob
+
+    def _reading(self) -> sqlite3.Blob:
+        self._storage._tx.check_read()
+        return self._blob
+
+    def _writing(self) -> sqlite3.Blob:
+        self._storage._tx.check_write()
+        return self._blob
+
+    def read(self, *length: int) -> bytes:
+        return self._reading().read(*length)
+
+    def write(self, data: bytes, /) -> None:
+        self._writing().write(data)
+
+    def seek(self, offset: int, origin: int = 0, /) -> None:
+        self._reading().seek(offset, origin)
+
+    def tell(self) -> int:
+        return self._reading().tell()
+
+    def close(self) -> None:
+        self._reading().close()
+
+    def __len__(self) -> int:
+        return len(self._reading())
+
+    def __getitem__(self, key: Any) -> Any:
+        return self._reading()[key]
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self._writing()[key] = value
+
+    def __enter__(self) -> ObjectBlob:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class ObjectRows:
+    """An iterator a method of the connection handed out (``iterdump``'s lines): each
+    step reads the database, in a turn of the object."""
+
+    __slots__ = ("_rows", "_storage")
+
+    def __init__(self, storage: Storage, rows: Iterator[Any]) -> None:
+        self._storage = storage
+        self._rows = rows
+
+    def __iter__(self) -> ObjectRows:
+        return self
+
+    def __next__(self) -> Any:
+        self._storage._tx.check_read()
+        return next(self._rows)
 
 
 def _query_only_refused(exc: sqlite3.DatabaseError) -> bool:
@@ -323,7 +438,12 @@ def _refuse_raw_sql(conn: sqlite3.Connection, what: str) -> None:  # hook(pg)
 
 
 def _key(key: object, *, allow_empty: bool = False) -> str:
-    if key.__class__ is str and key and key.isascii() and "\x00" not in key:
+    """``key`` if it can be a storage key (a ``list`` prefix: or ``""``), else
+    ``StorageKeyError``, before the statement runs. Bounded as an id is
+    (``MAX_NAME_LENGTH``): a prefix longer than any key is refused too."""
+    if (key.__class__ is str and key and key.isascii() and "\x00" not in key
+            and len(key) <= MAX_NAME_LENGTH):
         return key  # (the usual key: no call, on every storage call)
     # (PostgreSQL text holds no NUL: a working copy holding one would never ship again.)
-    return check_name(key, "storage key", StorageKeyError, allow_empty=allow_empty)
+    return check_name(key, "storage key", StorageKeyError, max_length=MAX_NAME_LENGTH,
+                      allow_empty=allow_empty)

@@ -180,13 +180,16 @@ class Holder:
 class Turn:
     """One held turn: who entered it, for what, since when."""
 
-    __slots__ = ("holder", "kind", "since", "tasks", "warned")
+    __slots__ = ("holder", "kind", "runs_startup", "since", "tasks", "warned")
 
     def __init__(self, kind: Kind, holder: str, task: Task | None) -> None:
         self.kind = kind
         self.holder = holder
+        # A read turn admitted as a writing one, the object's startup pending: it runs
+        # the startup at its place in line, then is a read turn (``TurnBlock.end_startup``).
+        self.runs_startup = False
         self.since = trio.current_time()
-        self.warned = False  # object:turn_slow emitted
+        self.warned = False  # object:turn_slow emitted (for this admission: ``_admit``)
         # The task that entered it (first) and tasks re-entering it by call chain; none
         # for a place in line no task has taken yet (``reserve``).
         self.tasks: list[Holder] = [] if task is None else [Holder(task)]
@@ -204,10 +207,11 @@ class _Waiter:
 class Ticket:
     """A place in an object's line for a turn taken later (``TurnGate.reserve``)."""
 
-    __slots__ = ("claimed", "gate", "turn", "waiter")
+    __slots__ = ("claimed", "gate", "kind", "turn", "waiter")
 
     def __init__(self, gate: TurnGate, turn: Turn, waiter: _Waiter | None) -> None:
         self.gate = gate
+        self.kind = turn.kind  # (asked for: ``turn`` may be admitted as a writing one)
         self.turn = turn
         self.waiter = waiter  # (None: admitted at once)
         self.claimed = False  # taken by a task, or dropped
@@ -217,8 +221,8 @@ class TurnGate:
     """The turns of one object: one writing turn, or any number of read turns, at a
     time; the rest wait in arrival order."""
 
-    __slots__ = ("__weakref__", "_emit", "_label", "_readers", "_slow", "_waiters", "watched",
-                 "writer", "writer_task")
+    __slots__ = ("__weakref__", "_emit", "_label", "_readers", "_slow", "_waiters",
+                 "startup_pending", "watched", "writer", "writer_task")
 
     def __init__(
         self, label: str, *, slow: SlowTurns | None = None,
@@ -234,6 +238,9 @@ class TurnGate:
         self._readers: list[Turn] = []
         self._waiters: deque[_Waiter] = deque()
         self.watched = False  # (SlowTurns has a look at this gate due)
+        # Whether the object's startup (the Lifecycle's) is still to run, by the first
+        # turn admitted: no read turn is admitted as one meanwhile (``_admit``).
+        self.startup_pending = False
 
     @property
     def waiting(self) -> bool:
@@ -449,10 +456,19 @@ class TurnGate:
     def _free_for(self, kind: Kind) -> bool:
         if self.writer is not None:
             return False
-        return kind == "read" or not self._readers
+        return (kind == "read" and not self.startup_pending) or not self._readers
 
     def _admit(self, turn: Turn) -> None:
+        # Each admission is a new holding (an alarm run's turn taken back after a
+        # hand-over too): its time and its slow-turn warning start afresh.
         turn.since = trio.current_time()
+        turn.warned = False
+        if turn.kind == "read" and self.startup_pending:
+            # The startup writes, and runs before any call: a read call whose turn
+            # comes first runs it, alone, at its own place in line (giving the place up
+            # for a writing turn would let what came after it run first).
+            turn.kind = "write"
+            turn.runs_startup = True
         if turn.kind == "write":
             self.writer = turn
             self.writer_task = turn.tasks[0].task if turn.tasks else None
@@ -585,7 +601,7 @@ class TurnBlock:
         task = trio.lowlevel.current_task()
         ticket = self._ticket
         if ticket is not None:
-            if (ticket.claimed or ticket.turn.kind != self._kind
+            if (ticket.claimed or ticket.kind != self._kind
                     or gate._held_by(task) is not None or gate._by_chain(_links())):
                 gate.drop(ticket)  # (it runs inside a turn its chain holds)
             else:
@@ -617,6 +633,24 @@ class TurnBlock:
         first = turn.tasks[0]
         self._token = _chain.set(((*links, first), first))
         self._turn = turn
+
+    @property
+    def runs_startup(self) -> bool:
+        """Whether the turn this block took is a read turn admitted as a writing one, to
+        run the object's startup first (``TurnGate.startup_pending``). Does not
+        checkpoint."""
+        return self._turn is not None and self._turn.runs_startup
+
+    def end_startup(self) -> None:
+        """The startup ran (``runs_startup``): the turn becomes the read turn it was
+        asked as, in place; the read turns next in line join it, a writing one still
+        waits. Does not checkpoint."""
+        gate, turn = self._gate, self._turn
+        assert turn is not None and turn.runs_startup and turn is gate.writer
+        turn.kind, turn.runs_startup = "read", False
+        gate.writer = gate.writer_task = None
+        gate._readers.append(turn)
+        gate._admit_waiters()
 
     async def __aexit__(self, *exc_info: object) -> None:
         token = self._token

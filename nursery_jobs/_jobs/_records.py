@@ -13,7 +13,7 @@ import attrs
 
 from nursery_jobs import _clock, _codec
 from nursery_jobs._errors import JobError, JobOwnershipError
-from nursery_jobs._names import check_name
+from nursery_jobs._names import MAX_NAME_LENGTH, check_name
 from nursery_jobs._policy import (
     DEFAULT_RETRY,
     RetryOptions,
@@ -21,7 +21,7 @@ from nursery_jobs._policy import (
 )
 
 HOST: Final = "host"
-MAX_JOB_ID_LENGTH: Final = 1024
+MAX_JOB_ID_LENGTH: Final = MAX_NAME_LENGTH
 
 
 

@@ -18,9 +18,9 @@ import trio
 
 from nursery_jobs._engines._faults import GuardedConnection, fault_cause, fault_error
 from nursery_jobs._errors import ObjectIdError
-from nursery_jobs._names import check_name
+from nursery_jobs._names import MAX_NAME_LENGTH, check_name
 
-MAX_OBJECT_ID_LENGTH = 1024
+MAX_OBJECT_ID_LENGTH = MAX_NAME_LENGTH
 # Alarms of ``Catalog.due`` remembered for ``get_alarm`` at most (past it, forgotten).
 _SEEN_MAX = 8192
 
