@@ -1,0 +1,258 @@
+"""Promises of DESIGN.md sections 3 and 4 at their edges: the alarm time rule for
+exclusive jobs across a resume, the bound on dead letters when burials share a time,
+the order of ``jobs.list()``, and the error types of the Lifecycle's options.
+
+Every timer test runs under ``autojump_clock`` and asserts exact virtual times relative
+to ``EPOCH``. Each test that shows a broken promise is marked ``xfail(strict=True)``
+with the section and what goes wrong.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+from conftest import EPOCH, engine
+
+import nursery_jobs as nj
+
+
+# Every test of this suite runs on every engine (see conftest.ENGINES).
+@pytest.fixture(autouse=True)
+def _on_every_engine(on_every_engine: str) -> str:
+    return on_every_engine
+
+
+# A generous virtual-time bound: under autojump a hang jumps here and fails the test.
+HANG = 100_000
+NO_RETRY = nj.RetryOptions(max_attempts=1)
+
+
+def rel() -> float:
+    return nj.now() - EPOCH
+
+
+class Side(nj.Capability):
+    """A capability whose jobs are logged like the host's."""
+
+    id = "side"
+
+    async def on_job(self, ctx: nj.JobContext) -> None:
+        self.host.ctx.env["runs"].append(("side", ctx.job.id, rel()))
+
+    async def push(self, job_id: str, **kwargs: Any) -> None:
+        await self.lifecycle.jobs.push("run", id=job_id, **kwargs)
+
+
+class Obj(nj.DurableObject):
+    """A Lifecycle object that logs its jobs' runs in ``env["runs"]``; a job whose fn is
+    ``"fail"`` raises."""
+
+    namespace = "tests.test_semantics_review.Obj"
+
+    def __init__(self, ctx: nj.ObjectContext) -> None:
+        super().__init__(ctx)
+        self.env: dict[str, Any] = ctx.env
+        self.side = Side()
+        self.lifecycle = nj.Lifecycle.install(
+            self, dead_letter_limit=self.env.get("dead_letter_limit", 10_000)
+        ).use(self.side)
+
+    async def on_job(self, ctx: nj.JobContext) -> None:
+        self.env["runs"].append(("host", ctx.job.id, rel()))
+        if ctx.job.fn == "fail":
+            raise RuntimeError(f"{ctx.job.id} failed")
+
+    async def push(self, fn: str, job_id: str, **kwargs: Any) -> None:
+        await self.lifecycle.jobs.push(fn, id=job_id, **kwargs)
+
+    async def push_side(self, job_id: str, **kwargs: Any) -> None:
+        await self.side.push(job_id, **kwargs)
+
+    async def push_in_transaction(self, fn: str, job_id: str, **kwargs: Any) -> None:
+        with self.ctx.storage.transaction():
+            self.ctx.storage.put("pushed", job_id)
+            await self.lifecycle.jobs.push(fn, id=job_id, **kwargs)
+
+    async def pause(self, owner: Any = None) -> None:
+        await self.lifecycle.pause(owner)
+
+    async def resume(self, owner: Any = None) -> None:
+        await self.lifecycle.resume(owner)
+
+    async def listed(self) -> list[str]:
+        return [job.id for job in self.lifecycle.jobs.list()]
+
+    async def letters(self) -> list[str]:
+        return [d.job.id for d in self.lifecycle.dead_letters()]
+
+
+def new_env(**more: Any) -> dict[str, Any]:
+    return {"runs": [], **more}
+
+
+def alarm_of(rt: nj.Runtime, object_id: str = "o") -> float | None:
+    found = engine.stored_alarm(rt, Obj.namespace, object_id)
+    return None if found is None else found[0] - EPOCH
+
+
+# -- exclusive jobs and the alarm time rule ------------------------------------------------
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "DESIGN §3 'exclusive' and 'Alarm time': a resume only ever lowers the alarm "
+    "(JobStore.set_paused), so an exclusive job of the resumed owner does not raise it: "
+    "an earlier plain job of another owner still wakes the object and runs before the "
+    "exclusive job's time"))
+async def test_resuming_an_owner_with_an_exclusive_job_makes_it_decide_the_alarm(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    env = new_env()
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(engine.location, env=env) as rt:
+            obj = rt.get(Obj, "o")
+            await obj.pause("side")
+            await obj.push("run", "plain", time=EPOCH + 10)
+            await obj.push_side("x", time=EPOCH + 100, exclusive=True)  # paused: no say
+            assert alarm_of(rt) == 10
+            await obj.resume("side")
+            await trio.sleep(200)
+            # Pending and no longer paused, the exclusive job alone decides when the
+            # object wakes: the plain job does not run before it.
+            assert env["runs"] == [("host", "plain", 100), ("side", "x", 100)]
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "DESIGN §3 'exclusive': an exclusive push inside storage.transaction() only lowers "
+    "the alarm (JobStore.push); nothing raises it once the block commits, so an earlier "
+    "plain job still wakes the object and runs before the exclusive job's time"))
+async def test_an_exclusive_job_pushed_in_a_transaction_holds_back_an_earlier_plain_job(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    env = new_env()
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(engine.location, env=env) as rt:
+            obj = rt.get(Obj, "o")
+            await obj.push("run", "plain", time=EPOCH + 10)
+            await obj.push_in_transaction("run", "x", time=EPOCH + 100, exclusive=True)
+            await trio.sleep(200)
+            assert env["runs"] == [("host", "plain", 100), ("host", "x", 100)]
+
+
+async def test_an_exclusive_job_holds_back_an_earlier_plain_job(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # The same pair without a pause: the plain job waits for the exclusive one's alarm.
+    env = new_env()
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(engine.location, env=env) as rt:
+            obj = rt.get(Obj, "o")
+            await obj.push("run", "plain", time=EPOCH + 10)
+            await obj.push_side("x", time=EPOCH + 100, exclusive=True)
+            assert alarm_of(rt) == 100
+            await trio.sleep(200)
+            assert env["runs"] == [("host", "plain", 100), ("side", "x", 100)]
+
+
+# -- dead letters ------------------------------------------------------------------------
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "DESIGN §4 dead letters: 'past dead_letter_limit the oldest is dropped'; burials at "
+    "the same time (one alarm run) are ordered by (owner, id) in "
+    "JobTable.drop_oldest_dead_letters (ORDER BY time only), so the letter just buried "
+    "is dropped and an older one kept"))
+async def test_the_oldest_dead_letter_goes_when_burials_share_a_time(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    env = new_env(dead_letter_limit=2)
+    dropped: list[str] = []
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(engine.location, env=env) as rt:
+            rt.events.add_listener(
+                lambda e: dropped.append(e.data["id"])
+                if e.type == "job:dead_letter_dropped" else None)
+            obj = rt.get(Obj, "o")
+            # Due at the same moment, they run (and fail) in push order: c, b, a.
+            for job_id in ("c", "b", "a"):
+                await obj.push("fail", job_id, time=EPOCH + 10, retry=NO_RETRY)
+            await trio.sleep(20)
+            assert [job_id for _, job_id, _ in env["runs"]] == ["c", "b", "a"]
+            assert dropped == ["c"]
+            assert sorted(await obj.letters()) == ["a", "b"]
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "lifecycle.dead_letters() is 'oldest first' (its docstring; the Queue's and the "
+    "Scheduler's too): letters buried at the same time come out in (owner, id) order "
+    "(JobTable.dead_letters: ORDER BY time only), not in the order they were buried"))
+async def test_dead_letters_buried_at_the_same_time_list_in_burial_order(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    env = new_env()
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(engine.location, env=env) as rt:
+            obj = rt.get(Obj, "o")
+            for job_id in ("c", "b", "a"):
+                await obj.push("fail", job_id, time=EPOCH + 10, retry=NO_RETRY)
+            await trio.sleep(20)
+            assert await obj.letters() == ["c", "b", "a"]
+
+
+# -- listing ---------------------------------------------------------------------------
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "DESIGN §3: 'list() -> list[Job] (by due time)'; Jobs.list() sorts by run order "
+    "(priority DESC first, JobTable.rows), so a prioritized job due in an hour is listed "
+    "before a job due now"))
+async def test_jobs_list_is_by_due_time(autojump_clock: trio.testing.MockClock) -> None:
+    env = new_env()
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(engine.location, env=env) as rt:
+            obj = rt.get(Obj, "o")
+            await obj.push("run", "later", delay=3600, priority=5)
+            await obj.push("run", "soon", delay=10)
+            assert await obj.listed() == ["soon", "later"]
+
+
+# -- argument errors ---------------------------------------------------------------------
+
+
+class Configured(nj.DurableObject):
+    """Installs a Lifecycle with the options in ``env`` (or uses what ``env`` names)."""
+
+    namespace = "tests.test_semantics_review.Configured"
+
+    def __init__(self, ctx: nj.ObjectContext) -> None:
+        super().__init__(ctx)
+        options, use = ctx.env
+        self.lifecycle = nj.Lifecycle.install(self, **options)
+        if use is not None:
+            self.lifecycle.use(use)
+
+    async def ping(self) -> str:
+        return "pong"
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "DESIGN §7 (and the brief's 'invalid options raise typed errors'): every library "
+    "error derives from NurseryJobsError; Lifecycle.__init__ and Lifecycle.use raise "
+    "plain ValueError / TypeError for bad options"))
+@pytest.mark.parametrize(("options", "use", "named"), [
+    ({"max_alarm_memory_limit_strikes": 0}, None, "max_alarm_memory_limit_strikes"),
+    ({"completion_group": 0}, None, "completion_group"),
+    ({"dead_letter_limit": 0}, None, "dead_letter_limit"),
+    ({"rng": "seed"}, None, "rng"),
+    ({}, "not a capability", "use"),
+])
+async def test_a_bad_lifecycle_option_is_a_nursery_jobs_error_naming_it(
+    autojump_clock: trio.testing.MockClock, options: dict[str, Any], use: Any, named: str,
+) -> None:
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(engine.location, env=(options, use)) as rt:
+            with pytest.raises(nj.NurseryJobsError, match=named) as caught:
+                await rt.get(Configured, "c").ping()
+            assert isinstance(caught.value, (ValueError, TypeError))
