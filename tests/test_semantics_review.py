@@ -56,14 +56,15 @@ class Obj(nj.DurableObject):
         super().__init__(ctx)
         self.env: dict[str, Any] = ctx.env
         self.side = Side()
-        self.lifecycle = nj.Lifecycle.install(
-            self, dead_letter_limit=self.env.get("dead_letter_limit", 10_000)
-        ).use(self.side)
+        self.lifecycle = nj.Lifecycle.install(self, **self.env.get("install", {})).use(self.side)
 
     async def on_job(self, ctx: nj.JobContext) -> None:
         self.env["runs"].append(("host", ctx.job.id, rel()))
         if ctx.job.fn == "fail":
             raise RuntimeError(f"{ctx.job.id} failed")
+        if ctx.job.fn == "oom":
+            await trio.sleep(1)
+            raise MemoryError(f"{ctx.job.id} ran out of memory")
 
     async def push(self, fn: str, job_id: str, **kwargs: Any) -> None:
         await self.lifecycle.jobs.push(fn, id=job_id, **kwargs)
@@ -156,6 +157,57 @@ async def test_an_exclusive_job_holds_back_an_earlier_plain_job(
             assert env["runs"] == [("host", "plain", 100), ("side", "x", 100)]
 
 
+class Beat(nj.DurableObject):
+    """An exclusive single-flight heartbeat: each run starts 10 s of tracked work and
+    yields. ``on_alarm`` counts alarm runs, and disables the alarms past 100 of them so
+    that a hot loop (which never lets virtual time move) ends."""
+
+    namespace = "tests.test_semantics_review.Beat"
+
+    def __init__(self, ctx: nj.ObjectContext) -> None:
+        super().__init__(ctx)
+        self.env: dict[str, Any] = ctx.env
+        self.lifecycle = nj.Lifecycle.install(self)
+
+    async def on_job(self, ctx: nj.JobContext) -> nj.JobOutcome:
+        self.env["runs"].append(rel())
+
+        async def work() -> None:
+            await trio.sleep(10)
+
+        self.lifecycle.track_alarm_work(work)
+        return nj.YIELD
+
+    async def on_alarm(self) -> None:
+        self.env["alarms"].append(rel())
+        if len(self.env["alarms"]) > 100:
+            await self.lifecycle.disable_alarms()
+
+    async def push(self) -> None:
+        await self.lifecycle.jobs.push("beat", id="beat", time=EPOCH + 10, singleflight=True,
+                                       exclusive=True)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "DESIGN §3 singleflight / alarm time: an in-flight single-flight job counts from "
+    "started + hung_timeout, but JobTable's _alarm_time returns an exclusive job's time "
+    "unclamped even while it is in flight: a due exclusive single-flight job whose work "
+    "goes on re-fires the alarm at once, skips the job, re-arms the same past time, and "
+    "spins (hundreds of alarm runs at one instant) until the work ends"))
+async def test_an_exclusive_single_flight_job_in_flight_does_not_spin_the_alarm(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    env: dict[str, Any] = {"runs": [], "alarms": []}
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(engine.location, env=env) as rt:
+            await rt.get(Beat, "b").push()
+            await trio.sleep(15)
+            # One run at 10; its work goes on until 20, so nothing wakes the object
+            # before then (its alarm is at started + hung_timeout = 40, or the work's end).
+            assert env["runs"] == [10]
+            assert len(env["alarms"]) == 1
+
+
 # -- dead letters ------------------------------------------------------------------------
 
 
@@ -167,7 +219,7 @@ async def test_an_exclusive_job_holds_back_an_earlier_plain_job(
 async def test_the_oldest_dead_letter_goes_when_burials_share_a_time(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    env = new_env(dead_letter_limit=2)
+    env = new_env(install={"dead_letter_limit": 2})
     dropped: list[str] = []
     with trio.fail_after(HANG):
         async with nj.open_runtime(engine.location, env=env) as rt:
@@ -199,6 +251,33 @@ async def test_dead_letters_buried_at_the_same_time_list_in_burial_order(
                 await obj.push("fail", job_id, time=EPOCH + 10, retry=NO_RETRY)
             await trio.sleep(20)
             assert await obj.letters() == ["c", "b", "a"]
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "DESIGN §4: dead letters are bounded by dead_letter_limit, the oldest dropped with "
+    "job:dead_letter_dropped; a seal buries the recovery_loop jobs through "
+    "JobStore.bury_recovery_loops, which never calls drop_oldest_dead_letters, so the "
+    "bound is exceeded (and no event emitted) until some later burial"))
+async def test_a_seal_of_recovery_loop_jobs_keeps_the_dead_letter_bound(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    env = new_env(install={"dead_letter_limit": 1, "max_alarm_memory_limit_strikes": 1})
+    dropped: list[str] = []
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(engine.location, env=env) as rt:
+            rt.events.add_listener(
+                lambda e: dropped.append(e.data["id"])
+                if e.type == "job:dead_letter_dropped" else None)
+            obj = rt.get(Obj, "o")
+            await obj.push("oom", "r1", time=EPOCH + 10, recovery_loop=True)
+            await obj.push("run", "r2", time=EPOCH + 500, recovery_loop=True)
+            await trio.sleep(20)
+            # The MemoryError at 11 resets the object at its first strike: sealed, both
+            # recovery loops go to the dead letters, of which one is kept.
+            assert [job_id for _, job_id, _ in env["runs"]] == ["r1"]
+            assert await obj.listed() == []
+            assert len(await obj.letters()) == 1
+            assert len(dropped) == 1
 
 
 # -- listing ---------------------------------------------------------------------------
