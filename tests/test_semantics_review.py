@@ -208,6 +208,76 @@ async def test_an_exclusive_single_flight_job_in_flight_does_not_spin_the_alarm(
             assert len(env["alarms"]) == 1
 
 
+# -- cancelling a running task through the capabilities ------------------------------------
+
+
+class Tasks(nj.Agent):
+    """An Agent with a 100 s task; ``stop`` cancels it from an ``@nj.interleave`` method
+    (the way DESIGN §3 gives to cancel a running job from a stub call)."""
+
+    namespace = "tests.test_semantics_review.Tasks"
+
+    async def long(self, payload: Any) -> None:
+        self.ctx.env["runs"].append(("long", payload, rel()))
+        await trio.sleep(100)
+        self.ctx.env["runs"].append(("long done", payload, rel()))
+
+    async def on_error(self, error: Exception, task: nj.TaskRecord) -> None:
+        self.ctx.env["errors"].append((task.id, rel()))
+
+    @nj.interleave
+    async def stop(self, how: str, task_id: str) -> bool | int:
+        if how == "dequeue":
+            return await self.dequeue(task_id)
+        if how == "cancel_schedule":
+            return await self.cancel_schedule(task_id)
+        assert how == "dequeue_all"
+        return await self.dequeue_all()
+
+    async def left(self) -> tuple[list[str], list[str]]:
+        return [t.id for t in self.list_schedules()], [d.job.id for d in self.dead_letters()]
+
+
+async def _stop_a_running_task(how: str, kind: str) -> None:
+    env: dict[str, Any] = {"runs": [], "errors": []}
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(engine.location, env=env) as rt:
+            agent = rt.get(Tasks, "t")
+            if kind == "queued":
+                await agent.queue("long", "p", id="L")
+            else:
+                await agent.schedule(0, "long", "p", id="L")
+            await trio.sleep(5)
+            assert env["runs"] == [("long", "p", 0)]
+            assert await agent.stop(how, "L") in (True, 1)
+            assert rel() == 5  # at once, not after the run
+            await trio.sleep(200)
+            assert env["runs"] == [("long", "p", 0)]  # cancelled: it never ended
+            assert env["errors"] == []  # no retry, no dead letter, no on_error
+            assert await agent.left() == ([], [])
+
+
+async def test_dequeue_from_an_interleave_method_cancels_a_running_task_at_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    await _stop_a_running_task("dequeue", "queued")
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "DESIGN §3 'cancel of a running job' (from a stub call: in an @nj.interleave "
+    "method) through the capabilities: Scheduler.cancel reads jobs.get() and "
+    "Queue.cancel_all reads jobs.list() before cancelling, which need a turn, so "
+    "Agent.cancel_schedule and Agent.dequeue_all raise TurnError there, and from a turn "
+    "they wait for the run to end: a running task cannot be cancelled through them"))
+@pytest.mark.parametrize(("how", "kind"), [
+    ("cancel_schedule", "scheduled"), ("cancel_schedule", "queued"), ("dequeue_all", "queued"),
+])
+async def test_cancel_schedule_and_dequeue_all_cancel_a_running_task_at_once(
+    autojump_clock: trio.testing.MockClock, how: str, kind: str,
+) -> None:
+    await _stop_a_running_task(how, kind)
+
+
 # -- dead letters ------------------------------------------------------------------------
 
 
