@@ -9,6 +9,8 @@ with the section and what goes wrong.
 
 from __future__ import annotations
 
+import datetime as dt
+import zoneinfo
 from typing import Any
 
 import pytest
@@ -17,6 +19,7 @@ import trio.testing
 from conftest import EPOCH, engine
 
 import nursery_jobs as nj
+from nursery_jobs import _clock
 
 
 # Every test of this suite runs on every engine (see conftest.ENGINES).
@@ -278,6 +281,56 @@ async def test_cancel_schedule_and_dequeue_all_cancel_a_running_task_at_once(
     await _stop_a_running_task(how, kind)
 
 
+# -- cron on the day a local hour repeats ----------------------------------------------------
+
+NEW_YORK = zoneinfo.ZoneInfo("America/New_York")
+
+
+def ny_text(t: float) -> str:
+    local = dt.datetime.fromtimestamp(t, NEW_YORK)
+    return f"{local:%m-%d %H:%M} {local.tzname()}"
+
+
+class Crons(nj.DurableObject):
+    namespace = "tests.test_semantics_review.Crons"
+
+    def __init__(self, ctx: nj.ObjectContext) -> None:
+        super().__init__(ctx)
+        fired: list[float] = ctx.env
+
+        def tick(payload: Any, schedule: nj.Schedule) -> None:
+            fired.append(nj.now())
+
+        self.scheduler = nj.Scheduler({"tick": tick})
+        self.lifecycle = nj.Lifecycle.install(self).use(self.scheduler)
+
+    async def cron(self, expr: str) -> float:
+        made = await self.scheduler.schedule(expr, "tick", id="c", tz="America/New_York")
+        return made.time
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "DESIGN §4 cron tz=: 'a local time that occurs twice fires once'; a schedule made "
+    "during the second pass of the repeated hour (after the first 01:30 had passed, "
+    "before it existed) fires zero times that day: _slots.next_cron_time places every "
+    "wall time at its first occurrence (fold=0) and drops it as already past"))
+async def test_a_cron_made_in_the_repeated_hour_fires_at_the_second_occurrence(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # 7 November 2027, New York: 02:00 EDT becomes 01:00 EST; 06:10 UTC is 01:10 EST,
+    # in the second pass, after 01:30 EDT (05:30 UTC) and before 01:30 EST (06:30 UTC).
+    now = dt.datetime(2027, 11, 7, 6, 10, tzinfo=dt.UTC).timestamp()
+    _clock.pin_epoch(now - trio.current_time())
+    fired: list[float] = []
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(engine.location, env=fired) as rt:
+            assert ny_text(nj.now()) == "11-07 01:10 EST"
+            first = await rt.get(Crons, "c").cron("30 1 * * *")
+            assert ny_text(first) == "11-07 01:30 EST"
+            await trio.sleep(3600)
+            assert [ny_text(t) for t in fired] == ["11-07 01:30 EST"]
+
+
 # -- dead letters ------------------------------------------------------------------------
 
 
@@ -405,3 +458,40 @@ async def test_a_bad_lifecycle_option_is_a_nursery_jobs_error_naming_it(
             with pytest.raises(nj.NurseryJobsError, match=named) as caught:
                 await rt.get(Configured, "c").ping()
             assert isinstance(caught.value, (ValueError, TypeError))
+
+
+class Queued(nj.DurableObject):
+    namespace = "tests.test_semantics_review.Queued"
+
+    def __init__(self, ctx: nj.ObjectContext) -> None:
+        super().__init__(ctx)
+        self.queue = nj.Queue({"cb": lambda payload, item: None})
+        self.lifecycle = nj.Lifecycle.install(self).use(self.queue)
+
+    async def filter_by(self, how: str, callback: Any) -> tuple[str, bool, int]:
+        """(error type or "no error", whether it is a typed argument error, items left)."""
+        await self.queue.push("cb", 1, id="i")
+        try:
+            if how == "cancel_all":
+                await self.queue.cancel_all(callback)
+            else:
+                self.queue.list(callback)
+        except Exception as exc:
+            typed = isinstance(exc, nj.NurseryJobsError) and isinstance(
+                exc, (ValueError, TypeError)) and "callback" in str(exc)
+            return type(exc).__name__, typed, len(self.queue.list())
+        return "no error", False, len(self.queue.list())
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "invalid options raise typed errors naming the argument (DESIGN §7): Queue.list() "
+    "and Queue.cancel_all() take any callback filter (5, b'cb') and answer as if no item "
+    "matched, where Agent.list_queued/dequeue_all refuse the same with a JobError"))
+@pytest.mark.parametrize("how", ["cancel_all", "list"])
+async def test_a_queue_callback_filter_that_is_no_name_is_refused(
+    autojump_clock: trio.testing.MockClock, how: str,
+) -> None:
+    async with nj.open_runtime(engine.location) as rt:
+        error, typed, left = await rt.get(Queued, "q").filter_by(how, 5)
+        assert typed, error
+        assert left == 1
