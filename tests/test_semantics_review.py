@@ -86,6 +86,11 @@ class Obj(nj.DurableObject):
     async def resume(self, owner: Any = None) -> None:
         await self.lifecycle.resume(owner)
 
+    async def wake_at(self, time: float) -> None:
+        """Set the alarm behind the Lifecycle's back (an early wake, as a stale alarm
+        or a fallback gives)."""
+        self.lifecycle.claim.set(time)
+
     async def listed(self) -> list[str]:
         return [job.id for job in self.lifecycle.jobs.list()]
 
@@ -105,11 +110,6 @@ def alarm_of(rt: nj.Runtime, object_id: str = "o") -> float | None:
 # -- exclusive jobs and the alarm time rule ------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "DESIGN §3 'exclusive' and 'Alarm time': a resume only ever lowers the alarm "
-    "(JobStore.set_paused), so an exclusive job of the resumed owner does not raise it: "
-    "an earlier plain job of another owner still wakes the object and runs before the "
-    "exclusive job's time"))
 async def test_resuming_an_owner_with_an_exclusive_job_makes_it_decide_the_alarm(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -122,16 +122,13 @@ async def test_resuming_an_owner_with_an_exclusive_job_makes_it_decide_the_alarm
             await obj.push_side("x", time=EPOCH + 100, exclusive=True)  # paused: no say
             assert alarm_of(rt) == 10
             await obj.resume("side")
+            assert alarm_of(rt) == 100  # raised once the resume committed
             await trio.sleep(200)
             # Pending and no longer paused, the exclusive job alone decides when the
             # object wakes: the plain job does not run before it.
             assert env["runs"] == [("host", "plain", 100), ("side", "x", 100)]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "DESIGN §3 'exclusive': an exclusive push inside storage.transaction() only lowers "
-    "the alarm (JobStore.push); nothing raises it once the block commits, so an earlier "
-    "plain job still wakes the object and runs before the exclusive job's time"))
 async def test_an_exclusive_job_pushed_in_a_transaction_holds_back_an_earlier_plain_job(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -141,6 +138,7 @@ async def test_an_exclusive_job_pushed_in_a_transaction_holds_back_an_earlier_pl
             obj = rt.get(Obj, "o")
             await obj.push("run", "plain", time=EPOCH + 10)
             await obj.push_in_transaction("run", "x", time=EPOCH + 100, exclusive=True)
+            assert alarm_of(rt) == 100  # raised once the block committed
             await trio.sleep(200)
             assert env["runs"] == [("host", "plain", 100), ("host", "x", 100)]
 
@@ -157,6 +155,26 @@ async def test_an_exclusive_job_holds_back_an_earlier_plain_job(
             await obj.push_side("x", time=EPOCH + 100, exclusive=True)
             assert alarm_of(rt) == 100
             await trio.sleep(200)
+            assert env["runs"] == [("host", "plain", 100), ("side", "x", 100)]
+
+
+async def test_an_early_wake_runs_nothing_while_an_exclusive_job_is_pending(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Whatever set the alarm early, the alarm run honours the rule: nothing runs before
+    # the exclusive job's time, and the run re-arms for it.
+    env = new_env()
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(engine.location, env=env) as rt:
+            obj = rt.get(Obj, "o")
+            await obj.push("run", "plain", time=EPOCH + 10)
+            await obj.push_side("x", time=EPOCH + 100, exclusive=True)
+            await obj.wake_at(EPOCH + 20)
+            assert alarm_of(rt) == 20
+            await trio.sleep(30)
+            assert env["runs"] == []
+            assert alarm_of(rt) == 100
+            await trio.sleep(100)
             assert env["runs"] == [("host", "plain", 100), ("side", "x", 100)]
 
 

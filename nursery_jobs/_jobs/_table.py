@@ -87,6 +87,12 @@ def _prioritized(held: str, sign: str) -> str:
             f" ORDER BY {_ORDER} LIMIT ?")
 
 
+# When the earliest pending exclusive job lets its object wake (``JobTable.exclusive_time``),
+# on the partial index ``nj_jobs_exclusive``. The alarm time and the alarm run's rule
+# (``AlarmRunner._run_due``) read the same expression.
+_EXCLUSIVE_TIME: Final = "SELECT MIN(time) FROM nj_jobs WHERE exclusive = 1"
+
+
 @functools.lru_cache(maxsize=64)
 def _facts(held: str) -> str:
     """What an alarm run asks of the queue before and after its jobs, in one statement
@@ -94,7 +100,7 @@ def _facts(held: str) -> str:
     time (``has_due``), whether any job has a priority (``next_due``) or a running
     marker (``running``) — each subquery on an index of its own."""
     where = f" WHERE 1{held}" if held else ""
-    return (f"SELECT (SELECT MIN(time) FROM nj_jobs WHERE exclusive = 1{held}),"
+    return (f"SELECT ({_EXCLUSIVE_TIME}{held}),"
             " (SELECT time FROM nj_jobs WHERE (singleflight = 0 OR running_since IS NULL)"
             f"{held} ORDER BY time LIMIT 1),"
             " (SELECT MIN(MAX(time, running_since + hung_timeout)) FROM nj_jobs"
@@ -470,6 +476,18 @@ class JobTable:
         ).fetchone()
         return None if row[0] is None else float(row[0])
 
+    def exclusive_time(self) -> float | None:
+        """When the earliest pending exclusive job lets the object wake (``_EXCLUSIVE_TIME``;
+        the jobs of paused owners left out), or None if no such job is pending."""
+        if self.all_held:
+            return None
+        if self.remembers:
+            time = self.facts()[0]
+        else:
+            (time,) = self.conn.execute(f"{_EXCLUSIVE_TIME}{self._held}",
+                                        self._held_args).fetchone()
+        return None if time is None else float(time)
+
     def next_alarm_time(self, now: float) -> float | None:
         """When the object must wake: the earliest exclusive job (unclamped) if any;
         else the earliest runnable job, where an in-flight single-flight job counts
@@ -484,7 +502,7 @@ class JobTable:
         # six executes of every run.
         held, args = self._held, self._held_args
         exclusive, ready, in_flight = self.conn.execute(
-            f"SELECT (SELECT MIN(time) FROM nj_jobs WHERE exclusive = 1{held}),"
+            f"SELECT ({_EXCLUSIVE_TIME}{held}),"
             " (SELECT time FROM nj_jobs WHERE (singleflight = 0 OR running_since IS NULL)"
             f"{held} ORDER BY time LIMIT 1),"
             " (SELECT MIN(MAX(time, running_since + hung_timeout)) FROM nj_jobs"
