@@ -209,12 +209,6 @@ class Beat(nj.DurableObject):
                                        exclusive=True)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "DESIGN §3 singleflight / alarm time: an in-flight single-flight job counts from "
-    "started + hung_timeout, but JobTable's _alarm_time returns an exclusive job's time "
-    "unclamped even while it is in flight: a due exclusive single-flight job whose work "
-    "goes on re-fires the alarm at once, skips the job, re-arms the same past time, and "
-    "spins (hundreds of alarm runs at one instant) until the work ends"))
 async def test_an_exclusive_single_flight_job_in_flight_does_not_spin_the_alarm(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -227,6 +221,12 @@ async def test_an_exclusive_single_flight_job_in_flight_does_not_spin_the_alarm(
             # before then (its alarm is at started + hung_timeout = 40, or the work's end).
             assert env["runs"] == [10]
             assert len(env["alarms"]) == 1
+            stored = engine.stored_alarm(rt, Beat.namespace, "b")
+            assert stored is not None and stored[0] - EPOCH == 40
+            await trio.sleep(10)
+            # The work ended at 20 (its marker cleared, the alarm re-armed): the next beat.
+            assert env["runs"] == [10, 20]
+            assert env["alarms"] == [10, 20]
 
 
 # -- cancelling a running task through the capabilities ------------------------------------

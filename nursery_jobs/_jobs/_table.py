@@ -87,10 +87,18 @@ def _prioritized(held: str, sign: str) -> str:
             f" ORDER BY {_ORDER} LIMIT ?")
 
 
-# When the earliest pending exclusive job lets its object wake (``JobTable.exclusive_time``),
-# on the partial index ``nj_jobs_exclusive``. The alarm time and the alarm run's rule
-# (``AlarmRunner._run_due``) read the same expression.
-_EXCLUSIVE_TIME: Final = "SELECT MIN(time) FROM nj_jobs WHERE exclusive = 1"
+# When the earliest pending exclusive job lets its object wake (``JobTable.exclusive_time``):
+# its due time; for a single-flight one whose earlier run's tracked work is in progress,
+# not before ``running_since + hung_timeout`` (as any in-flight single-flight job counts;
+# unclamped, a due one re-fired the alarm at once, was skipped as in flight, re-armed the
+# same past time, and spun until the work ended). The work's end re-arms it (its marker
+# is cleared). On the partial index ``nj_jobs_exclusive``; the alarm time and the alarm
+# run's rule (``AlarmRunner._run_due``) read the same expression.
+_EXCLUSIVE_TIME: Final = (
+    "SELECT MIN(CASE WHEN singleflight = 1 AND running_since IS NOT NULL"
+    " THEN MAX(time, running_since + hung_timeout) ELSE time END)"
+    " FROM nj_jobs WHERE exclusive = 1"
+)
 
 
 @functools.lru_cache(maxsize=64)
@@ -489,8 +497,8 @@ class JobTable:
         return None if time is None else float(time)
 
     def next_alarm_time(self, now: float) -> float | None:
-        """When the object must wake: the earliest exclusive job (unclamped) if any;
-        else the earliest runnable job, where an in-flight single-flight job counts
+        """When the object must wake: the earliest exclusive job if any (``exclusive_time``);
+        else the earliest runnable job. Either way an in-flight single-flight job counts
         from ``running_since + hung_timeout``. The jobs of paused owners do not count."""
         if self.all_held:
             return None
