@@ -255,6 +255,16 @@ class Tasks(nj.Agent):
         assert how == "dequeue_all"
         return await self.dequeue_all()
 
+    async def queue_each(self, *task_ids: str) -> None:
+        """Queue a ``long`` task of each id (in one call: none starts before the last
+        is queued)."""
+        for task_id in task_ids:
+            await self.queue("long", task_id, id=task_id)
+
+    async def when(self) -> float:
+        """When this call had the object."""
+        return rel()
+
     async def left(self) -> tuple[list[str], list[str]]:
         return [t.id for t in self.list_schedules()], [d.job.id for d in self.dead_letters()]
 
@@ -284,12 +294,6 @@ async def test_dequeue_from_an_interleave_method_cancels_a_running_task_at_once(
     await _stop_a_running_task("dequeue", "queued")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "DESIGN §3 'cancel of a running job' (from a stub call: in an @nj.interleave "
-    "method) through the capabilities: Scheduler.cancel reads jobs.get() and "
-    "Queue.cancel_all reads jobs.list() before cancelling, which need a turn, so "
-    "Agent.cancel_schedule and Agent.dequeue_all raise TurnError there, and from a turn "
-    "they wait for the run to end: a running task cannot be cancelled through them"))
 @pytest.mark.parametrize(("how", "kind"), [
     ("cancel_schedule", "scheduled"), ("cancel_schedule", "queued"), ("dequeue_all", "queued"),
 ])
@@ -297,6 +301,73 @@ async def test_cancel_schedule_and_dequeue_all_cancel_a_running_task_at_once(
     autojump_clock: trio.testing.MockClock, how: str, kind: str,
 ) -> None:
     await _stop_a_running_task(how, kind)
+
+
+async def test_dequeue_all_from_an_interleave_method_cancels_the_run_and_the_queue_behind_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # The run in progress is cancelled at once; the tasks queued behind it are deleted
+    # before the alarm run starts the next (it hands the object over after a cancelled
+    # job, as after any job).
+    env: dict[str, Any] = {"runs": [], "errors": []}
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(engine.location, env=env) as rt:
+            agent = rt.get(Tasks, "t")
+            await agent.queue_each("A", "B", "C")
+            await trio.sleep(5)
+            assert env["runs"] == [("long", "A", 0)]
+            assert await agent.stop("dequeue_all", "") == 3
+            assert rel() == 5
+            await trio.sleep(500)
+            assert env["runs"] == [("long", "A", 0)]
+            assert await agent.left() == ([], [])
+
+
+async def test_a_call_waiting_behind_a_cancelled_run_goes_before_the_next_job(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Fairness (DESIGN 2): between two jobs the alarm run hands the object to a waiting
+    # call — after a job whose run was cancelled too.
+    env: dict[str, Any] = {"runs": [], "errors": []}
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(engine.location, env=env) as rt:
+            agent = rt.get(Tasks, "t")
+            await agent.queue_each("A", "B")
+            await trio.sleep(5)
+            served: list[float] = []
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(lambda: _append(served, agent.when()))
+                await trio.sleep(1)  # (the call waits for the object: A's run holds it)
+                assert served == []
+                assert await agent.stop("dequeue", "A") is True
+            assert served == [6]
+            await trio.sleep(1)
+            assert env["runs"] == [("long", "A", 0), ("long", "B", 6)]
+
+
+async def _append(to: list[float], call: Any) -> None:
+    to.append(await call)
+
+
+async def test_cancel_schedule_from_an_interleave_method_tells_of_the_schedule(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    env: dict[str, Any] = {"runs": [], "errors": []}
+    events: list[tuple[str, dict[str, Any]]] = []
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(engine.location, env=env) as rt:
+            rt.events.add_listener(lambda e: events.append((e.type, e.data))
+                                   if e.type in ("schedule:cancel", "job:cancelled") else None)
+            agent = rt.get(Tasks, "t")
+            await agent.schedule(3600, "long", "q", id="later")
+            await agent.schedule(0, "long", "p", id="L")
+            await trio.sleep(5)
+            assert await agent.stop("cancel_schedule", "L") is True
+            assert await agent.stop("cancel_schedule", "later") is True
+            assert await agent.stop("cancel_schedule", "gone") is False
+            assert [(kind, data["id"]) for kind, data in events] == [
+                ("job:cancelled", "L"), ("schedule:cancel", "L"), ("schedule:cancel", "later")]
+            assert events[1][1]["callback"] == "long"
 
 
 # -- cron on the day a local hour repeats ----------------------------------------------------

@@ -21,6 +21,7 @@ from nursery_jobs import _clock, _codec
 from nursery_jobs._errors import JobError, UnknownCallbackError, safe_repr
 from nursery_jobs._jobs._capability import CallbackCapability
 from nursery_jobs._jobs._records import MAX_PRIORITY, Job, JobContext, JobOutcome, check_job_id
+from nursery_jobs._jobs._views import cancel_jobs
 from nursery_jobs._policy import RetryOptions
 
 logger = logging.getLogger("nursery_jobs")
@@ -187,11 +188,10 @@ class Queue(CallbackCapability):
         return await self.lifecycle.jobs.cancel(id)
 
     async def cancel_all(self, callback: str | None = None) -> int:
-        """Remove every item (of one callback, if given); return how many."""
-        count = 0
-        for item in self.list(callback):
-            count += await self.lifecycle.jobs.cancel(item.id)
-        return count
+        """Remove every item (of one callback, if given); return how many. A run of one
+        in progress is cancelled as ``cancel`` cancels it: at once where no turn is held
+        (an ``@nj.interleave`` method). Checkpoints."""
+        return len(await cancel_jobs(self.lifecycle.jobs, fn=callback))
 
     def dead_letters(self) -> builtins.list[QueueDeadLetter]:  # (list: the method above)
         """Items whose retries ran out, oldest first."""

@@ -42,6 +42,8 @@ from nursery_jobs._jobs._records import (
     check_job_id,
     new_job_id,
 )
+from nursery_jobs._jobs._steering import Cancelled
+from nursery_jobs._jobs._views import cancel_jobs
 from nursery_jobs._policy import RetryOptions, is_finite
 
 logger = logging.getLogger("nursery_jobs")
@@ -370,12 +372,12 @@ class Scheduler(CallbackCapability):
         return await self.lifecycle.discard_dead_letters(before=before)
 
     async def cancel(self, id: str) -> bool:
-        """Delete schedule ``id``; return whether it existed. Checkpoints."""
-        job = self.lifecycle.jobs.get(id)
-        cancelled = await self.lifecycle.jobs.cancel(id)
-        if cancelled and job is not None:
-            self.lifecycle.emit("schedule:cancel", callback=job.fn, id=id)
-        return cancelled
+        """Delete schedule ``id``; return whether it existed. A run of it in progress is
+        cancelled as ``jobs.cancel`` cancels one: at once where no turn is held (an
+        ``@nj.interleave`` method). Checkpoints."""
+        cancelled = await cancel_jobs(self.lifecycle.jobs, id=id)
+        schedules_cancelled(self, cancelled)
+        return bool(cancelled)
 
     # -- the capability hooks -----------------------------------------------------------
     def _next(self, schedule: Schedule) -> JobOutcome:
@@ -437,3 +439,11 @@ class Scheduler(CallbackCapability):
                 self.running = None
         # A recurring schedule goes on; a one-shot becomes a dead letter.
         return self._next(schedule)
+
+
+def schedules_cancelled(scheduler: Scheduler, jobs: list[Cancelled]) -> None:
+    """Tell of the schedules of ``scheduler`` among ``jobs``, just cancelled
+    (``schedule:cancel``). Does not checkpoint."""
+    for job in jobs:
+        if job.owner == scheduler.id:
+            scheduler.lifecycle.emit("schedule:cancel", callback=job.fn, id=job.id)

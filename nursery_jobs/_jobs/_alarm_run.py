@@ -273,6 +273,11 @@ class AlarmRunner:
                 first, read_at = [], -1
                 if run.cancel is not None:
                     await self._end_cancelled(run, run.cancel)
+                    if self._turns.waiting:
+                        # Between two jobs (fairness, as after any job): a waiting call
+                        # — a cancel of more jobs, say — has the object before the
+                        # next job starts. (The cancel was committed.)
+                        await self._turns.hand_over("alarm run")
                 now = _clock.now()
         finally:
             steering.run = run.scope = None

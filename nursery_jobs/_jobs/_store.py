@@ -296,6 +296,10 @@ class JobStore:
     def job_ids(self) -> list[str]:
         return self.reading().job_ids()
 
+    def named(self, owners: tuple[str, ...], job_id: str | None,
+              fn: str | None) -> list[tuple[str, str, str]]:
+        return self.reading().named(owners, job_id, fn)
+
     def dead_letters(self, owner: str | None) -> list[DeadLetter]:
         return self.reading().dead_letters(owner)
 

@@ -340,6 +340,21 @@ class JobTable:
             )
         return self._read(cursor)
 
+    def named(self, owners: tuple[str, ...], job_id: str | None,
+              fn: str | None) -> list[tuple[str, str, str]]:
+        """(owner, id, fn) of the job ``job_id`` (every job: None) of ``owners`` if its
+        fn is ``fn`` (any: None), in push order. No row parsed: a damaged one is named
+        too."""
+        if job_id is not None:
+            rows = self.conn.execute(
+                "SELECT owner, id, fn FROM nj_jobs WHERE id = ?", (job_id,))
+        else:
+            rows = self.conn.execute(
+                f"SELECT owner, id, fn FROM nj_jobs WHERE owner IN"
+                f" ({','.join('?' * len(owners))}) ORDER BY seq", owners)
+        return [(owner, found, _text(its_fn)) for owner, found, its_fn in rows
+                if owner in owners and (fn is None or its_fn == fn)]
+
     def job_ids(self) -> list[str]:
         """The id of every job (no row parsed: a damaged one is listed too)."""
         return [str(row[0]) for row in self.conn.execute("SELECT id FROM nj_jobs")]
