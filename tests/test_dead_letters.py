@@ -3,6 +3,9 @@ bounded per object (DESIGN §4: ``dead_letter_limit``, ``job:dead_letter_dropped
 
 from __future__ import annotations
 
+import json
+import sqlite3
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,6 +14,7 @@ import trio.testing
 from conftest import EPOCH, engine
 
 import nursery_jobs as nj
+from nursery_jobs._engines.files._catalog import object_file_name
 
 
 @pytest.fixture(autouse=True)
@@ -101,6 +105,74 @@ async def test_dead_letters_are_bounded_and_the_oldest_dropped_with_an_event(
             await trio.sleep(1)
         assert await box.letters() == [("host", "h2"), ("host", "h3"), ("host", "h4")]
         assert [(e.data["id"], e.data["limit"]) for e in dropped] == [("h0", 3), ("h1", 3)]
+
+
+def _as_schema_3(location: Any, namespace: str, object_id: str) -> None:
+    """Store an object's dead letters as object schema 3 did: without ``seq``."""
+    where = (namespace, object_id)
+    if isinstance(location, str) and location.startswith("postgresql://"):
+        import psycopg
+
+        with psycopg.connect(location, autocommit=True) as pg:
+            for key, data in pg.execute(
+                "SELECT key, data FROM nj_rows WHERE namespace = %s AND object_id = %s"
+                " AND tbl = 'nj_dead_letters'", where,
+            ).fetchall():
+                pg.execute("UPDATE nj_rows SET data = %s WHERE namespace = %s AND object_id = %s"
+                           " AND tbl = 'nj_dead_letters' AND key = %s",
+                           (json.dumps(json.loads(data)[:7]), *where, key))
+            pg.execute("UPDATE nj_schema SET object_schema = 3")
+        return
+    if isinstance(location, str) and location.startswith("shared:"):
+        conn = sqlite3.connect(Path(location[len("shared:"):]) / "shared.sqlite3")
+        for key, data in conn.execute(
+            "SELECT key, data FROM nj_rows WHERE namespace = ? AND object_id = ?"
+            " AND tbl = 'nj_dead_letters'", where,
+        ).fetchall():
+            conn.execute("UPDATE nj_rows SET data = ? WHERE namespace = ? AND object_id = ?"
+                         " AND tbl = 'nj_dead_letters' AND key = ?",
+                         (json.dumps(json.loads(data)[:7]), *where, key))
+    else:
+        conn = sqlite3.connect(Path(location) / "objects" / object_file_name(*where))
+        conn.execute("DROP INDEX nj_dead_letters_burial")
+        conn.execute("ALTER TABLE nj_dead_letters DROP COLUMN seq")
+        conn.execute("PRAGMA user_version = 3")
+    conn.commit()
+    conn.close()
+
+
+async def test_letters_stored_by_schema_3_keep_their_place_before_later_burials(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path,
+) -> None:
+    # Schema 4 orders letters by their burial sequence; those buried before it have
+    # none, and stay oldest (by their time), on every engine.
+    location = engine.durable(tmp_path)
+    async with nj.open_runtime(location, env=10) as rt:
+        box = rt.get(Box, "b")
+        await box.push_host("old-b")
+        await trio.sleep(10)
+        await box.push_host("old-a")
+        await trio.sleep(10)
+    _as_schema_3(location, Box.namespace, "b")
+    dropped: list[str] = []
+    async with nj.open_runtime(location, env=2) as rt:
+        rt.events.add_listener(
+            lambda e: dropped.append(e.data["id"]) if e.type == "job:dead_letter_dropped"
+            else None)
+        box = rt.get(Box, "b")
+        assert await box.letters() == [("host", "old-b"), ("host", "old-a")]
+        await box.push_host("new")
+        await trio.sleep(10)
+        assert await box.letters() == [("host", "old-a"), ("host", "new")]
+        assert dropped == ["old-b"]
+    if isinstance(location, Path):
+        conn = sqlite3.connect(location / "objects" / object_file_name(Box.namespace, "b"))
+        try:
+            assert conn.execute("PRAGMA user_version").fetchone() == (4,)
+            assert conn.execute("SELECT id, seq FROM nj_dead_letters ORDER BY seq").fetchall(
+                ) == [("old-a", None), ("new", 1)]
+        finally:
+            conn.close()
 
 
 async def test_a_bad_dead_letter_limit_is_refused(autojump_clock: trio.testing.MockClock) -> None:

@@ -423,11 +423,6 @@ async def test_a_cron_made_in_the_repeated_hour_fires_at_the_second_occurrence(
 # -- dead letters ------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "DESIGN §4 dead letters: 'past dead_letter_limit the oldest is dropped'; burials at "
-    "the same time (one alarm run) are ordered by (owner, id) in "
-    "JobTable.drop_oldest_dead_letters (ORDER BY time only), so the letter just buried "
-    "is dropped and an older one kept"))
 async def test_the_oldest_dead_letter_goes_when_burials_share_a_time(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -448,10 +443,6 @@ async def test_the_oldest_dead_letter_goes_when_burials_share_a_time(
             assert sorted(await obj.letters()) == ["a", "b"]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "lifecycle.dead_letters() is 'oldest first' (its docstring; the Queue's and the "
-    "Scheduler's too): letters buried at the same time come out in (owner, id) order "
-    "(JobTable.dead_letters: ORDER BY time only), not in the order they were buried"))
 async def test_dead_letters_buried_at_the_same_time_list_in_burial_order(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

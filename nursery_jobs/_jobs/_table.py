@@ -65,6 +65,19 @@ def finished_delete(n: int) -> str:
 
 
 _ANY_PRIORITY: Final = "SELECT 1 FROM nj_jobs WHERE priority != 0 LIMIT 1"
+# Dead letters oldest first: in the order they were buried (``seq``, on the index
+# ``nj_dead_letters_burial``). Letters buried at one time (one alarm run, a seal) tie on
+# ``time``: ordered by it alone, they fell back to (owner, id), and the bound could drop
+# the newest of them (semantics review, findings 5 and 6). Letters buried before schema
+# 4 have no ``seq`` (NULL, first) and keep their order by time; (owner, id) only orders
+# those of them that share a time.
+_BURIAL_ORDER: Final = "seq, time, owner, id"
+# A new letter's place: after every other (one probe of the index's end).
+_INSERT_LETTER: Final = (
+    "INSERT OR REPLACE INTO nj_dead_letters (owner, id, job, error, attempts, reason, time,"
+    " seq) VALUES (?, ?, ?, ?, ?, ?, ?,"
+    " (SELECT COALESCE(MAX(seq), 0) + 1 FROM nj_dead_letters))"
+)
 _AFTER_ZERO: Final[Cursor] = (0, math.inf, 2**63 - 1)  # after every row of priority 0
 
 
@@ -481,10 +494,9 @@ class JobTable:
                      exclusive=False, recovery_loop=False, created_at=now)
         record = converter.unstructure(letter)
         self.conn.execute(
-            "INSERT OR REPLACE INTO nj_dead_letters (owner, id, job, error, attempts, reason,"
-            " time) VALUES (?, ?, ?, ?, ?, 'damaged', ?)",
+            _INSERT_LETTER,
             (letter.owner, letter.id, encode_payload(record), error,
-             row[15] if isinstance(row[15], int) else 0, now),
+             row[15] if isinstance(row[15], int) else 0, "damaged", now),
         )
         self.conn.execute("DELETE FROM nj_jobs WHERE seq = ?", (seq,))
 
@@ -658,21 +670,22 @@ class JobTable:
         record = converter.unstructure(attrs.evolve(job, payload=None))
         record["payload"] = encode_payload(job.payload)
         self.conn.execute(
-            "INSERT OR REPLACE INTO nj_dead_letters (owner, id, job, error, attempts, reason,"
-            " time) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            _INSERT_LETTER,
             (job.owner, job.id, encode_payload(record), error, attempts, reason, now),
         )
         self.conn.execute("DELETE FROM nj_jobs WHERE id = ?", (job.id,))
 
     def dead_letters(self, owner: str | None) -> list[DeadLetter]:
+        """The dead letters (of ``owner``; every owner's with None), oldest first."""
         if owner is None:
             cursor = self.conn.execute(
-                "SELECT job, error, attempts, reason, time FROM nj_dead_letters ORDER BY time"
+                "SELECT job, error, attempts, reason, time FROM nj_dead_letters"
+                f" ORDER BY {_BURIAL_ORDER}"
             )
         else:
             cursor = self.conn.execute(
                 "SELECT job, error, attempts, reason, time FROM nj_dead_letters"
-                " WHERE owner = ? ORDER BY time",
+                f" WHERE owner = ? ORDER BY {_BURIAL_ORDER}",
                 (owner,),
             )
         return [_dead_letter(*row) for row in cursor]
@@ -698,7 +711,8 @@ class JobTable:
         if count <= keep:
             return []
         oldest = self.conn.execute(
-            "SELECT owner, id FROM nj_dead_letters ORDER BY time LIMIT ?", (count - keep,)
+            f"SELECT owner, id FROM nj_dead_letters ORDER BY {_BURIAL_ORDER} LIMIT ?",
+            (count - keep,)
         ).fetchall()
         self.conn.executemany("DELETE FROM nj_dead_letters WHERE owner = ? AND id = ?", oldest)
         return [(str(owner), str(job_id)) for owner, job_id in oldest]
