@@ -9,8 +9,8 @@ and raised only after. Outcomes are applied as they happen, so every read sees t
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import TYPE_CHECKING, Final, cast
 
 import attrs
@@ -500,21 +500,32 @@ class JobStore:
     ) -> Job | None:
         """Move a job into the dead letters (with its last attempt, ``failure``, in its
         attempt history); returns it, or None if it is gone."""
-        with self.writing():
-            row = self.table.row(job_id)
+        with self._burying() as table:
+            row = table.row(job_id)
             if row is None:
                 return None
-            self.table.bury(row, error, reason, _clock.now(),
-                            attempts=row.attempts if attempts is None else attempts)
+            table.bury(row, error, reason, _clock.now(),
+                       attempts=row.attempts if attempts is None else attempts)
             if failure is not None:
                 self._record_attempt(row.job, failure)
+        return row.job
+
+    @contextmanager
+    def _burying(self) -> Iterator[JobTable]:
+        """``with store._burying() as table:`` bury dead letters with ``table``. Every
+        burial goes through here — a failure, a seal, a crash, a damaged row — so the
+        bound holds whatever buried: past ``dead_letter_limit`` the oldest letters go,
+        in the same transaction, which is then committed (the group's too, unless a
+        user block or the running job's writes are open), and
+        ``job:dead_letter_dropped`` tells of each. Does not checkpoint."""
+        with self.writing():
+            yield self.table
             dropped = self.table.drop_oldest_dead_letters(self.dead_letter_limit)
             if dropped:
                 self.table.forget_orphan_attempts()
         self.flush()
         for owner, dropped_id in dropped:
             self._dropped(owner, dropped_id)
-        return row.job
 
     def discard(self, owner: str | None, job_id: str) -> bool:
         """Delete dead letter ``job_id`` (of ``owner``, or any owner with None)."""
@@ -548,11 +559,14 @@ class JobStore:
         )
 
     def bury_recovery_loops(self, error: str, reason: str) -> list[Job]:
+        """Move every ``recovery_loop`` job into the dead letters (a seal); return
+        them."""
         buried = []
-        for row in self.table.rows():
-            if row.job.recovery_loop:
-                self.table.bury(row, error, reason, _clock.now(), attempts=row.attempts)
-                buried.append(row.job)
+        with self._burying() as table:
+            for row in table.rows():
+                if row.job.recovery_loop:
+                    table.bury(row, error, reason, _clock.now(), attempts=row.attempts)
+                    buried.append(row.job)
         return buried
 
     def set_meta(self, key: str, value: int) -> None:
@@ -580,15 +594,11 @@ class JobStore:
         as dead letters of reason ``"damaged"``, and tell ``on_damaged`` of each: the
         fault is its job's, the other jobs run."""
         damaged, self.table.damaged = self.table.damaged, []
-        with self.writing():
+        with self._burying() as table:
             for seq, row, error in damaged:
-                self.table.bury_damaged(seq, row, str(error), _clock.now())
-            dropped = self.table.drop_oldest_dead_letters(self.dead_letter_limit)
-        self.flush()
+                table.bury_damaged(seq, row, str(error), _clock.now())
         for _seq, _row, error in damaged:
             self._damaged(error)
-        for owner, dropped_id in dropped:
-            self._dropped(owner, dropped_id)
 
     def set_marker(self, job_id: str, started: float) -> None:
         with self.writing():

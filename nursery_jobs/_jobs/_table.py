@@ -665,7 +665,8 @@ class JobTable:
 
     # -- dead letters ---------------------------------------------------------------
     def bury(self, row: JobRow, error: str, reason: str, now: float, *, attempts: int) -> None:
-        """Move a job into the dead letters (replacing an older letter of its id)."""
+        """Move a job into the dead letters (replacing an older letter of its id). Only
+        ``JobStore._burying`` buries (the bound is kept there)."""
         job = row.job
         record = converter.unstructure(attrs.evolve(job, payload=None))
         record["payload"] = encode_payload(job.payload)
