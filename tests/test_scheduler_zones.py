@@ -29,6 +29,7 @@ from conftest import EPOCH, VIRTUAL_DAY_OF_POLLING, engine
 
 import nursery_jobs as nj
 from nursery_jobs import _clock
+from nursery_jobs._capabilities._slots import next_cron_time
 from nursery_jobs._codec import content_text
 
 
@@ -257,18 +258,56 @@ async def test_a_local_time_that_occurs_twice_fires_once(
             await obj.schedule("*/30 * * * *", "tick", id="*/30", tz="Europe/Berlin")
             await trio.sleep(46 * MINUTE)  # to 02:15 CET, the second 02:15
             assert env.local("02:30") == ["10-31 02:30:00 CEST"]
-            # Created in the second 02:00-02:59, a 02:30 cron has had its 02:30 today:
-            # its first run is tomorrow's (never a time in the past, run at once).
+            # Created in the second 02:00-02:59, after the first 02:30 and before the
+            # second, a 02:30 cron fires at the second (once that day; never a time in
+            # the past, run at once).
             late = await obj.schedule("30 2 * * *", "tick", id="late", tz="Europe/Berlin")
-            assert berlin(late.time) == "11-01 02:30:00 CET"
+            assert berlin(late.time) == "10-31 02:30:00 CET"
             await trio.sleep(50 * MINUTE)  # to 03:05 CET
             assert env.local("02:30") == ["10-31 02:30:00 CEST"]
-            assert env.local("late") == []
+            assert env.local("late") == ["10-31 02:30:00 CET"]
             # Each local time fires once: not again in the repeated hour.
             assert env.local("*/30") == ["10-31 02:30:00 CEST", "10-31 03:00:00 CET"]
             stored = {s.id: berlin(s.time) for s in await obj.schedules()}
             assert stored == {"02:30": "11-01 02:30:00 CET", "late": "11-01 02:30:00 CET",
                               "*/30": "10-31 03:30:00 CET"}
+
+
+def test_the_next_slot_in_the_repeated_hour_is_its_second_pass_unless_the_first_ran() -> None:
+    expr, zone = "30 2 * * *", "Europe/Berlin"
+    first, second = utc(2027, 10, 31, 0, 30), utc(2027, 10, 31, 1, 30)  # 02:30 CEST, CET
+    tomorrow = "11-01 02:30:00 CET"
+    assert berlin(next_cron_time(expr, utc(2027, 10, 31, 0, 10), zone)) == berlin(first)
+    # In the second pass, before its 02:30: that one (the first is past).
+    assert berlin(next_cron_time(expr, utc(2027, 10, 31, 1, 10), zone)) == berlin(second)
+    # Just after a run at the first 02:30: its wall clock is past 02:30, tomorrow.
+    assert berlin(next_cron_time(expr, first + 1, zone, ran=first)) == tomorrow
+    # A late run of the first 02:30 (the process was down over it) in the second pass:
+    # 02:30 fired once, so not again at the second.
+    assert berlin(next_cron_time(expr, utc(2027, 10, 31, 1, 10), zone, ran=first)) == tomorrow
+    assert berlin(next_cron_time(expr, second, zone)) == tomorrow
+    # A wall time that does not exist has no second pass either.
+    assert berlin(next_cron_time(expr, utc(2027, 3, 28, 0, 59), zone)) == "03-28 03:00:00 CEST"
+
+
+async def test_a_late_run_of_the_first_occurrence_is_not_followed_by_the_second(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path,
+) -> None:
+    pin(utc(2027, 10, 31, 0, 20))  # 02:20 CEST
+    env = Env()
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(engine.durable(tmp_path), env=env) as rt:
+            made = await rt.get(Zoned, "z").schedule("30 2 * * *", "tick", id="c",
+                                                     tz="Europe/Berlin")
+            assert berlin(made.time) == "10-31 02:30:00 CEST"
+            await trio.sleep(5 * MINUTE)
+        await trio.sleep(45 * MINUTE)  # down over 02:30 CEST, to 02:10 CET
+        async with nj.open_runtime(engine.durable(tmp_path), env=env) as rt:
+            await trio.sleep(25 * MINUTE)  # to 02:35 CET
+            # The first 02:30 ran late (coalesced), at 02:10 CET: not again at 02:30 CET.
+            assert env.local("c") == ["10-31 02:10:00 CET"]
+            [stored] = await rt.get(Zoned, "z").schedules()
+            assert berlin(stored.time) == "11-01 02:30:00 CET"
 
 
 async def test_utc_is_the_default_zone_and_unaffected_by_berlin_changes(

@@ -398,11 +398,6 @@ class Crons(nj.DurableObject):
         return made.time
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "DESIGN §4 cron tz=: 'a local time that occurs twice fires once'; a schedule made "
-    "during the second pass of the repeated hour (after the first 01:30 had passed, "
-    "before it existed) fires zero times that day: _slots.next_cron_time places every "
-    "wall time at its first occurrence (fold=0) and drops it as already past"))
 async def test_a_cron_made_in_the_repeated_hour_fires_at_the_second_occurrence(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
