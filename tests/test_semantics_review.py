@@ -510,10 +510,6 @@ class Configured(nj.DurableObject):
         return "pong"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "DESIGN §7 (and the brief's 'invalid options raise typed errors'): every library "
-    "error derives from NurseryJobsError; Lifecycle.__init__ and Lifecycle.use raise "
-    "plain ValueError / TypeError for bad options"))
 @pytest.mark.parametrize(("options", "use", "named"), [
     ({"max_alarm_memory_limit_strikes": 0}, None, "max_alarm_memory_limit_strikes"),
     ({"completion_group": 0}, None, "completion_group"),
@@ -529,6 +525,12 @@ async def test_a_bad_lifecycle_option_is_a_nursery_jobs_error_naming_it(
             with pytest.raises(nj.NurseryJobsError, match=named) as caught:
                 await rt.get(Configured, "c").ping()
             assert isinstance(caught.value, (ValueError, TypeError))
+
+
+def test_a_lifecycle_host_that_is_no_durable_object_is_a_nursery_jobs_error_naming_it() -> None:
+    with pytest.raises(nj.NurseryJobsError, match="host must be a DurableObject") as caught:
+        nj.Lifecycle.install("not an object")  # type: ignore[arg-type]
+    assert isinstance(caught.value, TypeError)
 
 
 class Queued(nj.DurableObject):
