@@ -477,10 +477,6 @@ async def test_a_seal_of_recovery_loop_jobs_keeps_the_dead_letter_bound(
 # -- listing ---------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "DESIGN §3: 'list() -> list[Job] (by due time)'; Jobs.list() sorts by run order "
-    "(priority DESC first, JobTable.rows), so a prioritized job due in an hour is listed "
-    "before a job due now"))
 async def test_jobs_list_is_by_due_time(autojump_clock: trio.testing.MockClock) -> None:
     env = new_env()
     with trio.fail_after(HANG):
@@ -488,7 +484,8 @@ async def test_jobs_list_is_by_due_time(autojump_clock: trio.testing.MockClock) 
             obj = rt.get(Obj, "o")
             await obj.push("run", "later", delay=3600, priority=5)
             await obj.push("run", "soon", delay=10)
-            assert await obj.listed() == ["soon", "later"]
+            await obj.push("run", "soon too", delay=10)  # the same time: push order
+            assert await obj.listed() == ["soon", "soon too", "later"]
 
 
 # -- argument errors ---------------------------------------------------------------------

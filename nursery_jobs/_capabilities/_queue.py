@@ -71,6 +71,10 @@ def item_of(job: Job, attempt: int = 0) -> QueueItem:
     )
 
 
+def _higher_priority_first(job: Job) -> int:
+    return -job.priority
+
+
 async def call_callback(fn: Callable[..., Any], *args: Any) -> Any:
     """Call a sync or async callback."""
     result = fn(*args)
@@ -177,11 +181,11 @@ class Queue(CallbackCapability):
         return None if job is None else item_of(job)
 
     def list(self, callback: str | None = None) -> list[QueueItem]:
-        """Return the items (of one callback, if given) in run order."""
-        return [
-            item_of(job) for job in self.lifecycle.jobs.list()
-            if callback is None or job.fn == callback
-        ]
+        """Return the items (of one callback, if given) in run order: higher priority
+        first, then by due time and push order (as ``jobs.list()`` gives them: the sort
+        is stable). Does not checkpoint."""
+        jobs = sorted(self.lifecycle.jobs.list(), key=_higher_priority_first)
+        return [item_of(job) for job in jobs if callback is None or job.fn == callback]
 
     async def cancel(self, id: str) -> bool:
         """Remove item ``id``; return whether it was queued. Checkpoints."""

@@ -345,11 +345,13 @@ class JobTable:
         return None if row is None else self._read([row])[0]
 
     def rows(self, owner: str | None = None) -> list[JobRow]:
+        """The jobs (of ``owner``; every owner's with None) by due time, then push order
+        (``jobs.list()``, DESIGN 3; run order puts priority first)."""
         if owner is None:
-            cursor = self.conn.execute(f"SELECT {_COLUMNS} FROM nj_jobs ORDER BY {_ORDER}")
+            cursor = self.conn.execute(f"SELECT {_COLUMNS} FROM nj_jobs ORDER BY time, seq")
         else:
             cursor = self.conn.execute(
-                f"SELECT {_COLUMNS} FROM nj_jobs WHERE owner = ? ORDER BY {_ORDER}", (owner,)
+                f"SELECT {_COLUMNS} FROM nj_jobs WHERE owner = ? ORDER BY time, seq", (owner,)
             )
         return self._read(cursor)
 

@@ -148,7 +148,8 @@ class Jobs:
         return None if row is None or row.job.owner != self.owner else row.job
 
     def list(self) -> list[Job]:
-        """Return this owner's jobs in run order (priority, due time, push order)."""
+        """Return this owner's jobs by due time (then push order). Does not
+        checkpoint."""
         return [row.job for row in self._store.rows(self.owner)]
 
     async def rearm(self) -> None:
