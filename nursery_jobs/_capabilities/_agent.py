@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 import attrs
 
 from nursery_jobs import _clock, _codec
-from nursery_jobs._capabilities._queue import Queue, QueueItem, call_callback
+from nursery_jobs._capabilities._queue import Queue, QueueItem, call_callback, callback_filter
 from nursery_jobs._capabilities._scheduler import (
     Missed,
     Schedule,
@@ -223,7 +223,8 @@ class Agent(DurableObject):
     def list_queued(self, method: str | None = None) -> list[QueueItem]:
         """Return the queued tasks (of ``method``, if given) in run order; a task whose
         run is in progress is listed until it ends. Does not checkpoint."""
-        return self._task_queue.list(_check_method(method, "list_queued"))
+        return self._task_queue.list(callback_filter(method, call="list_queued",
+                                                     argument="method"))
 
     async def dequeue(self, id: str) -> bool:
         """Remove queued task ``id``; return whether it was queued. A scheduled task is
@@ -237,7 +238,8 @@ class Agent(DurableObject):
         """Remove every queued task (of ``method``, if given); return how many.
         Scheduled tasks stay. A run in progress is cancelled as ``dequeue`` cancels
         one. Checkpoints."""
-        return await self._task_queue.cancel_all(_check_method(method, "dequeue_all"))
+        return await self._task_queue.cancel_all(callback_filter(method, call="dequeue_all",
+                                                                 argument="method"))
 
     def list_schedules(self) -> list[TaskRecord]:
         """Every queued and scheduled task, by due time."""
@@ -326,12 +328,6 @@ class Agent(DurableObject):
         logger.error("%s/%s: no handler for host job %r", self.ctx.namespace, self.ctx.id,
                      ctx.job.fn)
         return None
-
-
-def _check_method(method: object, caller: str) -> str | None:
-    if method is None or (isinstance(method, str) and method):
-        return method
-    raise JobError(f"{caller}(): method must be a task's method name or None, got {method!r}")
 
 
 # Methods of Agent itself that are not tasks.

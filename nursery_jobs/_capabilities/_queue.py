@@ -71,6 +71,17 @@ def item_of(job: Job, attempt: int = 0) -> QueueItem:
     )
 
 
+def callback_filter(value: object, *, call: str, argument: str = "callback") -> str | None:
+    """``value`` as a filter by callback name (None: every callback), or ``JobError``
+    naming ``argument`` of ``call``: something that is no name would match nothing, and
+    the caller would read "none" where it made a mistake. (The Queue's and the Agent's
+    filters: one check.)"""
+    if value is None or (isinstance(value, str) and value):
+        return value
+    raise JobError(f"{call}(): {argument} must be a callback name (a non-empty str) or None,"
+                   f" got {safe_repr(value)}")
+
+
 def _higher_priority_first(job: Job) -> int:
     return -job.priority
 
@@ -183,7 +194,12 @@ class Queue(CallbackCapability):
     def list(self, callback: str | None = None) -> list[QueueItem]:
         """Return the items (of one callback, if given) in run order: higher priority
         first, then by due time and push order (as ``jobs.list()`` gives them: the sort
-        is stable). Does not checkpoint."""
+        is stable). Does not checkpoint.
+
+        Raises:
+            JobError: ``callback`` is neither None nor a name.
+        """
+        callback = callback_filter(callback, call="Queue.list")
         jobs = sorted(self.lifecycle.jobs.list(), key=_higher_priority_first)
         return [item_of(job) for job in jobs if callback is None or job.fn == callback]
 
@@ -194,7 +210,12 @@ class Queue(CallbackCapability):
     async def cancel_all(self, callback: str | None = None) -> int:
         """Remove every item (of one callback, if given); return how many. A run of one
         in progress is cancelled as ``cancel`` cancels it: at once where no turn is held
-        (an ``@nj.interleave`` method). Checkpoints."""
+        (an ``@nj.interleave`` method). Checkpoints.
+
+        Raises:
+            JobError: ``callback`` is neither None nor a name (nothing is cancelled).
+        """
+        callback = callback_filter(callback, call="Queue.cancel_all")
         return len(await cancel_jobs(self.lifecycle.jobs, fn=callback))
 
     def dead_letters(self) -> builtins.list[QueueDeadLetter]:  # (list: the method above)
