@@ -67,6 +67,15 @@ def berlin(t: float) -> str:
     return f"{text} {local.tzname()}"
 
 
+NEW_YORK = zoneinfo.ZoneInfo("America/New_York")
+
+
+def new_york(t: float) -> str:
+    """Epoch ``t`` as New York wall time with its zone name, e.g. ``11-07 01:30 EST``."""
+    local = dt.datetime.fromtimestamp(t, NEW_YORK)
+    return f"{local:%m-%d %H:%M} {local.tzname()}"
+
+
 class Env:
     """Shared between a test and its objects (passed as the runtime's ``env``)."""
 
@@ -271,6 +280,24 @@ async def test_a_local_time_that_occurs_twice_fires_once(
             stored = {s.id: berlin(s.time) for s in await obj.schedules()}
             assert stored == {"02:30": "11-01 02:30:00 CET", "late": "11-01 02:30:00 CET",
                               "*/30": "10-31 03:30:00 CET"}
+
+
+async def test_a_cron_made_in_the_repeated_hour_fires_at_the_second_occurrence(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # 7 November 2027, New York: 02:00 EDT becomes 01:00 EST; 06:10 UTC is 01:10 EST,
+    # in the second pass, after 01:30 EDT (05:30 UTC) and before 01:30 EST (06:30 UTC).
+    pin(utc(2027, 11, 7, 6, 10))
+    env = Env()
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(engine.location, env=env) as rt:
+            assert new_york(nj.now()) == "11-07 01:10 EST"
+            made = await rt.get(Zoned, "z").schedule("30 1 * * *", "tick", id="c",
+                                                     tz="America/New_York")
+            assert new_york(made.time) == "11-07 01:30 EST"
+            await trio.sleep(HOUR)
+            # Once that day (zero times, before: the first 01:30 was dropped as past).
+            assert [new_york(t) for t in env.times("c")] == ["11-07 01:30 EST"]
 
 
 def test_the_next_slot_in_the_repeated_hour_is_its_second_pass_unless_the_first_ran() -> None:
