@@ -39,6 +39,8 @@ lookup errors derive from :class:`LookupError`::
      │   └─ JobOwnershipError             a job id held by another owner
      ├─ CapabilityError (ValueError)      a duplicate capability id, or use() after start
      │                                    (or a pause of an owner that is not installed)
+     ├─ LifecycleArgumentError (TypeError, ValueError)  a bad Lifecycle.install() option,
+     │                                    or use() of something that is no Capability
      ├─ LimitError (TypeError, ValueError) a bad nj.Limit, or a bad open_runtime(limits=)
      ├─ UnknownCallbackError (ValueError, LookupError)
      ├─ DataDirectoryError                (operator faces) a path that is no data directory
@@ -277,6 +279,13 @@ def _job_timeout_error(message: str, job_id: str, timeout: float) -> JobTimeoutE
 
 class CapabilityError(NurseryJobsError, ValueError):
     """A capability id is used twice on one object, or added after start."""
+
+
+class LifecycleArgumentError(NurseryJobsError, TypeError, ValueError):
+    """An argument of ``Lifecycle.install()`` (its host, an option) or of
+    ``Lifecycle.use()`` is invalid (the message names which). Both a ``TypeError`` and a
+    ``ValueError``: the wrong type and a value out of range are one mistake to a caller,
+    and code that caught either before keeps catching it."""
 
 
 class LimitError(NurseryJobsError, TypeError, ValueError):

@@ -732,3 +732,114 @@ async def test_destroy_runs_through_an_exclusive_job_after_the_call_returns(
             await trio.sleep(1)
             assert len(env.of("object:destroyed")) == 1
             assert await agent.read("k") is None
+
+
+# -- cancelling a running task from an @nj.interleave method ------------------------------
+
+
+class Tasks(nj.Agent):
+    """An Agent with a 100 s task; ``stop`` cancels it from an ``@nj.interleave`` method
+    (the way DESIGN §3 gives to cancel a running job from a stub call)."""
+
+    namespace = "tests.test_agent.Tasks"
+
+    async def long(self, payload: Any) -> None:
+        self.ctx.env["runs"].append(("long", payload, rel()))
+        await trio.sleep(100)
+        self.ctx.env["runs"].append(("long done", payload, rel()))
+
+    async def on_error(self, error: Exception, task: nj.TaskRecord) -> None:
+        self.ctx.env["errors"].append((task.id, rel()))
+
+    @nj.interleave
+    async def stop(self, how: str, task_id: str) -> bool | int:
+        if how == "dequeue":
+            return await self.dequeue(task_id)
+        if how == "cancel_schedule":
+            return await self.cancel_schedule(task_id)
+        assert how == "dequeue_all"
+        return await self.dequeue_all()
+
+    async def queue_each(self, *task_ids: str) -> None:
+        """Queue a ``long`` task of each id (in one call: none starts before the last
+        is queued)."""
+        for task_id in task_ids:
+            await self.queue("long", task_id, id=task_id)
+
+    async def left(self) -> tuple[list[str], list[str]]:
+        return [t.id for t in self.list_schedules()], [d.job.id for d in self.dead_letters()]
+
+
+async def _stop_a_running_task(how: str, kind: str) -> None:
+    env: dict[str, Any] = {"runs": [], "errors": []}
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(engine.location, env=env) as rt:
+            agent = rt.get(Tasks, "t")
+            if kind == "queued":
+                await agent.queue("long", "p", id="L")
+            else:
+                await agent.schedule(0, "long", "p", id="L")
+            await trio.sleep(5)
+            assert env["runs"] == [("long", "p", 0)]
+            assert await agent.stop(how, "L") in (True, 1)
+            assert rel() == 5  # at once, not after the run
+            await trio.sleep(200)
+            assert env["runs"] == [("long", "p", 0)]  # cancelled: it never ended
+            assert env["errors"] == []  # no retry, no dead letter, no on_error
+            assert await agent.left() == ([], [])
+
+
+async def test_dequeue_from_an_interleave_method_cancels_a_running_task_at_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    await _stop_a_running_task("dequeue", "queued")
+
+
+@pytest.mark.parametrize(("how", "kind"), [
+    ("cancel_schedule", "scheduled"), ("cancel_schedule", "queued"), ("dequeue_all", "queued"),
+])
+async def test_cancel_schedule_and_dequeue_all_cancel_a_running_task_at_once(
+    autojump_clock: trio.testing.MockClock, how: str, kind: str,
+) -> None:
+    await _stop_a_running_task(how, kind)
+
+
+async def test_dequeue_all_from_an_interleave_method_cancels_the_run_and_the_queue_behind_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # The run in progress is cancelled at once; the tasks queued behind it are deleted
+    # before the alarm run starts the next (it hands the object over after a cancelled
+    # job, as after any job).
+    env: dict[str, Any] = {"runs": [], "errors": []}
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(engine.location, env=env) as rt:
+            agent = rt.get(Tasks, "t")
+            await agent.queue_each("A", "B", "C")
+            await trio.sleep(5)
+            assert env["runs"] == [("long", "A", 0)]
+            assert await agent.stop("dequeue_all", "") == 3
+            assert rel() == 5
+            await trio.sleep(500)
+            assert env["runs"] == [("long", "A", 0)]
+            assert await agent.left() == ([], [])
+
+
+async def test_cancel_schedule_from_an_interleave_method_tells_of_the_schedule(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    env: dict[str, Any] = {"runs": [], "errors": []}
+    events: list[tuple[str, dict[str, Any]]] = []
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(engine.location, env=env) as rt:
+            rt.events.add_listener(lambda e: events.append((e.type, e.data))
+                                   if e.type in ("schedule:cancel", "job:cancelled") else None)
+            agent = rt.get(Tasks, "t")
+            await agent.schedule(3600, "long", "q", id="later")
+            await agent.schedule(0, "long", "p", id="L")
+            await trio.sleep(5)
+            assert await agent.stop("cancel_schedule", "L") is True
+            assert await agent.stop("cancel_schedule", "later") is True
+            assert await agent.stop("cancel_schedule", "gone") is False
+            assert [(kind, data["id"]) for kind, data in events] == [
+                ("job:cancelled", "L"), ("schedule:cancel", "L"), ("schedule:cancel", "later")]
+            assert events[1][1]["callback"] == "long"

@@ -329,6 +329,59 @@ async def test_replacement_keeps_a_retried_job_from_inheriting_attempts(
             assert [d.attempts for d in await obj.dead_letters()] == [3]
 
 
+async def test_an_exclusive_job_of_a_capability_holds_back_an_earlier_plain_job(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    env = make_env(caps=("side",))
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(engine.location, env=env) as rt:
+            obj = rt.get(Host, "o")
+            await obj.push("p", id="plain", time=EPOCH + 10)
+            await inside(obj, lambda o: cap(o, "side").lifecycle.jobs.push(
+                "x", id="x", time=EPOCH + 100, exclusive=True))
+            assert alarm(rt) == 100
+            await trio.sleep(200)
+            assert [(owner, job_id, t) for owner, job_id, t, _, _ in env.runs] == [
+                ("host", "plain", 100), ("side", "x", 100)]
+
+
+async def test_an_early_wake_runs_nothing_while_an_exclusive_job_is_pending(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Whatever set the alarm early (a stale alarm, a fallback), the alarm run honours
+    # the rule: nothing runs before the exclusive job's time, and it re-arms for it.
+    env = make_env(caps=("side",))
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(engine.location, env=env) as rt:
+            obj = rt.get(Host, "o")
+            await obj.push("p", id="plain", time=EPOCH + 10)
+            await inside(obj, lambda o: cap(o, "side").lifecycle.jobs.push(
+                "x", id="x", time=EPOCH + 100, exclusive=True))
+            # Behind the Lifecycle's back:
+            await inside(obj, lambda o: trio_value(o.lifecycle.claim.set(EPOCH + 20)))
+            assert alarm(rt) == 20
+            await trio.sleep(30)
+            assert env.runs == []
+            assert alarm(rt) == 100
+            await trio.sleep(100)
+            assert [(owner, job_id, t) for owner, job_id, t, _, _ in env.runs] == [
+                ("host", "plain", 100), ("side", "x", 100)]
+
+
+async def test_jobs_list_is_by_due_time_then_push_order(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # DESIGN 3: list() -> list[Job] (by due time); run order would put priority first.
+    env = make_env()
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(engine.location, env=env) as rt:
+            obj = rt.get(Host, "o")
+            await obj.push("f", id="later", delay=3600, priority=5)
+            await obj.push("f", id="soon", delay=10)
+            await obj.push("f", id="soon too", delay=10)  # the same time: push order
+            assert [job.id for job in await obj.jobs()] == ["soon", "soon too", "later"]
+
+
 # -- ownership ---------------------------------------------------------------------------
 
 
@@ -1414,6 +1467,45 @@ async def test_storage_set_alarm_is_refused_on_a_lifecycle_object(
             assert env.ran() == [("j", 50)]
 
 
+class Configured(nj.DurableObject):
+    """Installs a Lifecycle with the options in ``env`` (and uses what ``env`` names)."""
+
+    namespace = "tests.test_lifecycle.Configured"
+
+    def __init__(self, ctx: nj.ObjectContext) -> None:
+        super().__init__(ctx)
+        options, use = ctx.env
+        self.lifecycle = nj.Lifecycle.install(self, **options)
+        if use is not None:
+            self.lifecycle.use(use)
+
+    async def ping(self) -> str:
+        return "pong"
+
+
+@pytest.mark.parametrize(("options", "use", "named"), [
+    ({"max_alarm_memory_limit_strikes": 0}, None, "max_alarm_memory_limit_strikes"),
+    ({"completion_group": 0}, None, "completion_group"),
+    ({"dead_letter_limit": 0}, None, "dead_letter_limit"),
+    ({"rng": "seed"}, None, "rng"),
+    ({}, "not a capability", "use"),
+])
+async def test_a_bad_lifecycle_option_is_a_nursery_jobs_error_naming_it(
+    autojump_clock: trio.testing.MockClock, options: dict[str, Any], use: Any, named: str,
+) -> None:
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(engine.location, env=(options, use)) as rt:
+            with pytest.raises(nj.NurseryJobsError, match=named) as caught:
+                await rt.get(Configured, "c").ping()
+            assert isinstance(caught.value, (ValueError, TypeError))
+
+
+def test_a_lifecycle_host_that_is_no_durable_object_is_refused_naming_it() -> None:
+    with pytest.raises(nj.NurseryJobsError, match="host must be a DurableObject") as caught:
+        nj.Lifecycle.install("not an object")  # type: ignore[arg-type]
+    assert isinstance(caught.value, TypeError)
+
+
 # -- capabilities ----------------------------------------------------------------------------
 
 
@@ -1569,6 +1661,30 @@ async def test_rolled_back_transaction_leaves_no_job(
             # An early wake is harmless; nothing of the rolled-back pushes runs.
             assert env.ran() == [("keep", 50)]
             assert alarm(rt) is None
+
+
+async def test_an_exclusive_job_pushed_in_a_transaction_raises_the_alarm_once_committed(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Inside the block the push may only lower the alarm (a rollback would leave the
+    # plain job behind a raised one); once the block commits, the exclusive job alone
+    # decides when the object wakes.
+    env = make_env()
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(engine.location, env=env) as rt:
+            obj = rt.get(Host, "o")
+            await obj.push("p", id="plain", time=EPOCH + 10)
+
+            async def together(o: Host) -> None:
+                with o.ctx.storage.transaction():
+                    o.ctx.storage.put("pushed", "x")
+                    await o.lifecycle.jobs.push("x", id="x", time=EPOCH + 100,
+                                                exclusive=True)
+
+            await inside(obj, together)
+            assert alarm(rt) == 100
+            await trio.sleep(200)
+            assert env.ran() == [("plain", 100), ("x", 100)]
 
 
 async def test_disable_alarms_keeps_the_jobs(autojump_clock: trio.testing.MockClock) -> None:

@@ -36,8 +36,8 @@ class Audit(nj.Capability):
     async def on_job(self, ctx: nj.JobContext) -> None:
         self.host.ctx.env.append(("audit", ctx.job.id, rel()))
 
-    async def push(self, fn: str, delay: float) -> None:
-        await self.lifecycle.jobs.push(fn, delay=delay, id=fn)
+    async def push(self, fn: str, delay: float, **options: Any) -> None:
+        await self.lifecycle.jobs.push(fn, delay=delay, id=fn, **options)
 
     async def pause(self) -> None:
         await self.lifecycle.pause()
@@ -61,8 +61,8 @@ class Paused(nj.DurableObject):
     async def push(self, job_id: str, delay: float) -> None:
         await self.lifecycle.jobs.push("run", delay=delay, id=job_id)
 
-    async def push_audit(self, job_id: str, delay: float) -> None:
-        await self.audit.push(job_id, delay)
+    async def push_audit(self, job_id: str, delay: float, **options: Any) -> None:
+        await self.audit.push(job_id, delay, **options)
 
     async def pause(self, owner: Any = None) -> None:
         await self.lifecycle.pause(owner)
@@ -133,6 +133,25 @@ async def test_paused_jobs_do_not_wake_the_object(
             assert runs == [("audit", "a1", 30.0)]
             assert alarm_of(rt, "a") is None
             assert not rt.is_active(Paused.namespace, "a")  # nothing woke it since
+
+
+async def test_resuming_an_owner_with_an_exclusive_job_makes_it_decide_the_alarm(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    runs: list[tuple[str, str, float]] = []
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(engine.location, env=runs) as rt:
+            obj = rt.get(Paused, "a")
+            await obj.pause("audit")
+            await obj.push("plain", 10)
+            await obj.push_audit("x", 100, exclusive=True)  # paused: it has no say
+            assert alarm_of(rt, "a") == 10
+            await obj.resume("audit")
+            assert alarm_of(rt, "a") == 100  # raised once the resume committed
+            await trio.sleep(200)
+            # Pending and no longer paused, the exclusive job alone decides when the
+            # object wakes: the plain job does not run before it.
+            assert runs == [("host", "plain", 100), ("audit", "x", 100)]
 
 
 async def test_a_pause_of_one_owner_leaves_the_others_running(

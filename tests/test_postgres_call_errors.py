@@ -431,7 +431,7 @@ def _library_errors() -> list[Exception]:
         e.RpcError("ns/o._private"), e.ObjectResetError("reset"),
         e.AlarmOwnedError("owned"), e.JobError("bad job"), e.JobOwnershipError("owned job"),
         e.JobTimeoutError("job j after 5 s", job_id="j", timeout=5.0),
-        e.CapabilityError("twice"), e.LimitError("limit"),
+        e.CapabilityError("twice"), e.LifecycleArgumentError("lifecycle"), e.LimitError("limit"),
         e.UnknownCallbackError("no callback"), e.DataDirectoryError("not one"),
         e.UnknownObjectError("ns/o"), e.ObjectInUseError("in use"),
         e.ObjectHeldError("ns", "o", "host-1", 3.0), e.HttpError(403, "writes are off"),

@@ -113,23 +113,23 @@ def test_an_unreachable_server_is_a_storage_error_without_the_password() -> None
 def test_schema_is_created_and_a_newer_one_refused(pg_dsn: str) -> None:
     with opened(pg_dsn):
         pass
-    assert sql(pg_dsn, "SELECT version, object_schema FROM nj_schema") == [(3, 3)]
+    assert sql(pg_dsn, "SELECT version, object_schema FROM nj_schema") == [(3, 4)]
     with opened(pg_dsn):  # an existing schema of this version is fine
         pass
     sql(pg_dsn, "UPDATE nj_schema SET object_schema = 2")  # older objects: brought up
     with opened(pg_dsn):
         pass
-    assert sql(pg_dsn, "SELECT version, object_schema FROM nj_schema") == [(3, 3)]
+    assert sql(pg_dsn, "SELECT version, object_schema FROM nj_schema") == [(3, 4)]
     # A version 2 database (no nj_calls.take_id) is brought up in place.
     sql(pg_dsn, "ALTER TABLE nj_calls DROP COLUMN take_id")
     sql(pg_dsn, "UPDATE nj_schema SET version = 2")
     with opened(pg_dsn):
         pass
-    assert sql(pg_dsn, "SELECT version, object_schema FROM nj_schema") == [(3, 3)]
+    assert sql(pg_dsn, "SELECT version, object_schema FROM nj_schema") == [(3, 4)]
     assert sql(pg_dsn, "SELECT count(*) FROM information_schema.columns"
                        " WHERE table_name = 'nj_calls' AND column_name = 'take_id'") == [(1,)]
     sql(pg_dsn, "UPDATE nj_schema SET version = 99")
-    with pytest.raises(StorageError, match=r"schema version 99 \(objects 3\), newer than"):
+    with pytest.raises(StorageError, match=r"schema version 99 \(objects 4\), newer than"):
         PostgresEngine(pg_dsn).open(NOW)
     assert sql(pg_dsn, "SELECT version FROM nj_schema") == [(99,)]
     assert sql(pg_dsn, "SELECT count(*) FROM nj_hosts") == [(0,)]
@@ -148,7 +148,8 @@ async def test_the_working_copy_ships_commits_and_reloads(pg_dsn: str) -> None:
             " created_at) VALUES ('j1', 'host', 'f', 5.5, '[1]', 3, 1, 60, 1, 0, 30, 0, 0, 1)"
         )
         conn.execute(
-            "INSERT INTO nj_dead_letters VALUES ('host', 'd1', '{}', 'err', 3, 'failed', 2)"
+            "INSERT INTO nj_dead_letters (owner, id, job, error, attempts, reason, time, seq)"
+            " VALUES ('host', 'd1', '{}', 'err', 3, 'failed', 2, 1)"
         )
         conn.execute("INSERT INTO nj_meta VALUES ('memory_limit_strikes', 2)")
         conn.execute("BEGIN")
@@ -167,8 +168,8 @@ async def test_the_working_copy_ships_commits_and_reloads(pg_dsn: str) -> None:
             ("a", "1"), ("b", "9")]
         assert conn.execute("SELECT seq, id, time, payload, jitter FROM nj_jobs").fetchall() == [
             (1, "j1", 5.5, "[1]", 1)]
-        assert conn.execute("SELECT owner, id, attempts FROM nj_dead_letters").fetchall() == [
-            ("host", "d1", 3)]
+        assert conn.execute("SELECT owner, id, attempts, seq FROM nj_dead_letters").fetchall(
+            ) == [("host", "d1", 3, 1)]
         assert conn.execute("SELECT * FROM nj_meta").fetchall() == [("memory_limit_strikes", 2)]
         assert state.alarm == (NOW + 5, 1)
         conn.execute("DELETE FROM nj_dead_letters")

@@ -593,6 +593,42 @@ async def test_get_list_cancel_and_cancel_all(autojump_clock: trio.testing.MockC
             assert alarm(rt) is None
 
 
+class Queued(nj.DurableObject):
+    namespace = "tests.test_queue.Queued"
+
+    def __init__(self, ctx: nj.ObjectContext) -> None:
+        super().__init__(ctx)
+        self.queue = nj.Queue({"cb": lambda payload, item: None})
+        self.lifecycle = nj.Lifecycle.install(self).use(self.queue)
+
+    async def filter_by(self, how: str, callback: Any) -> tuple[str, bool, int]:
+        """(error type or "no error", whether it is a typed argument error, items left)."""
+        await self.queue.push("cb", 1, id="i")
+        try:
+            if how == "cancel_all":
+                await self.queue.cancel_all(callback)
+            else:
+                self.queue.list(callback)
+        except Exception as exc:
+            typed = isinstance(exc, nj.NurseryJobsError) and isinstance(
+                exc, (ValueError, TypeError)) and "callback" in str(exc)
+            return type(exc).__name__, typed, len(self.queue.list())
+        return "no error", False, len(self.queue.list())
+
+
+# A callback filter that is no name would match nothing: refused, as the Agent's
+# list_queued and dequeue_all refuse one, naming the argument (DESIGN 7).
+@pytest.mark.parametrize("bad", [5, b"cb", ""])
+@pytest.mark.parametrize("how", ["cancel_all", "list"])
+async def test_a_queue_callback_filter_that_is_no_name_is_refused(
+    autojump_clock: trio.testing.MockClock, how: str, bad: Any,
+) -> None:
+    async with nj.open_runtime(engine.location) as rt:
+        error, typed, left = await rt.get(Queued, "q").filter_by(how, bad)
+        assert typed, error
+        assert left == 1
+
+
 # -- durability ----------------------------------------------------------------------------------
 
 

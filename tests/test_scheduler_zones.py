@@ -29,6 +29,7 @@ from conftest import EPOCH, VIRTUAL_DAY_OF_POLLING, engine
 
 import nursery_jobs as nj
 from nursery_jobs import _clock
+from nursery_jobs._capabilities._slots import next_cron_time
 from nursery_jobs._codec import content_text
 
 
@@ -64,6 +65,15 @@ def berlin(t: float) -> str:
     if local.microsecond:
         text += f".{local.microsecond:06d}"
     return f"{text} {local.tzname()}"
+
+
+NEW_YORK = zoneinfo.ZoneInfo("America/New_York")
+
+
+def new_york(t: float) -> str:
+    """Epoch ``t`` as New York wall time with its zone name, e.g. ``11-07 01:30 EST``."""
+    local = dt.datetime.fromtimestamp(t, NEW_YORK)
+    return f"{local:%m-%d %H:%M} {local.tzname()}"
 
 
 class Env:
@@ -257,18 +267,74 @@ async def test_a_local_time_that_occurs_twice_fires_once(
             await obj.schedule("*/30 * * * *", "tick", id="*/30", tz="Europe/Berlin")
             await trio.sleep(46 * MINUTE)  # to 02:15 CET, the second 02:15
             assert env.local("02:30") == ["10-31 02:30:00 CEST"]
-            # Created in the second 02:00-02:59, a 02:30 cron has had its 02:30 today:
-            # its first run is tomorrow's (never a time in the past, run at once).
+            # Created in the second 02:00-02:59, after the first 02:30 and before the
+            # second, a 02:30 cron fires at the second (once that day; never a time in
+            # the past, run at once).
             late = await obj.schedule("30 2 * * *", "tick", id="late", tz="Europe/Berlin")
-            assert berlin(late.time) == "11-01 02:30:00 CET"
+            assert berlin(late.time) == "10-31 02:30:00 CET"
             await trio.sleep(50 * MINUTE)  # to 03:05 CET
             assert env.local("02:30") == ["10-31 02:30:00 CEST"]
-            assert env.local("late") == []
+            assert env.local("late") == ["10-31 02:30:00 CET"]
             # Each local time fires once: not again in the repeated hour.
             assert env.local("*/30") == ["10-31 02:30:00 CEST", "10-31 03:00:00 CET"]
             stored = {s.id: berlin(s.time) for s in await obj.schedules()}
             assert stored == {"02:30": "11-01 02:30:00 CET", "late": "11-01 02:30:00 CET",
                               "*/30": "10-31 03:30:00 CET"}
+
+
+async def test_a_cron_made_in_the_repeated_hour_fires_at_the_second_occurrence(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # 7 November 2027, New York: 02:00 EDT becomes 01:00 EST; 06:10 UTC is 01:10 EST,
+    # in the second pass, after 01:30 EDT (05:30 UTC) and before 01:30 EST (06:30 UTC).
+    pin(utc(2027, 11, 7, 6, 10))
+    env = Env()
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(engine.location, env=env) as rt:
+            assert new_york(nj.now()) == "11-07 01:10 EST"
+            made = await rt.get(Zoned, "z").schedule("30 1 * * *", "tick", id="c",
+                                                     tz="America/New_York")
+            assert new_york(made.time) == "11-07 01:30 EST"
+            await trio.sleep(HOUR)
+            # Once that day (zero times, before: the first 01:30 was dropped as past).
+            assert [new_york(t) for t in env.times("c")] == ["11-07 01:30 EST"]
+
+
+def test_the_next_slot_in_the_repeated_hour_is_its_second_pass_unless_the_first_ran() -> None:
+    expr, zone = "30 2 * * *", "Europe/Berlin"
+    first, second = utc(2027, 10, 31, 0, 30), utc(2027, 10, 31, 1, 30)  # 02:30 CEST, CET
+    tomorrow = "11-01 02:30:00 CET"
+    assert berlin(next_cron_time(expr, utc(2027, 10, 31, 0, 10), zone)) == berlin(first)
+    # In the second pass, before its 02:30: that one (the first is past).
+    assert berlin(next_cron_time(expr, utc(2027, 10, 31, 1, 10), zone)) == berlin(second)
+    # Just after a run at the first 02:30: its wall clock is past 02:30, tomorrow.
+    assert berlin(next_cron_time(expr, first + 1, zone, ran=first)) == tomorrow
+    # A late run of the first 02:30 (the process was down over it) in the second pass:
+    # 02:30 fired once, so not again at the second.
+    assert berlin(next_cron_time(expr, utc(2027, 10, 31, 1, 10), zone, ran=first)) == tomorrow
+    assert berlin(next_cron_time(expr, second, zone)) == tomorrow
+    # A wall time that does not exist has no second pass either.
+    assert berlin(next_cron_time(expr, utc(2027, 3, 28, 0, 59), zone)) == "03-28 03:00:00 CEST"
+
+
+async def test_a_late_run_of_the_first_occurrence_is_not_followed_by_the_second(
+    autojump_clock: trio.testing.MockClock, tmp_path: Path,
+) -> None:
+    pin(utc(2027, 10, 31, 0, 20))  # 02:20 CEST
+    env = Env()
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(engine.durable(tmp_path), env=env) as rt:
+            made = await rt.get(Zoned, "z").schedule("30 2 * * *", "tick", id="c",
+                                                     tz="Europe/Berlin")
+            assert berlin(made.time) == "10-31 02:30:00 CEST"
+            await trio.sleep(5 * MINUTE)
+        await trio.sleep(45 * MINUTE)  # down over 02:30 CEST, to 02:10 CET
+        async with nj.open_runtime(engine.durable(tmp_path), env=env) as rt:
+            await trio.sleep(25 * MINUTE)  # to 02:35 CET
+            # The first 02:30 ran late (coalesced), at 02:10 CET: not again at 02:30 CET.
+            assert env.local("c") == ["10-31 02:10:00 CET"]
+            [stored] = await rt.get(Zoned, "z").schedules()
+            assert berlin(stored.time) == "11-01 02:30:00 CET"
 
 
 async def test_utc_is_the_default_zone_and_unaffected_by_berlin_changes(

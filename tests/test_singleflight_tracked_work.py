@@ -209,3 +209,57 @@ async def test_work_that_ends_first_leaves_the_job_held_by_the_work_that_goes_on
             assert runs(env["log"])[2:] == []
             await trio.sleep(50)  # to 110
             assert runs(env["log"])[2:] == [("s", 100, "note")]
+
+
+class Beat(nj.DurableObject):
+    """An exclusive single-flight heartbeat: each run starts 10 s of tracked work and
+    yields. ``on_alarm`` counts alarm runs, and disables the alarms past 100 of them so
+    that a hot loop (which never lets virtual time move) ends."""
+
+    namespace = "tests.test_singleflight_tracked_work.Beat"
+
+    def __init__(self, ctx: nj.ObjectContext) -> None:
+        super().__init__(ctx)
+        self.env: dict[str, Any] = ctx.env
+        self.lifecycle = nj.Lifecycle.install(self)
+
+    async def on_job(self, ctx: nj.JobContext) -> nj.JobOutcome:
+        self.env["runs"].append(rel())
+
+        async def work() -> None:
+            await trio.sleep(10)
+
+        self.lifecycle.track_alarm_work(work)
+        return nj.YIELD
+
+    async def on_alarm(self) -> None:
+        self.env["alarms"].append(rel())
+        if len(self.env["alarms"]) > 100:
+            await self.lifecycle.disable_alarms()
+
+    async def push(self) -> None:
+        await self.lifecycle.jobs.push("beat", id="beat", time=EPOCH + 10, singleflight=True,
+                                       exclusive=True)
+
+
+async def test_an_exclusive_single_flight_job_in_flight_does_not_spin_the_alarm(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # An in-flight single-flight job counts from started + hung_timeout, an exclusive
+    # one too: due and in flight, it must not re-fire the alarm at once (101 alarm runs
+    # at one instant before).
+    env: dict[str, Any] = {"runs": [], "alarms": []}
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(engine.location, env=env) as rt:
+            await rt.get(Beat, "b").push()
+            await trio.sleep(15)
+            # One run at 10; its work goes on until 20, so nothing wakes the object
+            # before then (its alarm is at started + hung_timeout = 40, or the work's end).
+            assert env["runs"] == [10]
+            assert len(env["alarms"]) == 1
+            stored = engine.stored_alarm(rt, Beat.namespace, "b")
+            assert stored is not None and stored[0] - EPOCH == 40
+            await trio.sleep(10)
+            # The work ended at 20 (its marker cleared, the alarm re-armed): the next beat.
+            assert env["runs"] == [10, 20]
+            assert env["alarms"] == [10, 20]

@@ -477,6 +477,35 @@ async def test_cancel_of_a_queued_job_from_an_interleave_method(
             assert env.of("job:cancelled") == []  # (only a running job's cancel is an event)
 
 
+async def test_a_call_waiting_behind_a_cancelled_run_goes_before_the_next_job(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Fairness (DESIGN 2): between two jobs the alarm run hands the object to a waiting
+    # call — after a job whose run was cancelled too.
+    env = Env()
+    with trio.fail_after(HANG):
+        async with open_rt(env) as rt:
+            obj = rt.get(Steered, "o")
+            await obj.push("long", id="A", time=EPOCH + 1)
+            await obj.push("long", id="B", time=EPOCH + 1)
+            await trio.sleep(5)
+            assert env.runs() == [("A", 1, 1)]
+            served: list[float] = []
+
+            async def call() -> None:
+                await obj.hold(0)
+                served.append(rel())
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(call)
+                await trio.sleep(1)  # (the call waits for the object: A's run holds it)
+                assert served == []
+                assert await obj.cancel_now("A") == (True, 6)
+            assert served == [6]
+            await trio.sleep(1)
+            assert env.runs() == [("A", 1, 1), ("B", 6, 1)]
+
+
 async def test_cancel_from_inside_the_turn_keeps_its_behaviour(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

@@ -12,12 +12,19 @@ from typing import Any, ClassVar
 import attrs
 
 from nursery_jobs import _clock, _codec
-from nursery_jobs._capabilities._queue import Queue, QueueItem, call_callback
-from nursery_jobs._capabilities._scheduler import Missed, Schedule, Scheduler, When
+from nursery_jobs._capabilities._queue import Queue, QueueItem, call_callback, callback_filter
+from nursery_jobs._capabilities._scheduler import (
+    Missed,
+    Schedule,
+    Scheduler,
+    When,
+    schedules_cancelled,
+)
 from nursery_jobs._core._object import DurableObject, ObjectContext
 from nursery_jobs._errors import JobError, UnknownCallbackError, safe_repr
 from nursery_jobs._jobs._lifecycle import Lifecycle
 from nursery_jobs._jobs._records import DeadLetter, Job, JobContext, JobOutcome
+from nursery_jobs._jobs._views import cancel_jobs
 from nursery_jobs._policy import MAX_ATTEMPTS, RetryOptions
 
 logger = logging.getLogger("nursery_jobs")
@@ -199,10 +206,14 @@ class Agent(DurableObject):
                 + await self._task_scheduler.discard_dead_letters(before=before))
 
     async def cancel_schedule(self, id: str) -> bool:
-        """Cancel a queued or scheduled task; return whether it existed."""
-        if await self._task_scheduler.cancel(id):
-            return True
-        return await self._task_queue.cancel(id)
+        """Cancel a queued or scheduled task; return whether it existed. A run of it in
+        progress is cancelled as ``dequeue`` cancels one: at once where no turn is held
+        (an ``@nj.interleave`` method). Checkpoints."""
+        scheduler = self._task_scheduler
+        cancelled = await cancel_jobs(scheduler.lifecycle.jobs, self._task_queue.lifecycle.jobs,
+                                      id=id)
+        schedules_cancelled(scheduler, cancelled)
+        return bool(cancelled)
 
     # -- queued tasks (the reference's getQueue, getQueues, dequeue, dequeueAll) --------
     def get_queued(self, id: str) -> QueueItem | None:
@@ -212,7 +223,8 @@ class Agent(DurableObject):
     def list_queued(self, method: str | None = None) -> list[QueueItem]:
         """Return the queued tasks (of ``method``, if given) in run order; a task whose
         run is in progress is listed until it ends. Does not checkpoint."""
-        return self._task_queue.list(_check_method(method, "list_queued"))
+        return self._task_queue.list(callback_filter(method, call="list_queued",
+                                                     argument="method"))
 
     async def dequeue(self, id: str) -> bool:
         """Remove queued task ``id``; return whether it was queued. A scheduled task is
@@ -224,8 +236,10 @@ class Agent(DurableObject):
 
     async def dequeue_all(self, method: str | None = None) -> int:
         """Remove every queued task (of ``method``, if given); return how many.
-        Scheduled tasks stay. Checkpoints."""
-        return await self._task_queue.cancel_all(_check_method(method, "dequeue_all"))
+        Scheduled tasks stay. A run in progress is cancelled as ``dequeue`` cancels
+        one. Checkpoints."""
+        return await self._task_queue.cancel_all(callback_filter(method, call="dequeue_all",
+                                                                 argument="method"))
 
     def list_schedules(self) -> list[TaskRecord]:
         """Every queued and scheduled task, by due time."""
@@ -314,12 +328,6 @@ class Agent(DurableObject):
         logger.error("%s/%s: no handler for host job %r", self.ctx.namespace, self.ctx.id,
                      ctx.job.fn)
         return None
-
-
-def _check_method(method: object, caller: str) -> str | None:
-    if method is None or (isinstance(method, str) and method):
-        return method
-    raise JobError(f"{caller}(): method must be a task's method name or None, got {method!r}")
 
 
 # Methods of Agent itself that are not tasks.

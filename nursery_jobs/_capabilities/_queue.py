@@ -21,6 +21,7 @@ from nursery_jobs import _clock, _codec
 from nursery_jobs._errors import JobError, UnknownCallbackError, safe_repr
 from nursery_jobs._jobs._capability import CallbackCapability
 from nursery_jobs._jobs._records import MAX_PRIORITY, Job, JobContext, JobOutcome, check_job_id
+from nursery_jobs._jobs._views import cancel_jobs
 from nursery_jobs._policy import RetryOptions
 
 logger = logging.getLogger("nursery_jobs")
@@ -68,6 +69,21 @@ def item_of(job: Job, attempt: int = 0) -> QueueItem:
         id=job.id, callback=job.fn, payload=envelope["p"], priority=job.priority,
         created_at=job.created_at, retry=job.retry, attempt=attempt,
     )
+
+
+def callback_filter(value: object, *, call: str, argument: str = "callback") -> str | None:
+    """``value`` as a filter by callback name (None: every callback), or ``JobError``
+    naming ``argument`` of ``call``: something that is no name would match nothing, and
+    the caller would read "none" where it made a mistake. (The Queue's and the Agent's
+    filters: one check.)"""
+    if value is None or (isinstance(value, str) and value):
+        return value
+    raise JobError(f"{call}(): {argument} must be a callback name (a non-empty str) or None,"
+                   f" got {safe_repr(value)}")
+
+
+def _higher_priority_first(job: Job) -> int:
+    return -job.priority
 
 
 async def call_callback(fn: Callable[..., Any], *args: Any) -> Any:
@@ -176,22 +192,31 @@ class Queue(CallbackCapability):
         return None if job is None else item_of(job)
 
     def list(self, callback: str | None = None) -> list[QueueItem]:
-        """Return the items (of one callback, if given) in run order."""
-        return [
-            item_of(job) for job in self.lifecycle.jobs.list()
-            if callback is None or job.fn == callback
-        ]
+        """Return the items (of one callback, if given) in run order: higher priority
+        first, then by due time and push order (as ``jobs.list()`` gives them: the sort
+        is stable). Does not checkpoint.
+
+        Raises:
+            JobError: ``callback`` is neither None nor a name.
+        """
+        callback = callback_filter(callback, call="Queue.list")
+        jobs = sorted(self.lifecycle.jobs.list(), key=_higher_priority_first)
+        return [item_of(job) for job in jobs if callback is None or job.fn == callback]
 
     async def cancel(self, id: str) -> bool:
         """Remove item ``id``; return whether it was queued. Checkpoints."""
         return await self.lifecycle.jobs.cancel(id)
 
     async def cancel_all(self, callback: str | None = None) -> int:
-        """Remove every item (of one callback, if given); return how many."""
-        count = 0
-        for item in self.list(callback):
-            count += await self.lifecycle.jobs.cancel(item.id)
-        return count
+        """Remove every item (of one callback, if given); return how many. A run of one
+        in progress is cancelled as ``cancel`` cancels it: at once where no turn is held
+        (an ``@nj.interleave`` method). Checkpoints.
+
+        Raises:
+            JobError: ``callback`` is neither None nor a name (nothing is cancelled).
+        """
+        callback = callback_filter(callback, call="Queue.cancel_all")
+        return len(await cancel_jobs(self.lifecycle.jobs, fn=callback))
 
     def dead_letters(self) -> builtins.list[QueueDeadLetter]:  # (list: the method above)
         """Items whose retries ran out, oldest first."""

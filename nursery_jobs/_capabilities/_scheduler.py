@@ -42,6 +42,8 @@ from nursery_jobs._jobs._records import (
     check_job_id,
     new_job_id,
 )
+from nursery_jobs._jobs._steering import Cancelled
+from nursery_jobs._jobs._views import cancel_jobs
 from nursery_jobs._policy import RetryOptions, is_finite
 
 logger = logging.getLogger("nursery_jobs")
@@ -121,15 +123,15 @@ def check_missed(missed: object) -> Missed:
     return _MISSED[missed]
 
 
-def _slot_after(schedule: Schedule, after: float) -> float | None:
-    """The first slot of a recurring ``schedule`` strictly after ``after``; None for a
-    one-shot."""
+def _slot_after(schedule: Schedule, after: float, ran: float | None = None) -> float | None:
+    """The first slot of a recurring ``schedule`` strictly after ``after`` (``ran``:
+    the slot whose run it follows, if any); None for a one-shot."""
     if schedule.kind == "interval":
         assert schedule.interval is not None and schedule.anchor is not None
         return next_grid_slot(schedule.anchor, schedule.interval, after)
     if schedule.kind == "cron":
         assert schedule.cron is not None
-        return next_cron_time(schedule.cron, after, schedule.tz)
+        return next_cron_time(schedule.cron, after, schedule.tz, ran=ran)
     return None
 
 
@@ -170,7 +172,8 @@ class Scheduler(CallbackCapability):
         A cron string is read in IANA zone ``tz`` (default UTC) and follows its
         daylight-saving changes: ``"0 9 * * *"`` fires at 09:00 local time on both
         sides of a change; a local time that does not exist that day fires at the next
-        existing minute, one that occurs twice fires once. ``missed="skip"`` (cron
+        existing minute, one that occurs twice fires once (at the first; at the second
+        for a schedule made between them). ``missed="skip"`` (cron
         only) drops the slots missed while the process was down instead of running one
         catch-up (``"coalesce"``): the next run is the first slot after now.
 
@@ -370,17 +373,18 @@ class Scheduler(CallbackCapability):
         return await self.lifecycle.discard_dead_letters(before=before)
 
     async def cancel(self, id: str) -> bool:
-        """Delete schedule ``id``; return whether it existed. Checkpoints."""
-        job = self.lifecycle.jobs.get(id)
-        cancelled = await self.lifecycle.jobs.cancel(id)
-        if cancelled and job is not None:
-            self.lifecycle.emit("schedule:cancel", callback=job.fn, id=id)
-        return cancelled
+        """Delete schedule ``id``; return whether it existed. A run of it in progress is
+        cancelled as ``jobs.cancel`` cancels one: at once where no turn is held (an
+        ``@nj.interleave`` method). Checkpoints."""
+        cancelled = await cancel_jobs(self.lifecycle.jobs, id=id)
+        schedules_cancelled(self, cancelled)
+        return bool(cancelled)
 
     # -- the capability hooks -----------------------------------------------------------
-    def _next(self, schedule: Schedule) -> JobOutcome:
-        """The outcome of a finished run: the first slot after now, or done."""
-        time = _slot_after(schedule, _clock.now())
+    def _next(self, schedule: Schedule, ran: float) -> JobOutcome:
+        """The outcome of a finished run of slot ``ran``: the first slot after now, or
+        done."""
+        time = _slot_after(schedule, _clock.now(), ran)
         return None if time is None else Reschedule(time)
 
     def _skip(self, ctx: JobContext, schedule: Schedule) -> Reschedule | None:
@@ -394,7 +398,7 @@ class Scheduler(CallbackCapability):
         following = _slot_after(schedule, slot)
         if following is None or (now <= slot + MISSED_GRACE and now < following):
             return None
-        time = _slot_after(schedule, now)
+        time = _slot_after(schedule, now, slot)
         assert time is not None
         self.lifecycle.emit("schedule:skip", callback=schedule.callback, id=schedule.id,
                             slot=slot, next=time)
@@ -421,7 +425,7 @@ class Scheduler(CallbackCapability):
             await call_callback(fn, schedule.payload, schedule)
         finally:
             self.running = None
-        return self._next(schedule)
+        return self._next(schedule, ctx.job.time)
 
     async def on_job_error(self, ctx: JobContext, error: Exception) -> JobOutcome:
         schedule = schedule_of(ctx.job)
@@ -436,4 +440,12 @@ class Scheduler(CallbackCapability):
             finally:
                 self.running = None
         # A recurring schedule goes on; a one-shot becomes a dead letter.
-        return self._next(schedule)
+        return self._next(schedule, ctx.job.time)
+
+
+def schedules_cancelled(scheduler: Scheduler, jobs: list[Cancelled]) -> None:
+    """Tell of the schedules of ``scheduler`` among ``jobs``, just cancelled
+    (``schedule:cancel``). Does not checkpoint."""
+    for job in jobs:
+        if job.owner == scheduler.id:
+            scheduler.lifecycle.emit("schedule:cancel", callback=job.fn, id=job.id)

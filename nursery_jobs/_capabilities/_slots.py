@@ -34,26 +34,38 @@ def next_grid_slot(anchor: float, seconds: float, after: float) -> float:
     return anchor + k * seconds
 
 
-def next_cron_time(expr: str, after: float, tz: str = DEFAULT_TZ) -> float:
+def next_cron_time(
+    expr: str, after: float, tz: str = DEFAULT_TZ, *, ran: float | None = None,
+) -> float:
     """The first slot of cron ``expr`` strictly after epoch time ``after``, its fields
-    read as wall-clock time in IANA zone ``tz``.
+    read as wall-clock time in IANA zone ``tz``. ``ran``: the slot whose run this one
+    follows, if any.
 
     cronsim walks the wall clock (naive datetimes); each wall time it finds is then
     placed in the zone by DESIGN section 4's rules, which cronsim follows only in part
     (for expressions with a fixed minute and hour; and from the second pass of a
     repeated hour it returns the first pass, a time already past): a wall time that
     does not exist that day (skipped by a change to summer time) falls on the next
-    existing minute, and one that occurs twice (a change back) is its first occurrence
-    only — each local time fires once.
+    existing minute, and one that occurs twice (a change back) fires once — at its
+    first occurrence, or at its second where the first was past before the schedule
+    counted it (made, or looked again, in the second pass: the walk starts at the wall
+    time of ``after``, so a schedule that ran at the first occurrence starts past it,
+    and a late run of the first, ``ran``, is not followed by the second).
     """
     zone = _zone(tz)
     wall = datetime.datetime.fromtimestamp(after, zone).replace(tzinfo=None)
+    done = None if ran is None else datetime.datetime.fromtimestamp(ran, zone).replace(
+        tzinfo=None)
     for slot in CronSim(expr, wall):
         time = _place(slot, zone)
-        # A first occurrence can precede ``after`` (in the second pass of a repeated
-        # hour): that slot has had its run.
         if time > after:
             return time
+        # Its first occurrence precedes ``after``: we are in the second pass of a
+        # repeated hour. Its second occurrence (``fold=1``, later only where the wall
+        # time is ambiguous) is the slot, unless the first one ran.
+        second = slot.replace(tzinfo=zone, fold=1).timestamp()
+        if second > after and second > time and slot != done:
+            return second
     raise JobError(f"cron expression {expr!r} has no slot in the 50 years after {after}")
 
 

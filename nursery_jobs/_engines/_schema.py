@@ -7,7 +7,10 @@ as an in-memory working copy). The version is ``PRAGMA user_version``:
 - 0 with tables: written by release 0.1 (Queue priority folded into the due time);
 - 2: priority is a column of ``nj_jobs``;
 - 3: ``nj_jobs`` has ``timeout``, ``give_up_on`` and ``trace`` (the pushing span's
-  context); ``nj_attempts`` keeps the recent failed attempts of each job.
+  context); ``nj_attempts`` keeps the recent failed attempts of each job;
+- 4: ``nj_dead_letters`` has ``seq``, the order of burial (letters buried at one time
+  tie on ``time``; the oldest is the one the bound drops). Letters buried before have
+  none (NULL): they keep their order by time, before every letter buried since.
 
 A database with a newer version than this code knows is refused, never written.
 """
@@ -21,7 +24,7 @@ from typing import Final
 from nursery_jobs._codec import decode_payload
 from nursery_jobs._errors import StorageError
 
-SCHEMA_VERSION: Final = 3
+SCHEMA_VERSION: Final = 4
 
 _TABLES = """
 CREATE TABLE IF NOT EXISTS nj_kv (key TEXT PRIMARY KEY, value TEXT) WITHOUT ROWID;
@@ -58,6 +61,7 @@ CREATE TABLE IF NOT EXISTS nj_dead_letters (
     attempts INTEGER NOT NULL,
     reason TEXT NOT NULL,
     time REAL NOT NULL,
+    seq INTEGER,
     PRIMARY KEY (owner, id)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS nj_meta (key TEXT PRIMARY KEY, value) WITHOUT ROWID;
@@ -71,12 +75,16 @@ CREATE TABLE IF NOT EXISTS nj_attempts (
     PRIMARY KEY (owner, id, attempt)
 ) WITHOUT ROWID
 """
-# Columns added to ``nj_jobs`` after it was first created (version: column definition).
-_ADDED_JOB_COLUMNS: Final = {
-    "priority": "INTEGER NOT NULL DEFAULT 0",  # 2
-    "timeout": "REAL",  # 3
-    "give_up_on": "TEXT",  # 3
-    "trace": "TEXT",  # 3
+# Columns added to a table after it was first created (version: column definition), at
+# the end of its columns.
+_ADDED_COLUMNS: Final = {
+    "nj_jobs": {
+        "priority": "INTEGER NOT NULL DEFAULT 0",  # 2
+        "timeout": "REAL",  # 3
+        "give_up_on": "TEXT",  # 3
+        "trace": "TEXT",  # 3
+    },
+    "nj_dead_letters": {"seq": "INTEGER"},  # 4
 }
 
 _INDEXES = """
@@ -86,7 +94,8 @@ CREATE INDEX IF NOT EXISTS nj_jobs_running ON nj_jobs (running_since)
     WHERE running_since IS NOT NULL;
 CREATE INDEX IF NOT EXISTS nj_jobs_priority ON nj_jobs (priority DESC, time, seq)
     WHERE priority != 0;
-CREATE INDEX IF NOT EXISTS nj_dead_letters_time ON nj_dead_letters (time)
+CREATE INDEX IF NOT EXISTS nj_dead_letters_time ON nj_dead_letters (time);
+CREATE INDEX IF NOT EXISTS nj_dead_letters_burial ON nj_dead_letters (seq, time)
 """
 
 # Release 0.1 folded a Queue item's priority into its due time:
@@ -123,7 +132,7 @@ def prepare(conn: sqlite3.Connection, *, label: str) -> None:
     try:
         if "nj_jobs" in existing:
             conn.execute("BEGIN IMMEDIATE")  # the migration and the rest: all or nothing
-            _add_job_columns(conn)
+            _add_columns(conn, existing)
             if version < 2:
                 _migrate_priority_column(conn)
             for statement in statements.split(";"):
@@ -142,12 +151,15 @@ def prepare(conn: sqlite3.Connection, *, label: str) -> None:
         raise
 
 
-def _add_job_columns(conn: sqlite3.Connection) -> None:
-    """Add the ``nj_jobs`` columns of later versions that the table lacks."""
-    columns = {row[1] for row in conn.execute("PRAGMA table_info(nj_jobs)")}
-    for name, definition in _ADDED_JOB_COLUMNS.items():
-        if name not in columns:
-            conn.execute(f"ALTER TABLE nj_jobs ADD COLUMN {name} {definition}")
+def _add_columns(conn: sqlite3.Connection, existing: set[str]) -> None:
+    """Add the columns of later versions that the ``existing`` tables lack."""
+    for table, added in _ADDED_COLUMNS.items():
+        if table not in existing:
+            continue  # (created whole below)
+        columns = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+        for name, definition in added.items():
+            if name not in columns:
+                conn.execute(f"ALTER TABLE {table} ADD COLUMN {name} {definition}")
 
 
 def _migrate_priority_column(conn: sqlite3.Connection) -> None:

@@ -224,6 +224,14 @@ class AlarmRunner:
         """Run the due jobs; return True if a job was held by the namespace's limit
         (the run stops there: what is due stays due, in order)."""
         store = self._store
+        exclusive = store.exclusive_time()
+        if exclusive is not None and exclusive > now:
+            # While an exclusive job is pending, it alone decides when the object wakes
+            # (DESIGN 3): a wake before its time — an alarm left lower by a resume or a
+            # block that had not committed, a fallback alarm, a crash — runs nothing,
+            # and the run's end sets the alarm to it. So an early wake is harmless by
+            # construction, whoever set the alarm.
+            return False
         # The first batch of due rows, read before the backlog is counted: a short one
         # holds every due job, so the counts are its own (a statement of each alarm
         # run); the dispatch starts from it.
@@ -265,6 +273,11 @@ class AlarmRunner:
                 first, read_at = [], -1
                 if run.cancel is not None:
                     await self._end_cancelled(run, run.cancel)
+                    if self._turns.waiting:
+                        # Between two jobs (fairness, as after any job): a waiting call
+                        # — a cancel of more jobs, say — has the object before the
+                        # next job starts. (The cancel was committed.)
+                        await self._turns.hand_over("alarm run")
                 now = _clock.now()
         finally:
             steering.run = run.scope = None

@@ -16,7 +16,12 @@ from typing import Any, Final
 import trio
 
 from nursery_jobs._core._object import DurableObject
-from nursery_jobs._errors import CapabilityError, DamagedJobError, safe_repr
+from nursery_jobs._errors import (
+    CapabilityError,
+    DamagedJobError,
+    LifecycleArgumentError,
+    safe_repr,
+)
 from nursery_jobs._jobs._alarm_run import (
     AlarmRun,
     AlarmRunner,
@@ -60,26 +65,17 @@ class Lifecycle:
         dead_letter_limit: int = DEFAULT_DEAD_LETTER_LIMIT,
     ) -> None:
         if not isinstance(host, DurableObject):
-            raise TypeError(f"Lifecycle.install() needs a DurableObject, got {host!r}")
-        if (
-            isinstance(max_alarm_memory_limit_strikes, bool)
-            or not isinstance(max_alarm_memory_limit_strikes, int)
-            or max_alarm_memory_limit_strikes < 1
-        ):
-            raise ValueError(
-                "max_alarm_memory_limit_strikes must be an int >= 1, got "
-                f"{max_alarm_memory_limit_strikes!r}"
-            )
-        if isinstance(completion_group, bool) or not isinstance(completion_group, int) or (
-            completion_group < 1
-        ):
-            raise ValueError(f"completion_group must be an int >= 1, got {completion_group!r}")
-        if isinstance(dead_letter_limit, bool) or not isinstance(dead_letter_limit, int) or (
-            dead_letter_limit < 1
-        ):
-            raise ValueError(f"dead_letter_limit must be an int >= 1, got {dead_letter_limit!r}")
+            raise LifecycleArgumentError(
+                f"Lifecycle.install(): host must be a DurableObject, got {safe_repr(host)}")
+        for name, value in (("max_alarm_memory_limit_strikes", max_alarm_memory_limit_strikes),
+                            ("completion_group", completion_group),
+                            ("dead_letter_limit", dead_letter_limit)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise LifecycleArgumentError(
+                    f"Lifecycle.install(): {name} must be an int >= 1, got {safe_repr(value)}")
         if rng is not None and not isinstance(rng, random.Random):
-            raise TypeError(f"rng must be a random.Random, got {rng!r}")
+            raise LifecycleArgumentError(
+                f"Lifecycle.install(): rng must be a random.Random, got {safe_repr(rng)}")
         ctx = host.ctx
         self.host = host
         self.ctx = ctx
@@ -149,7 +145,8 @@ class Lifecycle:
             raise CapabilityError(f"{self!r}: capabilities must be added before startup")
         for cap in capabilities:
             if not isinstance(cap, Capability):
-                raise TypeError(f"use() takes Capability instances, got {cap!r}")
+                raise LifecycleArgumentError(
+                    f"{self!r}: use() takes Capability instances, got {safe_repr(cap)}")
             cap_id = check_name(cap._capability_id(), f"capability {cap!r} id", CapabilityError)
             if cap_id == HOST:
                 raise CapabilityError(f"capability {cap!r} needs an id other than {HOST!r}")

@@ -9,8 +9,8 @@ and raised only after. Outcomes are applied as they happen, so every read sees t
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import TYPE_CHECKING, Final, cast
 
 import attrs
@@ -40,7 +40,7 @@ class JobStore:
     """The jobs and dead letters of one object, and the alarm they imply."""
 
     __slots__ = (
-        "_alarm", "_cancels", "_cancels_at_job", "_damaged", "_done", "_dropped",
+        "_alarm", "_cancels", "_cancels_at_job", "_damaged", "_done", "_dropped", "_rise",
         "completion_group", "conn", "dead_letter_limit", "disabled", "end_work", "paused",
         "running_attempts", "running_id", "running_seq", "ships_group", "superseded", "table",
         "tracing", "tx", "version", "work_since",
@@ -96,6 +96,10 @@ class JobStore:
         # (``Lifecycle.work_since``): a row written for that job carries it as its
         # running marker, whether it replaces the job's row or follows one that is gone.
         self.work_since: Callable[[str, str], float | None] = lambda owner, job_id: None
+        # A change made inside a user block may let the alarm rise (an exclusive push, a
+        # cancel, a re-time, a resume): never before the block commits (``committed``
+        # re-arms then; a rollback would leave a job behind a raised alarm).
+        self._rise = False
 
     def _read_paused(self) -> None:
         self.paused = paused = self.table.paused()
@@ -246,8 +250,11 @@ class JobStore:
 
     def committed(self) -> None:
         """A block committed, no transaction is left open: the jobs it cancelled lose
-        their tracked work."""
+        their tracked work, and the alarm is set as the queue now stands if a change in
+        the block may have to raise it. Does not checkpoint."""
         self._cancels_committed(committed=True)
+        if self._rise:
+            self.rearm()
 
     def flush(self) -> None:
         """Commit the group transaction now (unless a user block is open). Does not
@@ -289,6 +296,10 @@ class JobStore:
     def job_ids(self) -> list[str]:
         return self.reading().job_ids()
 
+    def named(self, owners: tuple[str, ...], job_id: str | None,
+              fn: str | None) -> list[tuple[str, str, str]]:
+        return self.reading().named(owners, job_id, fn)
+
     def dead_letters(self, owner: str | None) -> list[DeadLetter]:
         return self.reading().dead_letters(owner)
 
@@ -316,6 +327,11 @@ class JobStore:
     def next_alarm_time(self) -> float | None:
         return self.table.next_alarm_time(_clock.now())
 
+    def exclusive_time(self) -> float | None:
+        """When the earliest pending exclusive job (of an owner not paused) lets the
+        object wake; None if none is pending."""
+        return self.table.exclusive_time()
+
     def is_paused(self, owner: str) -> bool:
         """Whether ``owner``'s jobs are paused (its own pause or the object's)."""
         paused = self.paused
@@ -338,8 +354,8 @@ class JobStore:
             tracing = self.tracing
             self.table.upsert(job, payload_text,
                               None if tracing is None else tracing.push_context())
-            if job.exclusive and not self.conn.in_transaction:
-                self.rearm()  # committed: now the alarm may also rise
+            if job.exclusive:
+                self._rearm_when_committed()
             return job
         with self.writing():
             if stable_id:
@@ -363,8 +379,8 @@ class JobStore:
             stored = self.table.row(job.id)
             if stored is not None:
                 job = attrs.evolve(job, created_at=stored.job.created_at)
-        if (replaced or marked or job.exclusive) and not self.conn.in_transaction:
-            self.rearm()  # committed: now the alarm may also rise
+        if replaced or marked or job.exclusive:
+            self._rearm_when_committed()
         return job
 
     def _mark_work(self, owner: str, job_id: str) -> bool:
@@ -395,9 +411,9 @@ class JobStore:
             # Nor may the alarm be raised: the job would be back with the alarm above
             # it (an early wake is harmless).
             self._cancels.append((owner, job_id))
-            return True
-        self.end_work(owner, job_id)  # (committed)
-        self.rearm()
+        else:
+            self.end_work(owner, job_id)  # (committed)
+        self._rearm_when_committed()
         return True
 
     def delete_cancelled(self, job: Job) -> bool:
@@ -413,7 +429,6 @@ class JobStore:
         return deleted
 
     def reschedule(self, owner: str, job_id: str, when: float) -> bool:
-        in_transaction = self.conn.in_transaction
         with self.writing():
             row = self.table.row(job_id)
             if row is None or row.job.owner != owner:
@@ -421,8 +436,7 @@ class JobStore:
             self._touch(job_id)
             self._lower_alarm(when, row.job.exclusive, job_id, owner)
             self.table.retime(owner, job_id, when)
-        if not in_transaction:  # as in cancel: never raise the alarm before a commit
-            self.rearm()
+        self._rearm_when_committed()  # as in cancel: never raise the alarm before a commit
         return True
 
     def requeue(self, owner: str, job_id: str) -> Job | None:
@@ -461,10 +475,10 @@ class JobStore:
 
     def set_paused(self, owner: str | None, paused: bool) -> bool:
         """Pause or resume the jobs of ``owner`` (None: the whole object); return
-        whether that changed anything. A pause may raise the alarm (after the commit);
-        a resume lowers it before the commit (an early wake is harmless, a lost one is
-        not)."""
-        in_transaction = self.conn.in_transaction
+        whether that changed anything. A resume lowers the alarm before the commit (an
+        early wake is harmless, a lost one is not); after the commit, either may raise
+        it (a pause takes jobs out; a resume may bring back an exclusive job, which
+        alone decides when the object wakes)."""
         with self.writing():
             changed = self.table.set_paused(owner, paused)
             if not changed:
@@ -476,8 +490,7 @@ class JobStore:
                 current = self._alarm.get()
                 if time is not None and (current is None or time < current):
                     self._alarm.set(time)
-        if paused and not in_transaction:
-            self.rearm()
+        self._rearm_when_committed()
         return True
 
     # -- what the alarm run and the breaker write ------------------------------------
@@ -487,21 +500,32 @@ class JobStore:
     ) -> Job | None:
         """Move a job into the dead letters (with its last attempt, ``failure``, in its
         attempt history); returns it, or None if it is gone."""
-        with self.writing():
-            row = self.table.row(job_id)
+        with self._burying() as table:
+            row = table.row(job_id)
             if row is None:
                 return None
-            self.table.bury(row, error, reason, _clock.now(),
-                            attempts=row.attempts if attempts is None else attempts)
+            table.bury(row, error, reason, _clock.now(),
+                       attempts=row.attempts if attempts is None else attempts)
             if failure is not None:
                 self._record_attempt(row.job, failure)
+        return row.job
+
+    @contextmanager
+    def _burying(self) -> Iterator[JobTable]:
+        """``with store._burying() as table:`` bury dead letters with ``table``. Every
+        burial goes through here — a failure, a seal, a crash, a damaged row — so the
+        bound holds whatever buried: past ``dead_letter_limit`` the oldest letters go,
+        in the same transaction, which is then committed (the group's too, unless a
+        user block or the running job's writes are open), and
+        ``job:dead_letter_dropped`` tells of each. Does not checkpoint."""
+        with self.writing():
+            yield self.table
             dropped = self.table.drop_oldest_dead_letters(self.dead_letter_limit)
             if dropped:
                 self.table.forget_orphan_attempts()
         self.flush()
         for owner, dropped_id in dropped:
             self._dropped(owner, dropped_id)
-        return row.job
 
     def discard(self, owner: str | None, job_id: str) -> bool:
         """Delete dead letter ``job_id`` (of ``owner``, or any owner with None)."""
@@ -535,11 +559,14 @@ class JobStore:
         )
 
     def bury_recovery_loops(self, error: str, reason: str) -> list[Job]:
+        """Move every ``recovery_loop`` job into the dead letters (a seal); return
+        them."""
         buried = []
-        for row in self.table.rows():
-            if row.job.recovery_loop:
-                self.table.bury(row, error, reason, _clock.now(), attempts=row.attempts)
-                buried.append(row.job)
+        with self._burying() as table:
+            for row in table.rows():
+                if row.job.recovery_loop:
+                    table.bury(row, error, reason, _clock.now(), attempts=row.attempts)
+                    buried.append(row.job)
         return buried
 
     def set_meta(self, key: str, value: int) -> None:
@@ -567,15 +594,11 @@ class JobStore:
         as dead letters of reason ``"damaged"``, and tell ``on_damaged`` of each: the
         fault is its job's, the other jobs run."""
         damaged, self.table.damaged = self.table.damaged, []
-        with self.writing():
+        with self._burying() as table:
             for seq, row, error in damaged:
-                self.table.bury_damaged(seq, row, str(error), _clock.now())
-            dropped = self.table.drop_oldest_dead_letters(self.dead_letter_limit)
-        self.flush()
+                table.bury_damaged(seq, row, str(error), _clock.now())
         for _seq, _row, error in damaged:
             self._damaged(error)
-        for owner, dropped_id in dropped:
-            self._dropped(owner, dropped_id)
 
     def set_marker(self, job_id: str, started: float) -> None:
         with self.writing():
@@ -605,14 +628,27 @@ class JobStore:
             return  # an exclusive job alone decides when the object wakes
         self._alarm.set(time)
 
+    def _rearm_when_committed(self) -> None:
+        """After a change that may let the alarm rise: re-arm now if the change is
+        committed, else once it is (``rearm`` defers it). Does not checkpoint."""
+        if self.conn.in_transaction:
+            self._rise = True
+        else:
+            self.rearm()
+
     def rearm(self, *, write_through: bool = False) -> None:
         """Set the alarm for the next due job as the queue stands (after committing the
         group: the alarm may only rise above what is committed). Does not checkpoint."""
         self.flush()
-        if self.disabled or self.tx.group:
-            # Not committed (a user block is open): never raise the alarm above what
-            # may roll back; the run's end re-arms it.
+        if self.disabled:
             return
+        if self.conn.in_transaction:
+            # Not committed (a user block, or the running job's writes, are open): never
+            # raise the alarm above what may roll back. The block's commit
+            # (``committed``) or the alarm run's end re-arms it.
+            self._rise = True
+            return
+        self._rise = False
         time = self.table.next_alarm_time(_clock.now())
         if write_through:
             self._alarm.write_through(time)

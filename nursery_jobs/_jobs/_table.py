@@ -66,6 +66,19 @@ def finished_delete(n: int) -> str:
 
 
 _ANY_PRIORITY: Final = "SELECT 1 FROM nj_jobs WHERE priority != 0 LIMIT 1"
+# Dead letters oldest first: in the order they were buried (``seq``, on the index
+# ``nj_dead_letters_burial``). Letters buried at one time (one alarm run, a seal) tie on
+# ``time``: ordered by it alone, they fell back to (owner, id), and the bound could drop
+# the newest of them (semantics review, findings 5 and 6). Letters buried before schema
+# 4 have no ``seq`` (NULL, first) and keep their order by time; (owner, id) only orders
+# those of them that share a time.
+_BURIAL_ORDER: Final = "seq, time, owner, id"
+# A new letter's place: after every other (one probe of the index's end).
+_INSERT_LETTER: Final = (
+    "INSERT OR REPLACE INTO nj_dead_letters (owner, id, job, error, attempts, reason, time,"
+    " seq) VALUES (?, ?, ?, ?, ?, ?, ?,"
+    " (SELECT COALESCE(MAX(seq), 0) + 1 FROM nj_dead_letters))"
+)
 _AFTER_ZERO: Final[Cursor] = (0, math.inf, 2**63 - 1)  # after every row of priority 0
 
 
@@ -88,6 +101,20 @@ def _prioritized(held: str, sign: str) -> str:
             f" ORDER BY {_ORDER} LIMIT ?")
 
 
+# When the earliest pending exclusive job lets its object wake (``JobTable.exclusive_time``):
+# its due time; for a single-flight one whose earlier run's tracked work is in progress,
+# not before ``running_since + hung_timeout`` (as any in-flight single-flight job counts;
+# unclamped, a due one re-fired the alarm at once, was skipped as in flight, re-armed the
+# same past time, and spun until the work ended). The work's end re-arms it (its marker
+# is cleared). On the partial index ``nj_jobs_exclusive``; the alarm time and the alarm
+# run's rule (``AlarmRunner._run_due``) read the same expression.
+_EXCLUSIVE_TIME: Final = (
+    "SELECT MIN(CASE WHEN singleflight = 1 AND running_since IS NOT NULL"
+    " THEN MAX(time, running_since + hung_timeout) ELSE time END)"
+    " FROM nj_jobs WHERE exclusive = 1"
+)
+
+
 @functools.lru_cache(maxsize=64)
 def _facts(held: str) -> str:
     """What an alarm run asks of the queue before and after its jobs, in one statement
@@ -95,7 +122,7 @@ def _facts(held: str) -> str:
     time (``has_due``), whether any job has a priority (``next_due``) or a running
     marker (``running``) — each subquery on an index of its own."""
     where = f" WHERE 1{held}" if held else ""
-    return (f"SELECT (SELECT MIN(time) FROM nj_jobs WHERE exclusive = 1{held}),"
+    return (f"SELECT ({_EXCLUSIVE_TIME}{held}),"
             " (SELECT time FROM nj_jobs WHERE (singleflight = 0 OR running_since IS NULL)"
             f"{held} ORDER BY time LIMIT 1),"
             " (SELECT MIN(MAX(time, running_since + hung_timeout)) FROM nj_jobs"
@@ -319,13 +346,30 @@ class JobTable:
         return None if row is None else self._read([row])[0]
 
     def rows(self, owner: str | None = None) -> list[JobRow]:
+        """The jobs (of ``owner``; every owner's with None) by due time, then push order
+        (``jobs.list()``, DESIGN 3; run order puts priority first)."""
         if owner is None:
-            cursor = self.conn.execute(f"SELECT {_COLUMNS} FROM nj_jobs ORDER BY {_ORDER}")
+            cursor = self.conn.execute(f"SELECT {_COLUMNS} FROM nj_jobs ORDER BY time, seq")
         else:
             cursor = self.conn.execute(
-                f"SELECT {_COLUMNS} FROM nj_jobs WHERE owner = ? ORDER BY {_ORDER}", (owner,)
+                f"SELECT {_COLUMNS} FROM nj_jobs WHERE owner = ? ORDER BY time, seq", (owner,)
             )
         return self._read(cursor)
+
+    def named(self, owners: tuple[str, ...], job_id: str | None,
+              fn: str | None) -> list[tuple[str, str, str]]:
+        """(owner, id, fn) of the job ``job_id`` (every job: None) of ``owners`` if its
+        fn is ``fn`` (any: None), in push order. No row parsed: a damaged one is named
+        too."""
+        if job_id is not None:
+            rows = self.conn.execute(
+                "SELECT owner, id, fn FROM nj_jobs WHERE id = ?", (job_id,))
+        else:
+            rows = self.conn.execute(
+                f"SELECT owner, id, fn FROM nj_jobs WHERE owner IN"
+                f" ({','.join('?' * len(owners))}) ORDER BY seq", owners)
+        return [(owner, found, _text(its_fn)) for owner, found, its_fn in rows
+                if owner in owners and (fn is None or its_fn == fn)]
 
     def job_ids(self) -> list[str]:
         """The id of every job (no row parsed: a damaged one is listed too)."""
@@ -453,10 +497,9 @@ class JobTable:
                      exclusive=False, recovery_loop=False, created_at=now)
         record = converter.unstructure(letter)
         self.conn.execute(
-            "INSERT OR REPLACE INTO nj_dead_letters (owner, id, job, error, attempts, reason,"
-            " time) VALUES (?, ?, ?, ?, ?, 'damaged', ?)",
+            _INSERT_LETTER,
             (letter.owner, letter.id, encode_payload(record), error,
-             row[15] if isinstance(row[15], int) else 0, now),
+             row[15] if isinstance(row[15], int) else 0, "damaged", now),
         )
         self.conn.execute("DELETE FROM nj_jobs WHERE seq = ?", (seq,))
 
@@ -471,9 +514,21 @@ class JobTable:
         ).fetchone()
         return None if row[0] is None else float(row[0])
 
+    def exclusive_time(self) -> float | None:
+        """When the earliest pending exclusive job lets the object wake (``_EXCLUSIVE_TIME``;
+        the jobs of paused owners left out), or None if no such job is pending."""
+        if self.all_held:
+            return None
+        if self.remembers:
+            time = self.facts()[0]
+        else:
+            (time,) = self.conn.execute(f"{_EXCLUSIVE_TIME}{self._held}",
+                                        self._held_args).fetchone()
+        return None if time is None else float(time)
+
     def next_alarm_time(self, now: float) -> float | None:
-        """When the object must wake: the earliest exclusive job (unclamped) if any;
-        else the earliest runnable job, where an in-flight single-flight job counts
+        """When the object must wake: the earliest exclusive job if any (``exclusive_time``);
+        else the earliest runnable job. Either way an in-flight single-flight job counts
         from ``running_since + hung_timeout``. The jobs of paused owners do not count."""
         if self.all_held:
             return None
@@ -485,7 +540,7 @@ class JobTable:
         # six executes of every run.
         held, args = self._held, self._held_args
         exclusive, ready, in_flight = self.conn.execute(
-            f"SELECT (SELECT MIN(time) FROM nj_jobs WHERE exclusive = 1{held}),"
+            f"SELECT ({_EXCLUSIVE_TIME}{held}),"
             " (SELECT time FROM nj_jobs WHERE (singleflight = 0 OR running_since IS NULL)"
             f"{held} ORDER BY time LIMIT 1),"
             " (SELECT MIN(MAX(time, running_since + hung_timeout)) FROM nj_jobs"
@@ -613,26 +668,28 @@ class JobTable:
 
     # -- dead letters ---------------------------------------------------------------
     def bury(self, row: JobRow, error: str, reason: str, now: float, *, attempts: int) -> None:
-        """Move a job into the dead letters (replacing an older letter of its id)."""
+        """Move a job into the dead letters (replacing an older letter of its id). Only
+        ``JobStore._burying`` buries (the bound is kept there)."""
         job = row.job
         record = converter.unstructure(attrs.evolve(job, payload=None))
         record["payload"] = encode_payload(job.payload)
         self.conn.execute(
-            "INSERT OR REPLACE INTO nj_dead_letters (owner, id, job, error, attempts, reason,"
-            " time) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            _INSERT_LETTER,
             (job.owner, job.id, encode_payload(record), error, attempts, reason, now),
         )
         self.conn.execute("DELETE FROM nj_jobs WHERE id = ?", (job.id,))
 
     def dead_letters(self, owner: str | None) -> list[DeadLetter]:
+        """The dead letters (of ``owner``; every owner's with None), oldest first."""
         if owner is None:
             cursor = self.conn.execute(
-                "SELECT job, error, attempts, reason, time FROM nj_dead_letters ORDER BY time"
+                "SELECT job, error, attempts, reason, time FROM nj_dead_letters"
+                f" ORDER BY {_BURIAL_ORDER}"
             )
         else:
             cursor = self.conn.execute(
                 "SELECT job, error, attempts, reason, time FROM nj_dead_letters"
-                " WHERE owner = ? ORDER BY time",
+                f" WHERE owner = ? ORDER BY {_BURIAL_ORDER}",
                 (owner,),
             )
         return [_dead_letter(*row) for row in cursor]
@@ -658,7 +715,8 @@ class JobTable:
         if count <= keep:
             return []
         oldest = self.conn.execute(
-            "SELECT owner, id FROM nj_dead_letters ORDER BY time LIMIT ?", (count - keep,)
+            f"SELECT owner, id FROM nj_dead_letters ORDER BY {_BURIAL_ORDER} LIMIT ?",
+            (count - keep,)
         ).fetchall()
         self.conn.executemany("DELETE FROM nj_dead_letters WHERE owner = ? AND id = ?", oldest)
         return [(str(owner), str(job_id)) for owner, job_id in oldest]

@@ -31,6 +31,7 @@ from nursery_jobs._jobs._records import (
     new_job_id,
     resolve_time,
 )
+from nursery_jobs._jobs._steering import Cancelled, Selection
 from nursery_jobs._policy import RetryOptions
 
 if TYPE_CHECKING:
@@ -127,11 +128,7 @@ class Jobs:
         """
         job_id = check_job_id(id)
         await self._checkpoint()
-        if not self._steering.holds_turn():
-            return await self._steering.cancel(self.owner, job_id)
-        cancelled = self._steering.cancel_queued(self.owner, job_id)
-        await self._store.durable()
-        return cancelled
+        return bool(await self._steering.cancel(Selection(owners=(self.owner,), job_id=job_id)))
 
     async def reschedule(self, id: str, time: float | datetime.datetime) -> bool:
         """Move this owner's job ``id`` to ``time``; return whether it existed."""
@@ -151,7 +148,8 @@ class Jobs:
         return None if row is None or row.job.owner != self.owner else row.job
 
     def list(self) -> list[Job]:
-        """Return this owner's jobs in run order (priority, due time, push order)."""
+        """Return this owner's jobs by due time (then push order). Does not
+        checkpoint."""
         return [row.job for row in self._store.rows(self.owner)]
 
     async def rearm(self) -> None:
@@ -230,6 +228,22 @@ class CapabilityLifecycle:
             f"capability {self.capability_id!r} may pause or resume only its own jobs"
             f" (owner None or {self.capability_id!r}), got owner {owner!r}"
         )
+
+
+async def cancel_jobs(*jobs: Jobs, id: str | None = None, fn: str | None = None) -> list[
+        Cancelled]:
+    """Cancel the jobs of the owners of ``jobs`` (views of one Lifecycle) of id ``id``
+    (every job: None) whose fn is ``fn`` (any: None), as ``Jobs.cancel`` cancels one —
+    from a task that holds no turn too, where a run in progress of one of them is
+    cancelled at once; return the jobs cancelled. For capabilities
+    (``Queue.cancel_all``, ``Scheduler.cancel``, ``Agent.cancel_schedule``): which jobs
+    those are is read where the turn is held, never before. Checkpoints."""
+    steering = jobs[0]._steering
+    assert all(view._steering is steering for view in jobs)
+    selection = Selection(owners=tuple(view.owner for view in jobs),
+                          job_id=None if id is None else check_job_id(id), fn=fn)
+    await trio.lowlevel.checkpoint()
+    return await steering.cancel(selection)
 
 
 def jobs_view(store: JobStore, owner: str, steering: Steering) -> Jobs:

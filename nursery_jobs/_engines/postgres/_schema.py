@@ -176,7 +176,7 @@ ROW_TABLES: Final = (
         "timeout", "give_up_on", "trace",
     )),
     RowTable("nj_dead_letters", ("owner", "id"),
-             ("owner", "id", "job", "error", "attempts", "reason", "time")),
+             ("owner", "id", "job", "error", "attempts", "reason", "time", "seq")),
     RowTable("nj_meta", ("key",), ("key", "value")),
     RowTable("nj_attempts", ("owner", "id", "attempt"),
              ("owner", "id", "attempt", "started", "seconds", "error")),
