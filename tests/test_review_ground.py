@@ -1,0 +1,204 @@
+"""Adversarial checks of the ground-floor promises (DESIGN §2 time, ids, stub calls and
+storage alarms; §5 payloads; §6 events; §7 errors; §10 metrics and test helpers).
+
+A test marked ``xfail(strict=True)`` shows a promise the code breaks today (its reason
+names the section and what is wrong); the others pin a promise no other test covered.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import pytest
+import trio
+import trio.testing
+from conftest import EPOCH
+
+import nursery_jobs as nj
+from nursery_jobs import _codec
+
+HANG = 100_000
+
+
+def drain(channel: trio.MemoryReceiveChannel[nj.Event]) -> list[nj.Event]:
+    out = []
+    while True:
+        try:
+            out.append(channel.receive_nowait())
+        except trio.WouldBlock:
+            return out
+
+
+# -- §2 Storage without a Lifecycle: the alarm's retries ----------------------------------------
+
+
+class Reader(nj.DurableObject):
+    """A read-only method with a bug: it writes (TurnError, a StorageError)."""
+
+    namespace = "tests.test_review_ground.Reader"
+
+    @nj.read_only
+    async def peek(self) -> None:
+        self.ctx.storage.put("oops", 1)
+
+
+class BuggyAlarm(nj.DurableObject):
+    """Its alarm calls ``Reader.peek``, whose bug raises TurnError every time."""
+
+    namespace = "tests.test_review_ground.BuggyAlarm"
+
+    async def arm(self, when: float) -> None:
+        self.ctx.storage.set_alarm(when)
+
+    async def alarm(self, info: nj.AlarmInfo) -> None:
+        self.ctx.env.append((nj.now(), info))
+        await self.ctx.get(Reader, "r").peek()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="DESIGN §2 Storage: an exception in alarm() is retried 2 s doubling up to 6"
+    " retries, then dropped with alarm:failed; one that is a StorageError (TurnError from"
+    " user code) is retried forever by ACTIVATION_RETRY instead (_core/_alarm.py:196)",
+)
+async def test_an_alarm_that_raises_a_storage_error_of_its_own_is_dropped_after_six_retries(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    runs: list[tuple[float, nj.AlarmInfo]] = []
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(env=runs) as rt:
+            with rt.events.subscribe() as events:
+                await rt.get(BuggyAlarm, "b").arm(EPOCH + 10)
+                await trio.sleep(5000)
+                received = drain(events)
+    # The error the alarm saw is the user's own bug, not a fault of the platform.
+    assert [t for t, _ in runs] == [EPOCH + t for t in (10, 12, 16, 24, 40, 72, 136)]
+    assert [e.type for e in received if e.type == "alarm:failed"] == ["alarm:failed"]
+
+
+# -- §2 stub calls ------------------------------------------------------------------------------
+
+
+class WithProperty(nj.DurableObject):
+    namespace = "tests.test_review_ground.WithProperty"
+
+    @property
+    def count(self) -> int:
+        # A property's getter is user code: reading storage here needs a turn.
+        return int(self.ctx.storage.get("n", 0))
+
+    @property
+    def broken(self) -> int:
+        raise KeyError("not a method")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="DESIGN §2: a stub call to a non-method raises RpcError; to find out, the host"
+    " evaluates getattr(instance, name) (_core/_host.py:609), running a property's getter"
+    " outside any turn: its TurnError/KeyError reaches the caller instead",
+)
+async def test_a_stub_call_to_a_property_raises_rpc_error_without_running_it() -> None:
+    async with nj.open_runtime() as rt:
+        stub = rt.get(WithProperty, "p")
+        with pytest.raises(nj.RpcError):
+            await stub.count()
+        with pytest.raises(nj.RpcError):
+            await stub.broken()
+
+
+# -- §2 Time: nj.jitter ---------------------------------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="DESIGN §7: a bad jitter argument (a str, None, a Decimal) raises a bare"
+    " TypeError from math.isfinite or Decimal*float (_clock.py:256,263-268), not a"
+    " NurseryJobsError/TimeArgumentError naming the argument",
+)
+@pytest.mark.parametrize(
+    "args", [("5",), (None,), (5, "0.5"), (5, None)],
+    ids=["base str", "base None", "fraction str", "fraction None"],
+)
+def test_a_bad_jitter_argument_is_a_time_argument_error_naming_it(args: tuple[Any, ...]) -> None:
+    with pytest.raises(nj.TimeArgumentError, match="jitter"):
+        nj.jitter(*args)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="DESIGN §2: nj.jitter(base, fraction) returns base + uniform(0, base*fraction);"
+    " base*fraction overflowing to inf returns inf, a time no push accepts"
+    " (_clock.py:268 checks each argument finite, not their product)",
+)
+def test_jitter_of_finite_arguments_is_finite_or_refused() -> None:
+    try:
+        value = nj.jitter(1e308, 10.0)
+    except nj.TimeArgumentError:
+        return
+    assert value != float("inf")
+
+
+# -- §7 errors -----------------------------------------------------------------------------------
+
+
+class Owned(nj.DurableObject):
+    namespace = "tests.test_review_ground.Owned"
+
+    def __init__(self, ctx: nj.ObjectContext) -> None:
+        super().__init__(ctx)
+        self.lifecycle = nj.Lifecycle.install(self)
+
+    async def arm(self) -> str:
+        try:
+            self.ctx.storage.set_alarm(nj.now() + 5)
+        except nj.AlarmOwnedError as exc:
+            return str(exc)
+        return ""
+
+    async def on_job(self, ctx: nj.JobContext) -> None:
+        return None
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="DESIGN §7: every message names the object; AlarmOwnedError says 'this"
+    " object's alarm' without its namespace or id (_core/_storage.py:206-209, 215-218)",
+)
+async def test_alarm_owned_error_names_the_object() -> None:
+    async with nj.open_runtime() as rt:
+        message = await rt.get(Owned, "owned-7").arm()
+        assert "owned-7" in message
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="STYLE 23 (DESIGN §7): errors carry data: ObjectIdError has no .object_id"
+    " (_errors.py:87, a bare class)",
+)
+async def test_object_id_error_carries_the_id() -> None:
+    async with nj.open_runtime() as rt:
+        with pytest.raises(nj.ObjectIdError) as caught:
+            rt.get(Owned, "x\x00y")
+        assert caught.value.object_id == "x\x00y"  # type: ignore[attr-defined]
+
+
+# -- §5 payloads ---------------------------------------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="DESIGN §5: a datetime round-trips to an equal value; one whose ZoneInfo is"
+    " not the cached instance (ZoneInfo.no_cache) decodes into ZoneInfo(key), an"
+    " inter-zone comparison that PEP 495 makes unequal in a repeated hour"
+    " (_codec.py:_decode_datetime)",
+)
+def test_an_ambiguous_local_time_in_an_uncached_zone_round_trips_equal() -> None:
+    zone = ZoneInfo.no_cache("Europe/Berlin")
+    value = dt.datetime(2024, 10, 27, 2, 30, fold=1, tzinfo=zone)
+    back = _codec.decode_payload(_codec.encode_payload(value))
+    assert type(back) is dt.datetime
+    assert back == value
