@@ -202,3 +202,143 @@ def test_an_ambiguous_local_time_in_an_uncached_zone_round_trips_equal() -> None
     back = _codec.decode_payload(_codec.encode_payload(value))
     assert type(back) is dt.datetime
     assert back == value
+
+
+# -- §6 events / §10 logging: one record per incident --------------------------------------------
+
+
+class Crashy(nj.DurableObject):
+    """Starts a background task in its own nursery that crashes."""
+
+    namespace = "tests.test_review_ground.Crashy"
+
+    async def start_crash(self) -> None:
+        async def crash() -> None:
+            await trio.sleep(1)
+            raise RuntimeError("background boom")
+
+        self.ctx.nursery.start_soon(crash)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="DESIGN §10/STYLE 18: one record per incident (the event and the log line are"
+    " the same record); a crashed background task is logged by logger.exception and"
+    " again by the object:error event's own record (_core/_host.py:300-302; also"
+    " _jobs/_lifecycle.py:332-333 for alarm:tracked_work_failed)",
+)
+async def test_a_crashed_background_task_is_one_log_record(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="nursery_jobs")
+    with trio.fail_after(HANG):
+        async with nj.open_runtime() as rt:
+            with rt.events.subscribe() as events:
+                await rt.get(Crashy, "c").start_crash()
+                await trio.sleep(5)
+                assert [e.type for e in drain(events) if e.type == "object:error"] == [
+                    "object:error"]
+    about_it = [r for r in caplog.records
+                if r.name == "nursery_jobs" and ("crash" in r.getMessage()
+                                                 or "object:error" in r.getMessage())]
+    assert len(about_it) == 1, [r.getMessage() for r in about_it]
+
+
+# -- §2 Storage without a Lifecycle, on every engine ----------------------------------------------
+
+
+class Flaky(nj.DurableObject):
+    """Its alarm records (now, info) and raises on every run."""
+
+    namespace = "tests.test_review_ground.Flaky"
+
+    async def arm(self, when: float) -> None:
+        self.ctx.storage.set_alarm(when)
+
+    async def alarm_time(self) -> float | None:
+        return self.ctx.storage.get_alarm()
+
+    async def alarm(self, info: nj.AlarmInfo) -> None:
+        self.ctx.env.append((nj.now(), info))
+        raise ConnectionError(f"down {len(self.ctx.env)}")
+
+
+async def test_a_raising_alarm_is_retried_2_s_doubling_then_dropped_on_every_engine(
+    on_every_engine: str, autojump_clock: trio.testing.MockClock,
+) -> None:
+    from conftest import engine
+
+    runs: list[tuple[float, nj.AlarmInfo]] = []
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(engine.location, env=runs, stop_on=()) as rt:
+            with rt.events.subscribe() as events:
+                stub = rt.get(Flaky, "f")
+                await stub.arm(EPOCH + 10)
+                await trio.sleep(300)
+                received = drain(events)
+                assert await stub.alarm_time() is None
+    times = [10, 12, 16, 24, 40, 72, 136]
+    assert runs == [(EPOCH + t, nj.AlarmInfo(retry_count=n, is_retry=n > 0))
+                    for n, t in enumerate(times)]
+    [failed] = [e for e in received if e.type == "alarm:failed"]
+    assert (failed.namespace, failed.object_id, failed.time) == (Flaky.namespace, "f",
+                                                                  EPOCH + 136)
+    assert failed.data["retries"] == 6 and "down 7" in failed.data["error"]
+
+
+# -- §6 events: a slow subscriber never blocks dispatch ---------------------------------------
+
+
+class Ticker(nj.DurableObject):
+    namespace = "tests.test_review_ground.Ticker"
+
+    async def arm(self, when: float) -> None:
+        self.ctx.storage.set_alarm(when)
+
+    async def alarm(self, info: nj.AlarmInfo) -> None:
+        self.ctx.env.append((self.ctx.id, nj.now()))
+        self.ctx.events.emit("test:tick", self.ctx.namespace, self.ctx.id, at=nj.now())
+
+
+async def test_a_subscriber_that_never_reads_never_delays_an_alarm_or_another_subscriber(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    runs: list[tuple[str, float]] = []
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(env=runs) as rt:
+            with rt.events.subscribe(max_buffer=2) as stuck, rt.events.subscribe() as reader:
+                for i in range(10):
+                    await rt.get(Ticker, f"t{i}").arm(EPOCH + 1 + i)
+                await trio.sleep(20)
+                # Every alarm ran at its exact time while the first buffer sat full.
+                assert runs == [(f"t{i}", EPOCH + 1 + i) for i in range(10)]
+                ticks = [e for e in drain(reader) if e.type == "test:tick"]
+                assert [(e.namespace, e.object_id, e.time, e.data) for e in ticks] == [
+                    (Ticker.namespace, f"t{i}", EPOCH + 1 + i, {"at": EPOCH + 1 + i})
+                    for i in range(10)]
+                assert len(drain(stuck)) == 2
+                assert rt.events.dropped > 0
+                assert rt.statistics().events_dropped == rt.events.dropped
+
+
+# -- §10 metrics on every layout of a data directory --------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="DESIGN §10: every operator face works on every engine (a data directory"
+    " alike); open_runtime('shared:...', http=...) refuses with EngineError"
+    " (_ops/_web.py:471-476), so a shared-layout runtime has no /metrics (documented"
+    " in the README as 'not yet')",
+)
+async def test_metrics_are_served_for_a_shared_layout_directory(tmp_path: Any) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+    from test_dashboard import fetch
+
+    async with nj.open_runtime(f"shared:{tmp_path / 'data'}", http=("127.0.0.1", 0),
+                               stop_on=()) as rt:
+        assert rt.http_url is not None
+        status, _, text = await fetch(rt.http_url, "/metrics")
+        assert status == 200
+        names = {f.name for f in text_string_to_metric_families(text)}
+        assert "nursery_jobs_dead_letters" in names
