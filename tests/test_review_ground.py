@@ -32,53 +32,6 @@ def drain(channel: trio.MemoryReceiveChannel[nj.Event]) -> list[nj.Event]:
             return out
 
 
-# -- §2 Storage without a Lifecycle: the alarm's retries ----------------------------------------
-
-
-class Reader(nj.DurableObject):
-    """A read-only method with a bug: it writes (TurnError, a StorageError)."""
-
-    namespace = "tests.test_review_ground.Reader"
-
-    @nj.read_only
-    async def peek(self) -> None:
-        self.ctx.storage.put("oops", 1)
-
-
-class BuggyAlarm(nj.DurableObject):
-    """Its alarm calls ``Reader.peek``, whose bug raises TurnError every time."""
-
-    namespace = "tests.test_review_ground.BuggyAlarm"
-
-    async def arm(self, when: float) -> None:
-        self.ctx.storage.set_alarm(when)
-
-    async def alarm(self, info: nj.AlarmInfo) -> None:
-        self.ctx.env.append((nj.now(), info))
-        await self.ctx.get(Reader, "r").peek()
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="DESIGN §2 Storage: an exception in alarm() is retried 2 s doubling up to 6"
-    " retries, then dropped with alarm:failed; one that is a StorageError (TurnError from"
-    " user code) is retried forever by ACTIVATION_RETRY instead (_core/_alarm.py:196)",
-)
-async def test_an_alarm_that_raises_a_storage_error_of_its_own_is_dropped_after_six_retries(
-    autojump_clock: trio.testing.MockClock,
-) -> None:
-    runs: list[tuple[float, nj.AlarmInfo]] = []
-    with trio.fail_after(HANG):
-        async with nj.open_runtime(env=runs) as rt:
-            with rt.events.subscribe() as events:
-                await rt.get(BuggyAlarm, "b").arm(EPOCH + 10)
-                await trio.sleep(5000)
-                received = drain(events)
-    # The error the alarm saw is the user's own bug, not a fault of the platform.
-    assert [t for t, _ in runs] == [EPOCH + t for t in (10, 12, 16, 24, 40, 72, 136)]
-    assert [e.type for e in received if e.type == "alarm:failed"] == ["alarm:failed"]
-
-
 # -- §2 stub calls ------------------------------------------------------------------------------
 
 
