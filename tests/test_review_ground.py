@@ -32,37 +32,6 @@ def drain(channel: trio.MemoryReceiveChannel[nj.Event]) -> list[nj.Event]:
             return out
 
 
-# -- §2 stub calls ------------------------------------------------------------------------------
-
-
-class WithProperty(nj.DurableObject):
-    namespace = "tests.test_review_ground.WithProperty"
-
-    @property
-    def count(self) -> int:
-        # A property's getter is user code: reading storage here needs a turn.
-        return int(self.ctx.storage.get("n", 0))
-
-    @property
-    def broken(self) -> int:
-        raise KeyError("not a method")
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="DESIGN §2: a stub call to a non-method raises RpcError; to find out, the host"
-    " evaluates getattr(instance, name) (_core/_host.py:609), running a property's getter"
-    " outside any turn: its TurnError/KeyError reaches the caller instead",
-)
-async def test_a_stub_call_to_a_property_raises_rpc_error_without_running_it() -> None:
-    async with nj.open_runtime() as rt:
-        stub = rt.get(WithProperty, "p")
-        with pytest.raises(nj.RpcError):
-            await stub.count()
-        with pytest.raises(nj.RpcError):
-            await stub.broken()
-
-
 # -- §2 Time: nj.jitter ---------------------------------------------------------------------------
 
 

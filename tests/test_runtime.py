@@ -176,6 +176,37 @@ async def test_rpc_errors() -> None:
         assert await stub.memory() == 0
 
 
+class WithProperty(nj.DurableObject):
+    namespace = "tests.test_runtime.WithProperty"
+
+    @property
+    def count(self) -> int:
+        # A property's getter is the object's code: reading storage here needs a turn.
+        return int(self.ctx.storage.get("n", 0))
+
+    @property
+    def broken(self) -> int:
+        raise KeyError("not a method")
+
+    @classmethod
+    def kind(cls) -> str:
+        return cls.__name__
+
+    @staticmethod
+    def helper() -> int:
+        return 1
+
+
+async def test_a_stub_call_to_a_property_raises_rpc_error_without_running_it() -> None:
+    async with nj.open_runtime() as rt:
+        stub = rt.get(WithProperty, "p")
+        for name in ("count", "broken", "helper"):
+            with pytest.raises(nj.RpcError, match=f"WithProperty/p.{name} is not a method"):
+                await stub.call(name)
+        # A classmethod stays callable, as it always was.
+        assert await stub.kind() == "WithProperty"
+
+
 async def test_get_refuses_non_durable_object_classes() -> None:
     async with nj.open_runtime() as rt:
         with pytest.raises(TypeError):

@@ -606,10 +606,12 @@ class ObjectHost:
             raise RpcError(f"{label}: names starting with '_' cannot be called through a stub")
         if name in self.cls._rpc_hidden:
             raise RpcError(f"{label}: {name}() is a runtime hook, not callable through a stub")
-        fn = getattr(self.instance, name, None)
-        if not inspect.ismethod(fn):
+        # Looked up on the class, unbound: a property's getter (any descriptor's) is the
+        # object's code, which runs in a turn, never here to find out what the name is.
+        found = inspect.getattr_static(self.cls, name, None)
+        if not (inspect.isfunction(found) or isinstance(found, classmethod)):
             raise RpcError(f"{label} is not a method of {self.cls.__qualname__}")
-        return fn
+        return found.__get__(self.instance, self.cls)
 
     async def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], *,
                    ticket: Ticket | None = None) -> Any:
