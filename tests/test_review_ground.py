@@ -32,38 +32,6 @@ def drain(channel: trio.MemoryReceiveChannel[nj.Event]) -> list[nj.Event]:
             return out
 
 
-# -- §2 Time: nj.jitter ---------------------------------------------------------------------------
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="DESIGN §7: a bad jitter argument (a str, None, a Decimal) raises a bare"
-    " TypeError from math.isfinite or Decimal*float (_clock.py:256,263-268), not a"
-    " NurseryJobsError/TimeArgumentError naming the argument",
-)
-@pytest.mark.parametrize(
-    "args", [("5",), (None,), (5, "0.5"), (5, None)],
-    ids=["base str", "base None", "fraction str", "fraction None"],
-)
-def test_a_bad_jitter_argument_is_a_time_argument_error_naming_it(args: tuple[Any, ...]) -> None:
-    with pytest.raises(nj.TimeArgumentError, match="jitter"):
-        nj.jitter(*args)
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="DESIGN §2: nj.jitter(base, fraction) returns base + uniform(0, base*fraction);"
-    " base*fraction overflowing to inf returns inf, a time no push accepts"
-    " (_clock.py:268 checks each argument finite, not their product)",
-)
-def test_jitter_of_finite_arguments_is_finite_or_refused() -> None:
-    try:
-        value = nj.jitter(1e308, 10.0)
-    except nj.TimeArgumentError:
-        return
-    assert value != float("inf")
-
-
 # -- §7 errors -----------------------------------------------------------------------------------
 
 
