@@ -34,6 +34,7 @@ lookup errors derive from :class:`LookupError`::
      │                                    .method .type_name .message
      ├─ ObjectResetError                  the object was evicted or reset during a call
      ├─ AlarmOwnedError                   set_alarm on an object whose Lifecycle owns the alarm
+     │                                    .namespace .object_id .owner
      ├─ JobError (ValueError)             a bad job argument
      │   └─ JobOwnershipError             a job id held by another owner
      ├─ CapabilityError (ValueError)      a duplicate capability id, or use() after start
@@ -243,7 +244,16 @@ class ObjectResetError(NurseryJobsError):
 
 
 class AlarmOwnedError(NurseryJobsError):
-    """``storage.set_alarm`` was called on an object whose Lifecycle owns the alarm."""
+    """``storage.set_alarm`` was called on an object whose Lifecycle owns the alarm (or
+    the alarm was claimed twice). ``namespace`` and ``object_id`` name the object,
+    ``owner`` what owns its alarm (``"Lifecycle"``)."""
+
+    def __init__(self, *args: object, namespace: str | None = None,
+                 object_id: str | None = None, owner: str | None = None) -> None:
+        super().__init__(*args)
+        self.namespace = namespace
+        self.object_id = object_id
+        self.owner = owner
 
 
 class JobError(NurseryJobsError, ValueError):

@@ -1402,10 +1402,15 @@ async def test_storage_set_alarm_is_refused_on_a_lifecycle_object(
             await obj.push("f", id="j", time=EPOCH + 50)
 
             async def meddle(o: Host) -> None:
-                with pytest.raises(nj.AlarmOwnedError):
-                    o.ctx.storage.set_alarm(EPOCH + 5)
-                with pytest.raises(nj.AlarmOwnedError):
-                    o.ctx.storage.delete_alarm()
+                for refused in (lambda: o.ctx.storage.set_alarm(EPOCH + 5),
+                                o.ctx.storage.delete_alarm):
+                    with pytest.raises(nj.AlarmOwnedError) as info:
+                        refused()
+                    # The message names the object, the error carries it (DESIGN §7).
+                    assert f"the Lifecycle owns the alarm of {Host.namespace}/o" in str(
+                        info.value)
+                    assert (info.value.namespace, info.value.object_id,
+                            info.value.owner) == (Host.namespace, "o", "Lifecycle")
                 assert o.ctx.storage.get_alarm() == EPOCH + 50
 
             await inside(obj, meddle)

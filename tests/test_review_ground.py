@@ -55,17 +55,6 @@ class Owned(nj.DurableObject):
 
 @pytest.mark.xfail(
     strict=True,
-    reason="DESIGN §7: every message names the object; AlarmOwnedError says 'this"
-    " object's alarm' without its namespace or id (_core/_storage.py:206-209, 215-218)",
-)
-async def test_alarm_owned_error_names_the_object() -> None:
-    async with nj.open_runtime() as rt:
-        message = await rt.get(Owned, "owned-7").arm()
-        assert "owned-7" in message
-
-
-@pytest.mark.xfail(
-    strict=True,
     reason="STYLE 23 (DESIGN §7): errors carry data: ObjectIdError has no .object_id"
     " (_errors.py:87, a bare class)",
 )

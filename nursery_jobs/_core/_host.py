@@ -775,8 +775,8 @@ class ObjectHost:
         assert self.alarm is not None
         if self.alarm.owner is not None:
             raise AlarmOwnedError(
-                f"the alarm of {self.label} is already claimed by the {self.alarm.owner}"
-            )
+                f"the alarm of {self.label} is already claimed by the {self.alarm.owner}",
+                namespace=self.namespace, object_id=self.object_id, owner=self.alarm.owner)
         self.alarm.owner = owner
         self.alarm.handler = handler
         self.alarm.policy = policy
