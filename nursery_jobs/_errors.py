@@ -5,7 +5,7 @@ describe a bad argument also derive from :class:`ValueError` or :class:`TypeErro
 lookup errors derive from :class:`LookupError`::
 
     NurseryJobsError
-     ├─ ObjectIdError (ValueError)        a bad object id or namespace
+     ├─ ObjectIdError (ValueError)        a bad object id or namespace  .object_id .namespace
      ├─ TimeArgumentError (TypeError, ValueError)  a bad time, delay or jitter argument
      ├─ StorageKeyError (TypeError, ValueError)    a storage key that is not a non-empty str
      ├─ CodecError (ValueError)           a payload that cannot be stored
@@ -35,8 +35,8 @@ lookup errors derive from :class:`LookupError`::
      ├─ ObjectResetError                  the object was evicted or reset during a call
      ├─ AlarmOwnedError                   set_alarm on an object whose Lifecycle owns the alarm
      │                                    .namespace .object_id .owner
-     ├─ JobError (ValueError)             a bad job argument
-     │   └─ JobOwnershipError             a job id held by another owner
+     ├─ JobError (ValueError)             a bad job argument  .job_id (None: not about one job)
+     │   └─ JobOwnershipError             a job id held by another owner  .owner .holder
      ├─ CapabilityError (ValueError)      a duplicate capability id, or use() after start
      │                                    (or a pause of an owner that is not installed)
      ├─ LimitError (TypeError, ValueError) a bad nj.Limit, or a bad open_runtime(limits=)
@@ -86,7 +86,15 @@ class NurseryJobsError(Exception):
 
 
 class ObjectIdError(NurseryJobsError, ValueError):
-    """An object id is not a non-empty string of at most 1024 characters."""
+    """An object id (or a class's namespace) is not a non-empty string of at most 1024
+    characters that every engine can store. ``object_id`` is the id refused, as given
+    (None: a namespace was refused, and ``namespace`` is it)."""
+
+    def __init__(self, *args: object, namespace: object = None,
+                 object_id: object = None) -> None:
+        super().__init__(*args)
+        self.namespace = namespace
+        self.object_id = object_id
 
 
 class TimeArgumentError(NurseryJobsError, TypeError, ValueError):
@@ -257,11 +265,25 @@ class AlarmOwnedError(NurseryJobsError):
 
 
 class JobError(NurseryJobsError, ValueError):
-    """A job argument is invalid."""
+    """A job argument is invalid. ``job_id`` is the job's id (as given) where the error
+    is about one job, else None."""
+
+    def __init__(self, *args: object, job_id: object = None) -> None:
+        super().__init__(*args)
+        self.job_id = job_id
 
 
 class JobOwnershipError(JobError):
-    """A job id is held by another owner (the host or another capability)."""
+    """A job id is held by another owner (the host or another capability). ``job_id``
+    is the id, ``owner`` who asked (``"host"`` or a capability id), ``holder`` who holds
+    it (None where it is ``owner`` itself: a requeue of a letter whose id is queued
+    again)."""
+
+    def __init__(self, *args: object, job_id: object = None, owner: str | None = None,
+                 holder: str | None = None) -> None:
+        super().__init__(*args, job_id=job_id)
+        self.owner = owner
+        self.holder = holder
 
 
 class JobTimeoutError(NurseryJobsError):

@@ -6,12 +6,13 @@ holds no lone surrogate, so no engine takes a name one of them would refuse."""
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 
 
 def check_name(
     value: object,
     what: str,
-    error: type[Exception],
+    error: Callable[[str], Exception],
     *,
     max_length: int | None = None,
     allow_empty: bool = False,

@@ -35,36 +35,6 @@ def drain(channel: trio.MemoryReceiveChannel[nj.Event]) -> list[nj.Event]:
 # -- §7 errors -----------------------------------------------------------------------------------
 
 
-class Owned(nj.DurableObject):
-    namespace = "tests.test_review_ground.Owned"
-
-    def __init__(self, ctx: nj.ObjectContext) -> None:
-        super().__init__(ctx)
-        self.lifecycle = nj.Lifecycle.install(self)
-
-    async def arm(self) -> str:
-        try:
-            self.ctx.storage.set_alarm(nj.now() + 5)
-        except nj.AlarmOwnedError as exc:
-            return str(exc)
-        return ""
-
-    async def on_job(self, ctx: nj.JobContext) -> None:
-        return None
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="STYLE 23 (DESIGN §7): errors carry data: ObjectIdError has no .object_id"
-    " (_errors.py:87, a bare class)",
-)
-async def test_object_id_error_carries_the_id() -> None:
-    async with nj.open_runtime() as rt:
-        with pytest.raises(nj.ObjectIdError) as caught:
-            rt.get(Owned, "x\x00y")
-        assert caught.value.object_id == "x\x00y"  # type: ignore[attr-defined]
-
-
 # -- §5 payloads ---------------------------------------------------------------------------------
 
 

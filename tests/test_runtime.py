@@ -409,6 +409,8 @@ async def test_bad_object_ids() -> None:
                 rt.get(Counter, bad)  # type: ignore[arg-type]
             assert isinstance(info.value, ValueError)
             assert isinstance(info.value, nj.NurseryJobsError)
+            # The error carries the id it refused (STYLE 23).
+            assert info.value.object_id == bad and info.value.namespace is None
         assert await rt.get(Counter, "x" * 1024).increment() == 1
 
 
@@ -477,8 +479,9 @@ async def test_an_object_id_with_a_nul_is_refused_on_every_engine(
     """PostgreSQL text cannot hold a NUL: refused on every engine alike (the same code
     must run on PostgreSQL), with nothing created."""
     async with nj.open_runtime(tmp_path / "data", env=Env()) as rt:
-        with pytest.raises(nj.ObjectIdError, match="NUL"):
+        with pytest.raises(nj.ObjectIdError, match="NUL") as info:
             rt.get(Counter, object_id)
+        assert info.value.object_id == object_id
     assert list((tmp_path / "data" / "objects").iterdir()) == []
 
 
