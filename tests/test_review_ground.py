@@ -35,24 +35,6 @@ def drain(channel: trio.MemoryReceiveChannel[nj.Event]) -> list[nj.Event]:
 # -- §7 errors -----------------------------------------------------------------------------------
 
 
-# -- §5 payloads ---------------------------------------------------------------------------------
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="DESIGN §5: a datetime round-trips to an equal value; one whose ZoneInfo is"
-    " not the cached instance (ZoneInfo.no_cache) decodes into ZoneInfo(key), an"
-    " inter-zone comparison that PEP 495 makes unequal in a repeated hour"
-    " (_codec.py:_decode_datetime)",
-)
-def test_an_ambiguous_local_time_in_an_uncached_zone_round_trips_equal() -> None:
-    zone = ZoneInfo.no_cache("Europe/Berlin")
-    value = dt.datetime(2024, 10, 27, 2, 30, fold=1, tzinfo=zone)
-    back = _codec.decode_payload(_codec.encode_payload(value))
-    assert type(back) is dt.datetime
-    assert back == value
-
-
 # -- §6 events / §10 logging: one record per incident --------------------------------------------
 
 
