@@ -482,6 +482,17 @@ def lone_interrupt(
     return found
 
 
+def sole_leaf(error: BaseException) -> BaseException:
+    """The one exception ``error`` stands for: the only leaf of a group that holds one
+    (at any depth: a nursery's group around a task's exception), else ``error``. For
+    naming it in an event; the log record keeps the group's traceback."""
+    if isinstance(error, BaseExceptionGroup):
+        leaves = list(_leaves(error))
+        if len(leaves) == 1:
+            return leaves[0]
+    return error
+
+
 def _leaves(group: BaseExceptionGroup[BaseException]) -> Iterator[BaseException]:
     for exc in group.exceptions:
         if isinstance(exc, BaseExceptionGroup):

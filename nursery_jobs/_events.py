@@ -137,7 +137,8 @@ class EventBus:
 
         The event is also the incident's one log record: ``_log=(level, format, args)``
         words it (the library's own call sites), else it is logged as its type and data.
-        ``_exc_info``: an error whose traceback the record carries (a fault of ours).
+        ``_exc_info``: an error whose traceback the record carries (a fault of ours, or
+        a crash of an object's own code).
         """
         if _log is not None:
             level, message, args = _log

@@ -289,3 +289,67 @@ async def test_control_characters_are_escaped_in_every_log_record(
     assert dead[0].data["id"] == f"job{FORGED}"
     (custom,) = [e for e in events if e.type == "test:custom"]
     assert (custom.object_id, custom.data) == (FORGED, {"text": FORGED})
+
+
+# -- one incident, one record ---------------------------------------------------------------
+
+
+class Crashy(nj.DurableObject):
+    """Starts a background task in its own nursery, or tracked alarm work, that crashes."""
+
+    namespace = "tests.test_events.Crashy"
+
+    def __init__(self, ctx: nj.ObjectContext) -> None:
+        super().__init__(ctx)
+        self.lifecycle = nj.Lifecycle.install(self)
+
+    async def start_crash(self) -> None:
+        async def crash() -> None:
+            await trio.sleep(1)
+            raise RuntimeError("background boom")
+
+        self.ctx.nursery.start_soon(crash)
+
+    async def push_work(self) -> None:
+        await self.lifecycle.jobs.push("work")
+
+    async def on_job(self, ctx: nj.JobContext) -> None:
+        async def work() -> None:
+            await trio.sleep(1)
+            raise RuntimeError("tracked boom")
+
+        self.lifecycle.track_alarm_work(work)
+
+
+def _drain(channel: trio.MemoryReceiveChannel[nj.Event]) -> list[nj.Event]:
+    out = []
+    while True:
+        try:
+            out.append(channel.receive_nowait())
+        except trio.WouldBlock:
+            return out
+
+
+@pytest.mark.parametrize(("start", "event", "boom"), [
+    ("start_crash", "object:error", "background boom"),
+    ("push_work", "alarm:tracked_work_failed", "tracked boom"),
+])
+async def test_a_crash_of_the_objects_own_task_is_one_error_record_naming_its_exception(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture,
+    start: str, event: str, boom: str,
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="nursery_jobs")
+    with trio.fail_after(HANG):
+        async with nj.open_runtime() as rt:
+            with rt.events.subscribe() as events:
+                await rt.get(Crashy, "c").call(start)
+                await trio.sleep(5)
+                [crashed] = [e for e in _drain(events) if e.type == event]
+    # The event's error is the task's own exception, not the nursery's group around it.
+    assert crashed.data["error"] == repr(RuntimeError(boom))
+    about_it = [r for r in caplog.records if r.name == "nursery_jobs" and any(
+        word in r.getMessage() for word in (boom, "crash", event))]
+    assert len(about_it) == 1, [r.getMessage() for r in about_it]
+    [record] = about_it
+    assert record.levelno == logging.ERROR and getattr(record, "nj_event", None) == event
+    assert record.exc_info is not None  # (the traceback rides on the one record)

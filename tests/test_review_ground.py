@@ -7,10 +7,7 @@ names the section and what is wrong); the others pin a promise no other test cov
 
 from __future__ import annotations
 
-import datetime as dt
-import logging
 from typing import Any
-from zoneinfo import ZoneInfo
 
 import pytest
 import trio
@@ -18,7 +15,6 @@ import trio.testing
 from conftest import EPOCH
 
 import nursery_jobs as nj
-from nursery_jobs import _codec
 
 HANG = 100_000
 
@@ -33,46 +29,6 @@ def drain(channel: trio.MemoryReceiveChannel[nj.Event]) -> list[nj.Event]:
 
 
 # -- §7 errors -----------------------------------------------------------------------------------
-
-
-# -- §6 events / §10 logging: one record per incident --------------------------------------------
-
-
-class Crashy(nj.DurableObject):
-    """Starts a background task in its own nursery that crashes."""
-
-    namespace = "tests.test_review_ground.Crashy"
-
-    async def start_crash(self) -> None:
-        async def crash() -> None:
-            await trio.sleep(1)
-            raise RuntimeError("background boom")
-
-        self.ctx.nursery.start_soon(crash)
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="DESIGN §10/STYLE 18: one record per incident (the event and the log line are"
-    " the same record); a crashed background task is logged by logger.exception and"
-    " again by the object:error event's own record (_core/_host.py:300-302; also"
-    " _jobs/_lifecycle.py:332-333 for alarm:tracked_work_failed)",
-)
-async def test_a_crashed_background_task_is_one_log_record(
-    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture,
-) -> None:
-    caplog.set_level(logging.DEBUG, logger="nursery_jobs")
-    with trio.fail_after(HANG):
-        async with nj.open_runtime() as rt:
-            with rt.events.subscribe() as events:
-                await rt.get(Crashy, "c").start_crash()
-                await trio.sleep(5)
-                assert [e.type for e in drain(events) if e.type == "object:error"] == [
-                    "object:error"]
-    about_it = [r for r in caplog.records
-                if r.name == "nursery_jobs" and ("crash" in r.getMessage()
-                                                 or "object:error" in r.getMessage())]
-    assert len(about_it) == 1, [r.getMessage() for r in about_it]
 
 
 # -- §2 Storage without a Lifecycle, on every engine ----------------------------------------------

@@ -46,6 +46,7 @@ from nursery_jobs._errors import (
     StorageFaultError,
     UnknownObjectError,
     safe_repr,
+    sole_leaf,
 )
 from nursery_jobs._events import EventBus
 from nursery_jobs._policy import LOCKED_RETRY, Backoff
@@ -297,9 +298,12 @@ class ObjectHost:
                 self.error = exc  # (see the finally clause)
                 raise
             # A task the object started in its nursery crashed: the object is reset.
-            logger.exception("object %s crashed", self.label)
-            site.events.emit("object:error", self.namespace, self.object_id,
-                             error=safe_repr(exc))
+            # One incident, one record (the event's, with the traceback); its error is
+            # the task's own exception, not the nursery's group around it.
+            crash = safe_repr(sole_leaf(exc))
+            site.events.emit("object:error", self.namespace, self.object_id, error=crash,
+                             _log=(logging.ERROR, "object %s crashed: %s", (self.label, crash)),
+                             _exc_info=exc)
         finally:
             self.turns.drop(self._startup_ticket)  # (it never started: open_object failed)
             if start_error is not None:
