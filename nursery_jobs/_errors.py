@@ -40,6 +40,8 @@ lookup errors derive from :class:`LookupError`::
      ├─ CapabilityError (ValueError)      a duplicate capability id, or use() after start
      │                                    (or a pause of an owner that is not installed)
      ├─ LimitError (TypeError, ValueError) a bad nj.Limit, or a bad open_runtime(limits=)
+     ├─ RuntimeArgumentError (TypeError, ValueError)  a bad open_runtime option, rt.get()
+     │                                    class, or rt.events listener
      ├─ UnknownCallbackError (ValueError, LookupError)
      ├─ DataDirectoryError                (operator faces) a path that is no data directory
      ├─ UnknownObjectError (LookupError)  (operator faces) no such object  .namespace .object_id
@@ -312,6 +314,13 @@ class CapabilityError(NurseryJobsError, ValueError):
 class LimitError(NurseryJobsError, TypeError, ValueError):
     """An ``nj.Limit`` argument, or an ``open_runtime(limits=...)`` key or value, is
     invalid (the message names which)."""
+
+
+class RuntimeArgumentError(NurseryJobsError, TypeError, ValueError):
+    """An argument of the runtime's own API is invalid (the message names which): an
+    ``open_runtime`` option (``idle_timeout``, ``max_active``, ``durability``,
+    ``stop_on``, ``http``, ``lease_ttl``...), the class given to ``rt.get``, or a
+    listener given to ``rt.events`` (not callable; not one to remove)."""
 
 
 class UnknownCallbackError(NurseryJobsError, ValueError, LookupError):

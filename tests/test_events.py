@@ -126,8 +126,19 @@ async def test_a_listener_that_fails_now_and_then_is_counted_not_disabled(
 
 async def test_remove_listener_of_an_unknown_listener_raises() -> None:
     bus = EventBus()
-    with pytest.raises(ValueError, match="not a listener"):
+    with pytest.raises(nj.RuntimeArgumentError, match="not a listener") as info:
         bus.remove_listener(print)
+    assert isinstance(info.value, ValueError)
+
+
+@pytest.mark.parametrize("bad", [5, None, "print"])
+async def test_add_listener_refuses_what_is_not_callable(bad: Any) -> None:
+    async with nj.open_runtime(stop_on=()) as rt:
+        with pytest.raises(nj.RuntimeArgumentError, match="add_listener") as info:
+            rt.events.add_listener(bad)
+        assert isinstance(info.value, TypeError)
+        rt.events.emit("test:one", "ns", "id")  # nothing was added that could fail
+        assert rt.events.listener_errors == 0
 
 
 class Host(nj.DurableObject):

@@ -435,6 +435,7 @@ def _library_errors() -> list[Exception]:
         e.JobOwnershipError("owned job", job_id="j", owner="queue", holder="host"),
         e.JobTimeoutError("job j after 5 s", job_id="j", timeout=5.0),
         e.CapabilityError("twice"), e.LimitError("limit"),
+        e.RuntimeArgumentError("max_active must be None or an int >= 1, got 0"),
         e.UnknownCallbackError("no callback"), e.DataDirectoryError("not one"),
         e.UnknownObjectError("ns/o"), e.ObjectInUseError("in use"),
         e.ObjectHeldError("ns", "o", "host-1", 3.0), e.HttpError(403, "writes are off"),

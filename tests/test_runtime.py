@@ -209,10 +209,41 @@ async def test_a_stub_call_to_a_property_raises_rpc_error_without_running_it() -
 
 async def test_get_refuses_non_durable_object_classes() -> None:
     async with nj.open_runtime() as rt:
-        with pytest.raises(TypeError):
-            rt.get(object, "x")  # type: ignore[arg-type]
-        with pytest.raises(TypeError):
-            rt.get(Counter(None), "x")  # type: ignore[arg-type, arg-type]
+        for bad in (object, int, Counter(None)):  # type: ignore[arg-type]
+            with pytest.raises(nj.RuntimeArgumentError, match="DurableObject subclass") as info:
+                rt.get(bad, "x")  # type: ignore[arg-type]
+            assert isinstance(info.value, TypeError)
+
+
+OPEN_RUNTIME_BAD_OPTIONS: dict[str, dict[str, Any]] = {
+    "idle_timeout -5": {"idle_timeout": -5},
+    "dormant_after 0": {"dormant_after": 0},
+    "max_active 0": {"max_active": 0},
+    "turn_warning -1": {"turn_warning": -1},
+    "durability 'fast'": {"durability": "fast"},
+    "durability a list": {"durability": ["full"]},
+    "memory_limit -1": {"memory_limit": -1},
+    "memory_probe 5": {"memory_probe": 5},
+    "stop_on a str": {"stop_on": ("SIGTERM",)},
+    "stop_on SIGKILL": {"stop_on": (9,)},
+    "http a str": {"http": "127.0.0.1:8000"},
+    "http_writes 'yes'": {"http": ("127.0.0.1", 0), "http_writes": "yes"},
+    "client_only 'yes'": {"client_only": "yes"},
+    "lease_ttl for memory": {"lease_ttl": 5},
+}
+
+
+@pytest.mark.parametrize("case", sorted(OPEN_RUNTIME_BAD_OPTIONS))
+async def test_a_bad_open_runtime_option_is_a_runtime_argument_error_naming_it(
+    case: str,
+) -> None:
+    option = OPEN_RUNTIME_BAD_OPTIONS[case]
+    name = list(option)[-1]
+    with pytest.raises(nj.RuntimeArgumentError, match=name) as info:
+        async with nj.open_runtime(**{"stop_on": (), **option}):
+            pass
+    # Also the ValueError and TypeError such checks raised before (DESIGN §7).
+    assert isinstance(info.value, ValueError) and isinstance(info.value, TypeError)
 
 
 # -- activation and eviction ------------------------------------------------------------
