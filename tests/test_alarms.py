@@ -573,3 +573,43 @@ async def test_an_alarm_refused_raw_sql_on_postgresql_is_dropped_after_six_retri
     [failed] = [e for e in await _buggy_alarm_runs(pg_dsn, raw_sql=True)
                 if e.type == "alarm:failed"]
     assert "belongs to the file engine" in failed.data["error"]
+
+
+# -- a raising alarm, on every engine ------------------------------------------------------
+
+
+class Failing(nj.DurableObject):
+    """Its alarm records (now, info) in ``ctx.env`` and raises on every run."""
+
+    namespace = "tests.test_alarms.Failing"
+
+    async def arm(self, when: float) -> None:
+        self.ctx.storage.set_alarm(when)
+
+    async def alarm_time(self) -> float | None:
+        return self.ctx.storage.get_alarm()
+
+    async def alarm(self, info: nj.AlarmInfo) -> None:
+        self.ctx.env.append((nj.now(), info))
+        raise ConnectionError(f"down {len(self.ctx.env)}")
+
+
+async def test_a_raising_alarm_is_retried_2_s_doubling_then_dropped_on_every_engine(
+    on_every_engine: str, autojump_clock: trio.testing.MockClock,
+) -> None:
+    runs: list[tuple[float, nj.AlarmInfo]] = []
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(engine.location, env=runs, stop_on=()) as rt:
+            with rt.events.subscribe() as events:
+                stub = rt.get(Failing, "f")
+                await stub.arm(EPOCH + 10)
+                await trio.sleep(300)
+                received = _drain(events)
+                assert await stub.alarm_time() is None
+    times = [10, 12, 16, 24, 40, 72, 136]
+    assert runs == [(EPOCH + t, nj.AlarmInfo(retry_count=n, is_retry=n > 0))
+                    for n, t in enumerate(times)]
+    [failed] = [e for e in received if e.type == "alarm:failed"]
+    assert (failed.namespace, failed.object_id, failed.time) == (Failing.namespace, "f",
+                                                                  EPOCH + 136)
+    assert failed.data["retries"] == 6 and "down 7" in failed.data["error"]

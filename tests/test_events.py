@@ -364,3 +364,38 @@ async def test_a_crash_of_the_objects_own_task_is_one_error_record_naming_its_ex
     [record] = about_it
     assert record.levelno == logging.ERROR and getattr(record, "nj_event", None) == event
     assert record.exc_info is not None  # (the traceback rides on the one record)
+
+
+# -- a slow subscriber never blocks dispatch ----------------------------------------------
+
+
+class Ticker(nj.DurableObject):
+    namespace = "tests.test_events.Ticker"
+
+    async def arm(self, when: float) -> None:
+        self.ctx.storage.set_alarm(when)
+
+    async def alarm(self, info: nj.AlarmInfo) -> None:
+        self.ctx.env.append((self.ctx.id, nj.now()))
+        self.ctx.events.emit("test:tick", self.ctx.namespace, self.ctx.id, at=nj.now())
+
+
+async def test_a_subscriber_that_never_reads_never_delays_an_alarm_or_another_subscriber(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    runs: list[tuple[str, float]] = []
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(env=runs) as rt:
+            with rt.events.subscribe(max_buffer=2) as stuck, rt.events.subscribe() as reader:
+                for i in range(10):
+                    await rt.get(Ticker, f"t{i}").arm(EPOCH + 1 + i)
+                await trio.sleep(20)
+                # Every alarm ran at its exact time while the first buffer sat full.
+                assert runs == [(f"t{i}", EPOCH + 1 + i) for i in range(10)]
+                ticks = [e for e in _drain(reader) if e.type == "test:tick"]
+                assert [(e.namespace, e.object_id, e.time, e.data) for e in ticks] == [
+                    (Ticker.namespace, f"t{i}", EPOCH + 1 + i, {"at": EPOCH + 1 + i})
+                    for i in range(10)]
+                assert len(_drain(stuck)) == 2
+                assert rt.events.dropped > 0
+                assert rt.statistics().events_dropped == rt.events.dropped
