@@ -530,15 +530,10 @@ LONG_CJK_ID = "".join(chr(0x4E00 + (i * 7919) % 20000) for i in range(1024))
 
 
 async def test_an_object_id_of_1024_characters_works_on_every_engine(
-    on_every_engine: str, request: pytest.FixtureRequest,
+    on_every_engine: str,
 ) -> None:
-    if on_every_engine == "postgres":
-        request.applymarker(pytest.mark.xfail(
-            strict=True,
-            reason="DESIGN §2: object ids up to 1024 chars, any Unicode, on every engine;"
-            " PostgreSQL refuses one over ~2,700 bytes of UTF-8 with StorageError"
-            " 'index row size ... exceeds btree version 4 maximum 2704 for index"
-            " nj_objects_pkey' (_engines/postgres/_schema.py: the key is the raw text)"))
+    # (PostgreSQL keys objects and rows by digests of their texts: a btree entry holds
+    # at most 2,704 bytes, and this id is 3,072.)
     assert len(LONG_CJK_ID) == 1024
     async with nj.open_runtime(engine.location, stop_on=()) as rt:
         stub = rt.get(LongIdCounter, LONG_CJK_ID)
