@@ -42,6 +42,7 @@ from nursery_jobs._errors import ObjectFencedError as ObjectFencedError
 from nursery_jobs._errors import ObjectIdError as ObjectIdError
 from nursery_jobs._errors import ObjectResetError as ObjectResetError
 from nursery_jobs._errors import RpcError as RpcError
+from nursery_jobs._errors import RuntimeArgumentError as RuntimeArgumentError
 from nursery_jobs._errors import RuntimeClosedError as RuntimeClosedError
 from nursery_jobs._errors import RuntimeLockedError as RuntimeLockedError
 from nursery_jobs._errors import StorageError as StorageError
@@ -108,6 +109,7 @@ __all__ = [
     "RetryOptions",
     "RpcError",
     "Runtime",
+    "RuntimeArgumentError",
     "RuntimeClosedError",
     "RuntimeLockedError",
     "RuntimeStatistics",

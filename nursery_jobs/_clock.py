@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
+import numbers
 import random
 import time as _time
 from collections.abc import Callable
@@ -260,9 +261,31 @@ def is_finite(value: int | float) -> bool:
 
 
 def jitter(base: float, fraction: float = 0.5) -> float:
-    """Return ``base + uniform(0, base * fraction)``: spread wake-ups of many objects."""
-    if not is_finite(base) or base < 0:
-        raise TimeArgumentError(f"jitter: base {base!r} must be a finite number >= 0")
-    if not is_finite(fraction) or fraction < 0:
-        raise TimeArgumentError(f"jitter: fraction {fraction!r} must be a finite number >= 0")
-    return base + random.uniform(0.0, base * fraction)
+    """Return ``base + uniform(0, base * fraction)``: spread wake-ups of many objects.
+    Does not checkpoint.
+
+    Raises:
+        TimeArgumentError: (a TypeError and ValueError) ``base`` or ``fraction`` is not
+            a finite real number >= 0 (a str, None, a bool, a Decimal), or the time
+            they give is past the largest float (``jitter(1e308, 10)``).
+    """
+    low = _jitter_argument("base", base)
+    spread = low * _jitter_argument("fraction", fraction)
+    value = low + random.uniform(0.0, spread)
+    if not math.isfinite(spread) or not math.isfinite(value):
+        raise TimeArgumentError(
+            f"jitter: base {base!r} with fraction {fraction!r} is past the largest float")
+    return value
+
+
+def _jitter_argument(name: str, value: object) -> float:
+    """``value`` as a float, if it is a finite real number >= 0 (bools are not)."""
+    seconds = math.nan
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        try:
+            seconds = float(value)
+        except OverflowError:  # an int too large for a float
+            pass
+    if not math.isfinite(seconds) or seconds < 0:
+        raise TimeArgumentError(f"jitter: {name} {value!r} must be a finite number >= 0")
+    return seconds

@@ -5,7 +5,7 @@ describe a bad argument also derive from :class:`ValueError` or :class:`TypeErro
 lookup errors derive from :class:`LookupError`::
 
     NurseryJobsError
-     ├─ ObjectIdError (ValueError)        a bad object id or namespace
+     ├─ ObjectIdError (ValueError)        a bad object id or namespace  .object_id .namespace
      ├─ TimeArgumentError (TypeError, ValueError)  a bad time, delay or jitter argument
      ├─ StorageKeyError (TypeError, ValueError)    a storage key that is not a non-empty str,
      │                                    at most 1024 characters
@@ -35,13 +35,16 @@ lookup errors derive from :class:`LookupError`::
      │                                    .method .type_name .message
      ├─ ObjectResetError                  the object was evicted or reset during a call
      ├─ AlarmOwnedError                   set_alarm on an object whose Lifecycle owns the alarm
-     ├─ JobError (ValueError)             a bad job argument
-     │   └─ JobOwnershipError             a job id held by another owner
+     │                                    .namespace .object_id .owner
+     ├─ JobError (ValueError)             a bad job argument  .job_id (None: not about one job)
+     │   └─ JobOwnershipError             a job id held by another owner  .owner .holder
      ├─ CapabilityError (ValueError)      a duplicate capability id, or use() after start
      │                                    (or a pause of an owner that is not installed)
      ├─ LifecycleArgumentError (TypeError, ValueError)  a bad Lifecycle.install() option,
      │                                    or use() of something that is no Capability
      ├─ LimitError (TypeError, ValueError) a bad nj.Limit, or a bad open_runtime(limits=)
+     ├─ RuntimeArgumentError (TypeError, ValueError)  a bad open_runtime option, rt.get()
+     │                                    class, or rt.events listener
      ├─ UnknownCallbackError (ValueError, LookupError)
      ├─ DataDirectoryError                (operator faces) a path that is no data directory
      ├─ UnknownObjectError (LookupError)  (operator faces) no such object  .namespace .object_id
@@ -88,7 +91,15 @@ class NurseryJobsError(Exception):
 
 
 class ObjectIdError(NurseryJobsError, ValueError):
-    """An object id is not a non-empty string of at most 1024 characters."""
+    """An object id (or a class's namespace) is not a non-empty string of at most 1024
+    characters that every engine can store. ``object_id`` is the id refused, as given
+    (None: a namespace was refused, and ``namespace`` is it)."""
+
+    def __init__(self, *args: object, namespace: object = None,
+                 object_id: object = None) -> None:
+        super().__init__(*args)
+        self.namespace = namespace
+        self.object_id = object_id
 
 
 class TimeArgumentError(NurseryJobsError, TypeError, ValueError):
@@ -247,15 +258,38 @@ class ObjectResetError(NurseryJobsError):
 
 
 class AlarmOwnedError(NurseryJobsError):
-    """``storage.set_alarm`` was called on an object whose Lifecycle owns the alarm."""
+    """``storage.set_alarm`` was called on an object whose Lifecycle owns the alarm (or
+    the alarm was claimed twice). ``namespace`` and ``object_id`` name the object,
+    ``owner`` what owns its alarm (``"Lifecycle"``)."""
+
+    def __init__(self, *args: object, namespace: str | None = None,
+                 object_id: str | None = None, owner: str | None = None) -> None:
+        super().__init__(*args)
+        self.namespace = namespace
+        self.object_id = object_id
+        self.owner = owner
 
 
 class JobError(NurseryJobsError, ValueError):
-    """A job argument is invalid."""
+    """A job argument is invalid. ``job_id`` is the job's id (as given) where the error
+    is about one job, else None."""
+
+    def __init__(self, *args: object, job_id: object = None) -> None:
+        super().__init__(*args)
+        self.job_id = job_id
 
 
 class JobOwnershipError(JobError):
-    """A job id is held by another owner (the host or another capability)."""
+    """A job id is held by another owner (the host or another capability). ``job_id``
+    is the id, ``owner`` who asked (``"host"`` or a capability id), ``holder`` who holds
+    it (None where it is ``owner`` itself: a requeue of a letter whose id is queued
+    again)."""
+
+    def __init__(self, *args: object, job_id: object = None, owner: str | None = None,
+                 holder: str | None = None) -> None:
+        super().__init__(*args, job_id=job_id)
+        self.owner = owner
+        self.holder = holder
 
 
 class JobTimeoutError(NurseryJobsError):
@@ -291,6 +325,13 @@ class LifecycleArgumentError(NurseryJobsError, TypeError, ValueError):
 class LimitError(NurseryJobsError, TypeError, ValueError):
     """An ``nj.Limit`` argument, or an ``open_runtime(limits=...)`` key or value, is
     invalid (the message names which)."""
+
+
+class RuntimeArgumentError(NurseryJobsError, TypeError, ValueError):
+    """An argument of the runtime's own API is invalid (the message names which): an
+    ``open_runtime`` option (``idle_timeout``, ``max_active``, ``durability``,
+    ``stop_on``, ``http``, ``lease_ttl``...), the class given to ``rt.get``, or a
+    listener given to ``rt.events`` (not callable; not one to remove)."""
 
 
 class UnknownCallbackError(NurseryJobsError, ValueError, LookupError):
@@ -459,6 +500,17 @@ def lone_interrupt(
         elif not isinstance(exc, trio.Cancelled):
             return None
     return found
+
+
+def sole_leaf(error: BaseException) -> BaseException:
+    """The one exception ``error`` stands for: the only leaf of a group that holds one
+    (at any depth: a nursery's group around a task's exception), else ``error``. For
+    naming it in an event; the log record keeps the group's traceback."""
+    if isinstance(error, BaseExceptionGroup):
+        leaves = list(_leaves(error))
+        if len(leaves) == 1:
+            return leaves[0]
+    return error
 
 
 def _leaves(group: BaseExceptionGroup[BaseException]) -> Iterator[BaseException]:

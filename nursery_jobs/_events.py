@@ -16,7 +16,7 @@ import attrs
 import trio
 
 from nursery_jobs._clock import now
-from nursery_jobs._errors import describe_error, safe_repr
+from nursery_jobs._errors import RuntimeArgumentError, describe_error, safe_repr
 
 logger = logging.getLogger("nursery_jobs")
 
@@ -112,12 +112,16 @@ class EventBus:
         """Call ``fn(event)`` synchronously for every event. Whatever it raises is
         logged (the first time), counted in ``listener_errors``, and after
         ``LISTENER_FAILURE_LIMIT`` failures in a row the listener is disabled, with a
-        ``listener:disabled`` event."""
+        ``listener:disabled`` event. Raises ``RuntimeArgumentError`` (a TypeError) if
+        ``fn`` is not callable."""
+        if not callable(fn):
+            raise RuntimeArgumentError(
+                f"add_listener() needs a callable taking an Event, got {safe_repr(fn, 80)}")
         self._listeners = (*self._listeners, _Listener(fn))
 
     def remove_listener(self, fn: Callable[[Event], object]) -> None:
-        """Stop calling ``fn`` (a no-op if it was disabled). Raises ``ValueError`` if
-        ``fn`` is not a listener."""
+        """Stop calling ``fn`` (a no-op if it was disabled). Raises
+        ``RuntimeArgumentError`` (a ValueError) if ``fn`` is not a listener."""
         for listener in self._listeners:
             if listener.fn == fn:
                 self._listeners = tuple(x for x in self._listeners if x is not listener)
@@ -126,7 +130,7 @@ class EventBus:
             if disabled == fn:
                 self._disabled.remove(disabled)
                 return
-        raise ValueError(f"{safe_repr(fn)} is not a listener")
+        raise RuntimeArgumentError(f"remove_listener(): {safe_repr(fn)} is not a listener")
 
     def emit(
         self, type: str, namespace: str, object_id: str, *,
@@ -137,7 +141,8 @@ class EventBus:
 
         The event is also the incident's one log record: ``_log=(level, format, args)``
         words it (the library's own call sites), else it is logged as its type and data.
-        ``_exc_info``: an error whose traceback the record carries (a fault of ours).
+        ``_exc_info``: an error whose traceback the record carries (a fault of ours, or
+        a crash of an object's own code).
         """
         if _log is not None:
             level, message, args = _log

@@ -6,6 +6,7 @@ holds no lone surrogate, so no engine takes a name one of them would refuse."""
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from typing import Final
 
 # The longest object id, job id or storage key, in characters (DESIGN 2: "the same
@@ -17,7 +18,7 @@ MAX_NAME_LENGTH: Final = 1024
 def check_name(
     value: object,
     what: str,
-    error: type[Exception],
+    error: Callable[[str], Exception],
     *,
     max_length: int | None = None,
     allow_empty: bool = False,

@@ -501,3 +501,115 @@ async def test_an_activation_that_fails_unexpectedly_is_reported_and_retried(
             assert "a bug of ours" in retries[0].data["error"]
             assert [entry[:3] for entry in log if entry[0] == "alarm"] == [
                 ("alarm", "a", EPOCH + 12)]
+
+
+# -- an alarm that raises a StorageError of its own code --------------------------------------
+
+
+class Reader(nj.DurableObject):
+    """A read-only method with a bug: it writes (TurnError, a StorageError)."""
+
+    namespace = "tests.test_alarms.Reader"
+
+    @nj.read_only
+    async def peek(self) -> None:
+        self.ctx.storage.put("oops", 1)
+
+
+class BuggyAlarm(nj.DurableObject):
+    """Its alarm calls ``Reader.peek``, whose bug raises TurnError every time; or, with
+    ``raw_sql``, runs raw SQL (refused under PostgreSQL with a StorageError)."""
+
+    namespace = "tests.test_alarms.BuggyAlarm"
+
+    async def arm(self, when: float, raw_sql: bool = False) -> None:
+        self.ctx.storage.put("raw_sql", raw_sql)
+        self.ctx.storage.set_alarm(when)
+
+    async def alarm(self, info: nj.AlarmInfo) -> None:
+        self.ctx.env.append((nj.now(), info))
+        if self.ctx.storage.get("raw_sql"):
+            self.ctx.storage.execute("SELECT 1")
+        await self.ctx.get(Reader, "r").peek()
+
+
+def _drain(channel: trio.MemoryReceiveChannel[nj.Event]) -> list[nj.Event]:
+    out = []
+    while True:
+        try:
+            out.append(channel.receive_nowait())
+        except trio.WouldBlock:
+            return out
+
+
+async def _buggy_alarm_runs(location: Any, *, raw_sql: bool) -> list[nj.Event]:
+    runs: list[tuple[float, nj.AlarmInfo]] = []
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(location, env=runs, stop_on=()) as rt:
+            with rt.events.subscribe() as events:
+                await rt.get(BuggyAlarm, "b").arm(EPOCH + 10, raw_sql)
+                await trio.sleep(500)
+                received = _drain(events)
+    # The error the alarm saw is its code's own bug, not a fault of the platform: the
+    # object's policy (2 s doubling, 6 retries), then dropped.
+    assert runs == [(EPOCH + t, nj.AlarmInfo(retry_count=n, is_retry=n > 0))
+                    for n, t in enumerate((10, 12, 16, 24, 40, 72, 136))]
+    [failed] = [e for e in received if e.type == "alarm:failed"]
+    assert failed.time == EPOCH + 136 and failed.data["retries"] == 6
+    return received
+
+
+async def test_an_alarm_that_raises_a_turn_error_of_its_own_is_dropped_after_six_retries(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    [failed] = [e for e in await _buggy_alarm_runs(None, raw_sql=False)
+                if e.type == "alarm:failed"]
+    assert "TurnError" in failed.data["error"]
+
+
+async def test_an_alarm_refused_raw_sql_on_postgresql_is_dropped_after_six_retries(
+    pg_dsn: str, autojump_clock: trio.testing.MockClock,
+) -> None:
+    [failed] = [e for e in await _buggy_alarm_runs(pg_dsn, raw_sql=True)
+                if e.type == "alarm:failed"]
+    assert "belongs to the file engine" in failed.data["error"]
+
+
+# -- a raising alarm, on every engine ------------------------------------------------------
+
+
+class Failing(nj.DurableObject):
+    """Its alarm records (now, info) in ``ctx.env`` and raises on every run."""
+
+    namespace = "tests.test_alarms.Failing"
+
+    async def arm(self, when: float) -> None:
+        self.ctx.storage.set_alarm(when)
+
+    async def alarm_time(self) -> float | None:
+        return self.ctx.storage.get_alarm()
+
+    async def alarm(self, info: nj.AlarmInfo) -> None:
+        self.ctx.env.append((nj.now(), info))
+        raise ConnectionError(f"down {len(self.ctx.env)}")
+
+
+async def test_a_raising_alarm_is_retried_2_s_doubling_then_dropped_on_every_engine(
+    on_every_engine: str, autojump_clock: trio.testing.MockClock,
+) -> None:
+    runs: list[tuple[float, nj.AlarmInfo]] = []
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(engine.location, env=runs, stop_on=()) as rt:
+            with rt.events.subscribe() as events:
+                stub = rt.get(Failing, "f")
+                await stub.arm(EPOCH + 10)
+                await trio.sleep(300)
+                received = _drain(events)
+                assert await stub.alarm_time() is None
+    times = [10, 12, 16, 24, 40, 72, 136]
+    assert runs == [(EPOCH + t, nj.AlarmInfo(retry_count=n, is_retry=n > 0))
+                    for n, t in enumerate(times)]
+    [failed] = [e for e in received if e.type == "alarm:failed"]
+    assert (failed.namespace, failed.object_id, failed.time) == (Failing.namespace, "f",
+                                                                  EPOCH + 136)
+    assert failed.data["retries"] == 6 and "down 7" in failed.data["error"]

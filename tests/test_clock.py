@@ -13,6 +13,8 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
+from decimal import Decimal
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -340,3 +342,29 @@ def test_a_wall_clock_step_in_a_real_process() -> None:
     assert 0 <= ran["now"] - ran["due"] < 1.5
     # About 3 s after the start, not 8.
     assert 2.5 < ran["after"] < 6
+
+
+# -- nj.jitter -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args", [("5",), (None,), (True,), (Decimal(5),), (5, "0.5"), (5, None), (5, Decimal("0.5"))],
+    ids=["base str", "base None", "base bool", "base Decimal", "fraction str",
+         "fraction None", "fraction Decimal"],
+)
+def test_a_bad_jitter_argument_is_a_time_argument_error_naming_it(args: tuple[Any, ...]) -> None:
+    name = "base" if len(args) == 1 else "fraction"
+    with pytest.raises(nj.TimeArgumentError, match=f"jitter: {name} "):
+        nj.jitter(*args)
+
+
+@pytest.mark.parametrize("args", [(1e308, 10.0), (1.7e308, 1.0), (10**300, 10**300)])
+def test_jitter_past_the_largest_float_is_refused(args: tuple[Any, ...]) -> None:
+    with pytest.raises(nj.TimeArgumentError, match="past the largest float"):
+        nj.jitter(*args)
+
+
+def test_jitter_spreads_a_base_by_its_fraction() -> None:
+    values = [nj.jitter(10, 0.5) for _ in range(200)] + [nj.jitter(Fraction(10), 0.5)]
+    assert all(10.0 <= v <= 15.0 for v in values)
+    assert nj.jitter(7, 0) == 7.0 and nj.jitter(0) == 0.0

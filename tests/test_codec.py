@@ -240,6 +240,26 @@ async def test_datetimes_keep_offset_and_zone() -> None:
         assert (out.hour, out.minute, out.fold) == (value.hour, value.minute, value.fold)
 
 
+def test_an_uncached_zones_repeated_hour_keeps_its_instant_not_its_equality() -> None:
+    """A datetime decodes into ``ZoneInfo(key)``, the cached instance. One whose zone was
+    another instance (``ZoneInfo.no_cache``) keeps its key, wall time, fold and instant;
+    but in a repeated hour Python (PEP 495) makes every comparison of datetimes in two
+    different tzinfo objects unequal — even with a copy of itself — so equality there is
+    not what a round trip can give (README: payloads)."""
+    zone = ZoneInfo.no_cache("Europe/Berlin")
+    value = datetime(2024, 10, 27, 2, 30, fold=1, tzinfo=zone)
+    back = round_trip(value)
+    assert type(back) is datetime and back.tzinfo is ZoneInfo("Europe/Berlin")
+    assert (back.replace(tzinfo=None), back.fold) == (value.replace(tzinfo=None), 1)
+    assert back.timestamp() == value.timestamp() and back.utcoffset() == value.utcoffset()
+    # Python's rule, not the codec's: the same instant in another instance of the zone.
+    assert value != value.replace(tzinfo=ZoneInfo.no_cache("Europe/Berlin"))
+    assert back != value
+    # Outside a repeated hour it compares equal, as datetimes of two zones do.
+    later = value.replace(hour=5, fold=0)
+    assert round_trip(later) == later
+
+
 async def test_lone_surrogates_round_trip() -> None:
     check("a\ud800b")
     check({"\udfff": ["\ud83d", ("x\udc00",)]})

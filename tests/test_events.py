@@ -126,8 +126,19 @@ async def test_a_listener_that_fails_now_and_then_is_counted_not_disabled(
 
 async def test_remove_listener_of_an_unknown_listener_raises() -> None:
     bus = EventBus()
-    with pytest.raises(ValueError, match="not a listener"):
+    with pytest.raises(nj.RuntimeArgumentError, match="not a listener") as info:
         bus.remove_listener(print)
+    assert isinstance(info.value, ValueError)
+
+
+@pytest.mark.parametrize("bad", [5, None, "print"])
+async def test_add_listener_refuses_what_is_not_callable(bad: Any) -> None:
+    async with nj.open_runtime(stop_on=()) as rt:
+        with pytest.raises(nj.RuntimeArgumentError, match="add_listener") as info:
+            rt.events.add_listener(bad)
+        assert isinstance(info.value, TypeError)
+        rt.events.emit("test:one", "ns", "id")  # nothing was added that could fail
+        assert rt.events.listener_errors == 0
 
 
 class Host(nj.DurableObject):
@@ -289,3 +300,102 @@ async def test_control_characters_are_escaped_in_every_log_record(
     assert dead[0].data["id"] == f"job{FORGED}"
     (custom,) = [e for e in events if e.type == "test:custom"]
     assert (custom.object_id, custom.data) == (FORGED, {"text": FORGED})
+
+
+# -- one incident, one record ---------------------------------------------------------------
+
+
+class Crashy(nj.DurableObject):
+    """Starts a background task in its own nursery, or tracked alarm work, that crashes."""
+
+    namespace = "tests.test_events.Crashy"
+
+    def __init__(self, ctx: nj.ObjectContext) -> None:
+        super().__init__(ctx)
+        self.lifecycle = nj.Lifecycle.install(self)
+
+    async def start_crash(self) -> None:
+        async def crash() -> None:
+            await trio.sleep(1)
+            raise RuntimeError("background boom")
+
+        self.ctx.nursery.start_soon(crash)
+
+    async def push_work(self) -> None:
+        await self.lifecycle.jobs.push("work")
+
+    async def on_job(self, ctx: nj.JobContext) -> None:
+        async def work() -> None:
+            await trio.sleep(1)
+            raise RuntimeError("tracked boom")
+
+        self.lifecycle.track_alarm_work(work)
+
+
+def _drain(channel: trio.MemoryReceiveChannel[nj.Event]) -> list[nj.Event]:
+    out = []
+    while True:
+        try:
+            out.append(channel.receive_nowait())
+        except trio.WouldBlock:
+            return out
+
+
+@pytest.mark.parametrize(("start", "event", "boom"), [
+    ("start_crash", "object:error", "background boom"),
+    ("push_work", "alarm:tracked_work_failed", "tracked boom"),
+])
+async def test_a_crash_of_the_objects_own_task_is_one_error_record_naming_its_exception(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture,
+    start: str, event: str, boom: str,
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="nursery_jobs")
+    with trio.fail_after(HANG):
+        async with nj.open_runtime() as rt:
+            with rt.events.subscribe() as events:
+                await rt.get(Crashy, "c").call(start)
+                await trio.sleep(5)
+                [crashed] = [e for e in _drain(events) if e.type == event]
+    # The event's error is the task's own exception, not the nursery's group around it.
+    assert crashed.data["error"] == repr(RuntimeError(boom))
+    about_it = [r for r in caplog.records if r.name == "nursery_jobs" and any(
+        word in r.getMessage() for word in (boom, "crash", event))]
+    assert len(about_it) == 1, [r.getMessage() for r in about_it]
+    [record] = about_it
+    assert record.levelno == logging.ERROR and getattr(record, "nj_event", None) == event
+    assert record.exc_info is not None  # (the traceback rides on the one record)
+
+
+# -- a slow subscriber never blocks dispatch ----------------------------------------------
+
+
+class Ticker(nj.DurableObject):
+    namespace = "tests.test_events.Ticker"
+
+    async def arm(self, when: float) -> None:
+        self.ctx.storage.set_alarm(when)
+
+    async def alarm(self, info: nj.AlarmInfo) -> None:
+        self.ctx.env.append((self.ctx.id, nj.now()))
+        self.ctx.events.emit("test:tick", self.ctx.namespace, self.ctx.id, at=nj.now())
+
+
+async def test_a_subscriber_that_never_reads_never_delays_an_alarm_or_another_subscriber(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    runs: list[tuple[str, float]] = []
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(env=runs) as rt:
+            with rt.events.subscribe(max_buffer=2) as stuck, rt.events.subscribe() as reader:
+                for i in range(10):
+                    await rt.get(Ticker, f"t{i}").arm(EPOCH + 1 + i)
+                await trio.sleep(20)
+                # Every alarm ran at its exact time while the first buffer sat full.
+                assert runs == [(f"t{i}", EPOCH + 1 + i) for i in range(10)]
+                ticks = [e for e in _drain(reader) if e.type == "test:tick"]
+                assert [(e.namespace, e.object_id, e.time, e.data) for e in ticks] == [
+                    (Ticker.namespace, f"t{i}", EPOCH + 1 + i, {"at": EPOCH + 1 + i})
+                    for i in range(10)]
+                assert len(_drain(stuck)) == 2
+                assert rt.events.dropped > 0
+                assert rt.statistics().events_dropped == rt.events.dropped

@@ -333,8 +333,9 @@ async def test_a_requeue_refused_inside_the_group_keeps_its_dead_letter(
         async def requeue(o: Host) -> Any:
             return await o.lifecycle.requeue("X")
 
-        with pytest.raises(nj.JobOwnershipError, match="is queued again"):
+        with pytest.raises(nj.JobOwnershipError, match="is queued again") as info:
             await inside(obj, requeue)
+        assert (info.value.job_id, info.value.owner, info.value.holder) == ("X", "host", None)
         await trio.sleep(10)
         letters = await inside(obj,
             lambda o: trio_value([d.job.id for d in o.lifecycle.dead_letters()]))

@@ -412,6 +412,8 @@ async def test_cross_owner_push_raises_and_leaves_the_job_untouched(
             with pytest.raises(nj.JobOwnershipError, match="shared") as info:
                 await inside(obj, intrude)
             assert isinstance(info.value, ValueError)
+            assert (info.value.job_id, info.value.owner, info.value.holder) == (
+                "shared", other, holder)
 
             async def check(o: Host) -> None:
                 assert jobs_of(o, holder).get("shared") == original
@@ -1364,9 +1366,11 @@ async def test_invalid_push_raises_and_writes_nothing(
                     await obj.push("keep", id="keep", time=existing)
                 before = await obj.jobs()
                 with pytest.raises(nj.JobError) as info:
-                    fn, kwargs = BAD_PUSHES[case]()
+                    fn, kwargs = BAD_PUSHES[case]()  # (RetryOptions refuses at once)
                     await obj.push(fn, **{"id": "keep", "time": EPOCH + 5, **kwargs})
                 assert isinstance(info.value, ValueError)
+                if case.endswith(" id"):  # (the error carries the id it refused)
+                    assert info.value.job_id == BAD_PUSHES[case]()[1]["id"]
                 assert await obj.jobs() == before
                 assert alarm(rt) == (None if existing is None else 100)
             await trio.sleep(200)
@@ -1429,8 +1433,9 @@ async def test_invalid_reschedule_time_raises_and_changes_nothing(
         async with nj.open_runtime(engine.location, env=env) as rt:
             obj = rt.get(Host, "o")
             kept = await obj.push("f", id="j", time=EPOCH + 100)
-            with pytest.raises(nj.JobError):
+            with pytest.raises(nj.JobError) as info:
                 await obj.reschedule("j", when)
+            assert info.value.job_id == "j"
             assert await obj.jobs() == [kept]
             assert alarm(rt) == 100
 
@@ -1455,10 +1460,15 @@ async def test_storage_set_alarm_is_refused_on_a_lifecycle_object(
             await obj.push("f", id="j", time=EPOCH + 50)
 
             async def meddle(o: Host) -> None:
-                with pytest.raises(nj.AlarmOwnedError):
-                    o.ctx.storage.set_alarm(EPOCH + 5)
-                with pytest.raises(nj.AlarmOwnedError):
-                    o.ctx.storage.delete_alarm()
+                for refused in (lambda: o.ctx.storage.set_alarm(EPOCH + 5),
+                                o.ctx.storage.delete_alarm):
+                    with pytest.raises(nj.AlarmOwnedError) as info:
+                        refused()
+                    # The message names the object, the error carries it (DESIGN §7).
+                    assert f"the Lifecycle owns the alarm of {Host.namespace}/o" in str(
+                        info.value)
+                    assert (info.value.namespace, info.value.object_id,
+                            info.value.owner) == (Host.namespace, "o", "Lifecycle")
                 assert o.ctx.storage.get_alarm() == EPOCH + 50
 
             await inside(obj, meddle)

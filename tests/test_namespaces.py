@@ -92,3 +92,12 @@ def test_a_packages_main_names_the_same_objects_run_with_dash_m_by_path_or_impor
                        f" resolve_namespace as r; c = r({namespace!r}, {path!r});"
                        " print(c.namespace)")
     assert resolved == [namespace]
+
+
+@pytest.mark.parametrize("bad", ["", "a\x00b", "x\ud800"])
+def test_a_namespace_no_engine_can_store_is_refused_naming_it(bad: str) -> None:
+    import nursery_jobs as nj
+
+    with pytest.raises(nj.ObjectIdError, match=r"Bad\.namespace") as info:
+        type("Bad", (nj.DurableObject,), {"namespace": bad})
+    assert (info.value.namespace, info.value.object_id) == (bad, None)

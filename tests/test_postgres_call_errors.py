@@ -417,7 +417,8 @@ def _library_errors() -> list[Exception]:
     from nursery_jobs import _errors as e
 
     return [
-        e.NurseryJobsError("any"), e.ObjectIdError("bad id 'x'"), e.TimeArgumentError("delay=-1"),
+        e.NurseryJobsError("any"), e.ObjectIdError("bad id 'x'", object_id="x"),
+        e.ObjectIdError("namespace ''", namespace=""), e.TimeArgumentError("delay=-1"),
         e.StorageKeyError("key 3"), e.CodecError("payload[0]: no"),
         e.CallCodecError("ns/o.m(): args[0]: no", "ns/o.m()", "args[0]"),
         e.RuntimeLockedError("held"), e.RuntimeClosedError("closed"),
@@ -429,9 +430,12 @@ def _library_errors() -> list[Exception]:
         e.TurnError("no turn", object_label="ns/o"),
         e.ObjectFencedError("ns/o fenced", reason="lease not renewed"),
         e.RpcError("ns/o._private"), e.ObjectResetError("reset"),
-        e.AlarmOwnedError("owned"), e.JobError("bad job"), e.JobOwnershipError("owned job"),
+        e.AlarmOwnedError("owned", namespace="ns", object_id="o", owner="Lifecycle"),
+        e.JobError("bad job", job_id="j"),
+        e.JobOwnershipError("owned job", job_id="j", owner="queue", holder="host"),
         e.JobTimeoutError("job j after 5 s", job_id="j", timeout=5.0),
         e.CapabilityError("twice"), e.LifecycleArgumentError("lifecycle"), e.LimitError("limit"),
+        e.RuntimeArgumentError("max_active must be None or an int >= 1, got 0"),
         e.UnknownCallbackError("no callback"), e.DataDirectoryError("not one"),
         e.UnknownObjectError("ns/o"), e.ObjectInUseError("in use"),
         e.ObjectHeldError("ns", "o", "host-1", 3.0), e.HttpError(403, "writes are off"),

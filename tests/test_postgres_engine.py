@@ -8,18 +8,22 @@ import sys
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
+import trio.testing
 from pg_support import eventually, opened, sql
 
 psycopg = pytest.importorskip("psycopg")  # the postgres extra; CI installs it (dev)
 
 import nursery_jobs as nj
 from nursery_jobs._core._location import engine_for
+from nursery_jobs._engines._schema import SCHEMA_VERSION as OBJECT_SCHEMA_VERSION
 from nursery_jobs._engines.postgres import _ops as pg_ops
 from nursery_jobs._engines.postgres._engine import PostgresEngine
+from nursery_jobs._engines.postgres._schema import PG_SCHEMA_VERSION, key_digest
 from nursery_jobs._errors import EngineError, ObjectFencedError, ObjectLeasedElsewhere, StorageError
 from nursery_jobs._events import EventBus
 
@@ -111,21 +115,22 @@ def test_an_unreachable_server_is_a_storage_error_without_the_password() -> None
 
 
 def test_schema_is_created_and_a_newer_one_refused(pg_dsn: str) -> None:
+    current = [(PG_SCHEMA_VERSION, OBJECT_SCHEMA_VERSION)]
     with opened(pg_dsn):
         pass
-    assert sql(pg_dsn, "SELECT version, object_schema FROM nj_schema") == [(3, 4)]
+    assert sql(pg_dsn, "SELECT version, object_schema FROM nj_schema") == current
     with opened(pg_dsn):  # an existing schema of this version is fine
         pass
     sql(pg_dsn, "UPDATE nj_schema SET object_schema = 2")  # older objects: brought up
     with opened(pg_dsn):
         pass
-    assert sql(pg_dsn, "SELECT version, object_schema FROM nj_schema") == [(3, 4)]
+    assert sql(pg_dsn, "SELECT version, object_schema FROM nj_schema") == current
     # A version 2 database (no nj_calls.take_id) is brought up in place.
     sql(pg_dsn, "ALTER TABLE nj_calls DROP COLUMN take_id")
     sql(pg_dsn, "UPDATE nj_schema SET version = 2")
     with opened(pg_dsn):
         pass
-    assert sql(pg_dsn, "SELECT version, object_schema FROM nj_schema") == [(3, 4)]
+    assert sql(pg_dsn, "SELECT version, object_schema FROM nj_schema") == current
     assert sql(pg_dsn, "SELECT count(*) FROM information_schema.columns"
                        " WHERE table_name = 'nj_calls' AND column_name = 'take_id'") == [(1,)]
     sql(pg_dsn, "UPDATE nj_schema SET version = 99")
@@ -133,6 +138,125 @@ def test_schema_is_created_and_a_newer_one_refused(pg_dsn: str) -> None:
         PostgresEngine(pg_dsn).open(NOW)
     assert sql(pg_dsn, "SELECT version FROM nj_schema") == [(99,)]
     assert sql(pg_dsn, "SELECT count(*) FROM nj_hosts") == [(0,)]
+
+
+# -- version 4: objects and rows keyed by digests ------------------------------------------------
+# A database that nursery_jobs of schema version 3 made and wrote (tests/data/pg_v3/: its
+# schema, and the rows of two Keepers and a Plain object, dumped by make.py there).
+V3 = Path(__file__).with_name("data") / "pg_v3"
+V3_COLUMNS = {
+    "nj_namespaces": "namespace, class_path",
+    "nj_objects": "namespace, object_id, class_path, created_at, alarm_time, alarm_retry,"
+                  " epoch, version",
+    "nj_rows": "namespace, object_id, tbl, key, data",
+}
+# 1,024 distinct CJK characters: 3,072 bytes of UTF-8, past a btree entry's 2,704.
+LONG_ID = "".join(chr(0x4E00 + (i * 7919) % 20000) for i in range(1024))
+
+
+class Keeper(nj.DurableObject):
+    namespace = "tests.pg_v3.Keeper"
+
+    def __init__(self, ctx: nj.ObjectContext) -> None:
+        super().__init__(ctx)
+        self.lifecycle = nj.Lifecycle.install(self)
+
+    async def add(self, by: int) -> int:
+        n = int(self.ctx.storage.get("n", 0)) + by
+        self.ctx.storage.put("n", n)
+        return n
+
+    async def read(self, key: str) -> Any:
+        return self.ctx.storage.get(key)
+
+    async def letters(self) -> list[str]:
+        return [letter.job.id for letter in self.lifecycle.dead_letters()]
+
+    async def push(self, fn: str, id: str, delay: float) -> None:
+        await self.lifecycle.jobs.push(fn, id=id, delay=delay)
+
+    async def on_job(self, ctx: nj.JobContext) -> None:
+        self.ctx.storage.put("ran", ctx.job.id)
+
+
+class Plain(nj.DurableObject):
+    namespace = "tests.pg_v3.Plain"
+
+    async def read(self, key: str) -> Any:
+        return self.ctx.storage.get(key)
+
+    async def alarm(self, info: nj.AlarmInfo) -> None:
+        self.ctx.storage.put("alarmed", nj.now())
+
+
+def load_version_3(dsn: str) -> None:
+    rows = json.loads((V3 / "rows.json").read_text())
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute((V3 / "schema.sql").read_text())
+        for table, records in rows.items():
+            columns = V3_COLUMNS[table]
+            marks = ", ".join(["%s"] * len(columns.split(",")))
+            with conn.cursor() as cur:
+                cur.executemany(f"INSERT INTO {table} ({columns}) VALUES ({marks})", records)
+
+
+def primary_keys(dsn: str) -> dict[str, list[str]]:
+    return dict(sql(dsn, "SELECT c.conrelid::regclass::text, array_agg(a.attname::text"
+                         " ORDER BY k.n) FROM pg_constraint c"
+                         " CROSS JOIN LATERAL unnest(c.conkey) WITH ORDINALITY AS k(attnum, n)"
+                         " JOIN pg_attribute a ON a.attrelid = c.conrelid"
+                         " AND a.attnum = k.attnum WHERE c.contype = 'p'"
+                         " AND c.conrelid::regclass::text IN ('nj_objects', 'nj_rows',"
+                         " 'nj_crashes') GROUP BY 1"))
+
+
+async def test_a_version_3_database_is_keyed_by_digests_in_place_and_keeps_its_objects(
+    pg_dsn: str, autojump_clock: trio.testing.MockClock,
+) -> None:
+    load_version_3(pg_dsn)
+    sql(pg_dsn, "INSERT INTO nj_crashes VALUES ('tests.pg_v3.Keeper', 'gone', 't', 1.0)")
+    assert sql(pg_dsn, "SELECT version FROM nj_schema") == [(3,)]
+    assert primary_keys(pg_dsn)["nj_rows"] == ["namespace", "object_id", "tbl", "key"]
+    with trio.fail_after(100_000):
+        async with nj.open_runtime(pg_dsn, stop_on=()) as rt:
+            assert sql(pg_dsn, "SELECT version, object_schema FROM nj_schema") == [
+                (PG_SCHEMA_VERSION, OBJECT_SCHEMA_VERSION)]
+            # Every object kept its state, its jobs, its dead letters and its alarm.
+            keeper = rt.get(Keeper, "k-1")
+            assert await keeper.add(1) == 42
+            assert await keeper.letters() == ["bad"]
+            assert await rt.get(Keeper, "ключ ✓").add(1) == 8
+            await trio.sleep(1001)  # (EPOCH + 1000: the Keeper's job; + 500: the alarm)
+            assert await keeper.read("ran") == "later"
+            assert await rt.get(Plain, "p").read("alarmed") == 1_800_000_500.0
+            # What version 3 refused: an id of 1,024 characters and 3,072 bytes, and a
+            # job id alike.
+            long = rt.get(Keeper, LONG_ID)
+            assert await long.add(1) == 1
+            await long.push("long", LONG_ID, 0)
+            await trio.sleep(1)
+            assert await long.read("ran") == LONG_ID
+    assert primary_keys(pg_dsn) == {"nj_objects": ["okey"], "nj_rows": ["okey", "rkey"],
+                                    "nj_crashes": ["okey", "token"]}
+    # Each key is the digest of its texts (the server's nj_key, and key_digest here).
+    assert sql(pg_dsn, "SELECT count(*) FROM nj_rows WHERE okey <> nj_key(namespace,"
+                       " object_id) OR rkey <> nj_key(tbl, key)") == [(0,)]
+    assert [bytes(k) for (k,) in sql(pg_dsn, "SELECT okey FROM nj_crashes")] == [
+        key_digest("tests.pg_v3.Keeper", "gone")]
+    with opened(pg_dsn):  # opened again: nothing more to do
+        pass
+    assert sql(pg_dsn, "SELECT version FROM nj_schema") == [(PG_SCHEMA_VERSION,)]
+
+
+def test_the_operator_faces_refuse_a_version_3_database_they_cannot_read(
+    pg_dsn: str, capsys: pytest.CaptureFixture[str],
+) -> None:
+    from nursery_jobs import cli
+
+    load_version_3(pg_dsn)
+    assert cli.main(["inspect", pg_dsn]) == 2
+    assert "schema version 3, older than this nursery_jobs reads" in capsys.readouterr().err
+    assert sql(pg_dsn, "SELECT version FROM nj_schema") == [(3,)]  # untouched
 
 
 async def test_the_working_copy_ships_commits_and_reloads(pg_dsn: str) -> None:

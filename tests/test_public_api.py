@@ -44,6 +44,7 @@ EXPECTED = [
     "RetryOptions",
     "RpcError",
     "Runtime",
+    "RuntimeArgumentError",
     "RuntimeClosedError",
     "RuntimeLockedError",
     "RuntimeStatistics",

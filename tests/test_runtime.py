@@ -15,7 +15,7 @@ import attrs
 import pytest
 import trio
 import trio.testing
-from conftest import EPOCH
+from conftest import EPOCH, engine
 
 import nursery_jobs as nj
 
@@ -176,12 +176,74 @@ async def test_rpc_errors() -> None:
         assert await stub.memory() == 0
 
 
+class WithProperty(nj.DurableObject):
+    namespace = "tests.test_runtime.WithProperty"
+
+    @property
+    def count(self) -> int:
+        # A property's getter is the object's code: reading storage here needs a turn.
+        return int(self.ctx.storage.get("n", 0))
+
+    @property
+    def broken(self) -> int:
+        raise KeyError("not a method")
+
+    @classmethod
+    def kind(cls) -> str:
+        return cls.__name__
+
+    @staticmethod
+    def helper() -> int:
+        return 1
+
+
+async def test_a_stub_call_to_a_property_raises_rpc_error_without_running_it() -> None:
+    async with nj.open_runtime() as rt:
+        stub = rt.get(WithProperty, "p")
+        for name in ("count", "broken", "helper"):
+            with pytest.raises(nj.RpcError, match=f"WithProperty/p.{name} is not a method"):
+                await stub.call(name)
+        # A classmethod stays callable, as it always was.
+        assert await stub.kind() == "WithProperty"
+
+
 async def test_get_refuses_non_durable_object_classes() -> None:
     async with nj.open_runtime() as rt:
-        with pytest.raises(TypeError):
-            rt.get(object, "x")  # type: ignore[arg-type]
-        with pytest.raises(TypeError):
-            rt.get(Counter(None), "x")  # type: ignore[arg-type, arg-type]
+        for bad in (object, int, Counter(None)):  # type: ignore[arg-type]
+            with pytest.raises(nj.RuntimeArgumentError, match="DurableObject subclass") as info:
+                rt.get(bad, "x")  # type: ignore[arg-type]
+            assert isinstance(info.value, TypeError)
+
+
+OPEN_RUNTIME_BAD_OPTIONS: dict[str, dict[str, Any]] = {
+    "idle_timeout -5": {"idle_timeout": -5},
+    "dormant_after 0": {"dormant_after": 0},
+    "max_active 0": {"max_active": 0},
+    "turn_warning -1": {"turn_warning": -1},
+    "durability 'fast'": {"durability": "fast"},
+    "durability a list": {"durability": ["full"]},
+    "memory_limit -1": {"memory_limit": -1},
+    "memory_probe 5": {"memory_probe": 5},
+    "stop_on a str": {"stop_on": ("SIGTERM",)},
+    "stop_on SIGKILL": {"stop_on": (9,)},
+    "http a str": {"http": "127.0.0.1:8000"},
+    "http_writes 'yes'": {"http": ("127.0.0.1", 0), "http_writes": "yes"},
+    "client_only 'yes'": {"client_only": "yes"},
+    "lease_ttl for memory": {"lease_ttl": 5},
+}
+
+
+@pytest.mark.parametrize("case", sorted(OPEN_RUNTIME_BAD_OPTIONS))
+async def test_a_bad_open_runtime_option_is_a_runtime_argument_error_naming_it(
+    case: str,
+) -> None:
+    option = OPEN_RUNTIME_BAD_OPTIONS[case]
+    name = list(option)[-1]
+    with pytest.raises(nj.RuntimeArgumentError, match=name) as info:
+        async with nj.open_runtime(**{"stop_on": (), **option}):
+            pass
+    # Also the ValueError and TypeError such checks raised before (DESIGN §7).
+    assert isinstance(info.value, ValueError) and isinstance(info.value, TypeError)
 
 
 # -- activation and eviction ------------------------------------------------------------
@@ -378,6 +440,8 @@ async def test_bad_object_ids() -> None:
                 rt.get(Counter, bad)  # type: ignore[arg-type]
             assert isinstance(info.value, ValueError)
             assert isinstance(info.value, nj.NurseryJobsError)
+            # The error carries the id it refused (STYLE 23).
+            assert info.value.object_id == bad and info.value.namespace is None
         assert await rt.get(Counter, "x" * 1024).increment() == 1
 
 
@@ -446,9 +510,35 @@ async def test_an_object_id_with_a_nul_is_refused_on_every_engine(
     """PostgreSQL text cannot hold a NUL: refused on every engine alike (the same code
     must run on PostgreSQL), with nothing created."""
     async with nj.open_runtime(tmp_path / "data", env=Env()) as rt:
-        with pytest.raises(nj.ObjectIdError, match="NUL"):
+        with pytest.raises(nj.ObjectIdError, match="NUL") as info:
             rt.get(Counter, object_id)
+        assert info.value.object_id == object_id
     assert list((tmp_path / "data" / "objects").iterdir()) == []
+
+
+class LongIdCounter(nj.DurableObject):
+    namespace = "tests.test_runtime.LongIdCounter"
+
+    async def increment(self) -> int:
+        n = int(self.ctx.storage.get("n", 0)) + 1
+        self.ctx.storage.put("n", n)
+        return n
+
+
+# 1024 distinct CJK characters: 3,072 bytes of UTF-8 that do not compress.
+LONG_CJK_ID = "".join(chr(0x4E00 + (i * 7919) % 20000) for i in range(1024))
+
+
+async def test_an_object_id_of_1024_characters_works_on_every_engine(
+    on_every_engine: str,
+) -> None:
+    # (PostgreSQL keys objects and rows by digests of their texts: a btree entry holds
+    # at most 2,704 bytes, and this id is 3,072.)
+    assert len(LONG_CJK_ID) == 1024
+    async with nj.open_runtime(engine.location, stop_on=()) as rt:
+        stub = rt.get(LongIdCounter, LONG_CJK_ID)
+        assert await stub.increment() == 1
+        assert await stub.increment() == 2
 
 
 class OtherCounter(Counter):

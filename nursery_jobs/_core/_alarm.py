@@ -19,7 +19,12 @@ import trio
 
 from nursery_jobs import _clock
 from nursery_jobs._core._left import Left
-from nursery_jobs._errors import StorageError, safe_repr
+from nursery_jobs._errors import (
+    DataDirectoryAccessError,
+    StorageError,
+    StorageFaultError,
+    safe_repr,
+)
 from nursery_jobs._policy import ACTIVATION_RETRY, DURABLE_OBJECT_RETRY
 
 if TYPE_CHECKING:
@@ -39,6 +44,9 @@ AlarmHandler = Callable[["AlarmInfo"], Awaitable[None]]
 
 # Due alarms fetched per timer pass, beyond those already in flight.
 _TIMER_BATCH: Final = 256
+# What a failed alarm run may raise that is a fault of the platform — the file, the
+# disk, the data directory — rather than of the object's code.
+_PLATFORM_FAULTS: Final = (StorageFaultError, DataDirectoryAccessError)
 
 
 class JobPermits(Protocol):
@@ -189,9 +197,11 @@ class ObjectAlarm:
     def failed(self, failure: BaseException, retry: int) -> None:
         """A run of this alarm failed: re-time it by the policy, or drop it."""
         label = f"{self.namespace}/{self.object_id}"
-        # nj-faults hook: a storage fault (disk full, a damaged or locked file) is the
-        # platform's, not the object's: retried with backoff for good, never dropped.
-        policy = ACTIVATION_RETRY if isinstance(failure, StorageError) else self.policy
+        # nj-faults hook: a storage fault (disk full, a damaged or locked file, a data
+        # directory that cannot be written) is the platform's, not the object's: retried
+        # with backoff for good, never dropped. Any other StorageError is the code's own
+        # (a TurnError, raw SQL under PostgreSQL): it follows the object's policy.
+        policy = ACTIVATION_RETRY if isinstance(failure, _PLATFORM_FAULTS) else self.policy
         delay = policy.delay(retry)
         if delay is None:
             self._events.emit(

@@ -46,6 +46,7 @@ from nursery_jobs._errors import (
     StorageFaultError,
     UnknownObjectError,
     safe_repr,
+    sole_leaf,
 )
 from nursery_jobs._events import EventBus
 from nursery_jobs._policy import LOCKED_RETRY, Backoff
@@ -297,9 +298,12 @@ class ObjectHost:
                 self.error = exc  # (see the finally clause)
                 raise
             # A task the object started in its nursery crashed: the object is reset.
-            logger.exception("object %s crashed", self.label)
-            site.events.emit("object:error", self.namespace, self.object_id,
-                             error=safe_repr(exc))
+            # One incident, one record (the event's, with the traceback); its error is
+            # the task's own exception, not the nursery's group around it.
+            crash = safe_repr(sole_leaf(exc))
+            site.events.emit("object:error", self.namespace, self.object_id, error=crash,
+                             _log=(logging.ERROR, "object %s crashed: %s", (self.label, crash)),
+                             _exc_info=exc)
         finally:
             self.turns.drop(self._startup_ticket)  # (it never started: open_object failed)
             if start_error is not None:
@@ -606,10 +610,12 @@ class ObjectHost:
             raise RpcError(f"{label}: names starting with '_' cannot be called through a stub")
         if name in self.cls._rpc_hidden:
             raise RpcError(f"{label}: {name}() is a runtime hook, not callable through a stub")
-        fn = getattr(self.instance, name, None)
-        if not inspect.ismethod(fn):
+        # Looked up on the class, unbound: a property's getter (any descriptor's) is the
+        # object's code, which runs in a turn, never here to find out what the name is.
+        found = inspect.getattr_static(self.cls, name, None)
+        if not (inspect.isfunction(found) or isinstance(found, classmethod)):
             raise RpcError(f"{label} is not a method of {self.cls.__qualname__}")
-        return fn
+        return found.__get__(self.instance, self.cls)
 
     async def call(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], *,
                    ticket: Ticket | None = None) -> Any:
@@ -780,8 +786,8 @@ class ObjectHost:
         assert self.alarm is not None
         if self.alarm.owner is not None:
             raise AlarmOwnedError(
-                f"the alarm of {self.label} is already claimed by the {self.alarm.owner}"
-            )
+                f"the alarm of {self.label} is already claimed by the {self.alarm.owner}",
+                namespace=self.namespace, object_id=self.object_id, owner=self.alarm.owner)
         self.alarm.owner = owner
         self.alarm.handler = handler
         self.alarm.policy = policy

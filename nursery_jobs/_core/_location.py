@@ -12,7 +12,7 @@ from nursery_jobs._engines.base import Engine
 from nursery_jobs._engines.files._engine import FilesEngine
 from nursery_jobs._engines.memory import MemoryEngine
 from nursery_jobs._engines.shared._engine import SharedEngine
-from nursery_jobs._errors import EngineError
+from nursery_jobs._errors import EngineError, RuntimeArgumentError
 
 
 def engine_for(
@@ -27,7 +27,7 @@ def engine_for(
         isinstance(location, str) and location.partition("://")[0].lower()
         in ("postgresql", "postgres")
     ):
-        raise ValueError(
+        raise RuntimeArgumentError(
             f"{', '.join(sorted(cluster))} apply to a postgresql:// address only, not to"
             f" {location!r}"
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import sys
@@ -62,7 +63,8 @@ class DurableObject:
             cls.namespace = f"{module_of(cls)}.{cls.__qualname__}"
         # Every row of its objects holds it (a module named from undecodable bytes can
         # put a lone surrogate in the default, too).
-        check_name(cls.namespace, f"{cls.__qualname__}.namespace", ObjectIdError)
+        check_name(cls.namespace, f"{cls.__qualname__}.namespace",
+                   functools.partial(ObjectIdError, namespace=cls.namespace))
         _REGISTRY[cls.namespace] = cls
 
     def __init__(self, ctx: ObjectContext) -> None:

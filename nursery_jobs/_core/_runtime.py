@@ -54,6 +54,7 @@ from nursery_jobs._errors import (
     ObjectMoved,
     ObjectResetError,
     RpcError,
+    RuntimeArgumentError,
     RuntimeClosedError,
     lone_interrupt,
     safe_repr,
@@ -301,7 +302,7 @@ class Runtime:
         """Return a stub for object ``object_id`` of class ``cls``. No I/O; does not
         checkpoint."""
         if not (isinstance(cls, type) and issubclass(cls, DurableObject)):
-            raise TypeError(f"get() needs a DurableObject subclass, got {cls!r}")
+            raise RuntimeArgumentError(f"get() needs a DurableObject subclass, got {cls!r}")
         # (tracing) with tracing on, stubs whose calls make spans
         stub = Stub if self.tracing is None else TracedStub
         return stub(self, cls, check_object_id(object_id), _token=_STUB_TOKEN)
@@ -738,39 +739,40 @@ async def open_runtime(
     # math.isfinite raised OverflowError.)
     if (isinstance(turn_warning, bool) or not isinstance(turn_warning, (int, float))
             or not (is_finite(turn_warning) or turn_warning == math.inf) or turn_warning <= 0):
-        raise ValueError(
+        raise RuntimeArgumentError(
             f"turn_warning must be a number of seconds > 0 (inf: never warn), got"
             f" {turn_warning!r}")
     if memory_limit is not None and (
         isinstance(memory_limit, bool) or not isinstance(memory_limit, (int, float))
         or not (memory_limit > 0 and is_finite(memory_limit))
     ):
-        raise ValueError(
+        raise RuntimeArgumentError(
             f"memory_limit must be a finite number of bytes > 0, got {memory_limit!r}")
     if memory_probe is not None and not callable(memory_probe):
-        raise TypeError(f"memory_probe must be a callable returning bytes, got {memory_probe!r}")
+        raise RuntimeArgumentError(
+            f"memory_probe must be a callable returning bytes, got {memory_probe!r}")
     if not isinstance(idle_timeout, (int, float)) or isinstance(idle_timeout, bool) or not (
         idle_timeout > 0 and is_finite(idle_timeout)
     ):
-        raise ValueError(
+        raise RuntimeArgumentError(
             f"idle_timeout must be a finite number of seconds > 0, got {idle_timeout!r}"
         )
     if dormant_after is not None and (
         not isinstance(dormant_after, (int, float)) or isinstance(dormant_after, bool)
         or not (dormant_after > 0 and is_finite(dormant_after))
     ):
-        raise ValueError(
+        raise RuntimeArgumentError(
             f"dormant_after must be None or a finite number of seconds > 0, got"
             f" {dormant_after!r}"
         )
     if max_active is not None and (
         not isinstance(max_active, int) or isinstance(max_active, bool) or max_active < 1
     ):
-        raise ValueError(f"max_active must be None or an int >= 1, got {max_active!r}")
-    if durability not in _SYNCHRONOUS:
-        raise ValueError(f"durability must be 'normal' or 'full', got {durability!r}")
+        raise RuntimeArgumentError(f"max_active must be None or an int >= 1, got {max_active!r}")
+    if not isinstance(durability, str) or durability not in _SYNCHRONOUS:
+        raise RuntimeArgumentError(f"durability must be 'normal' or 'full', got {durability!r}")
     if not isinstance(client_only, bool):
-        raise TypeError(f"client_only must be a bool, got {client_only!r}")
+        raise RuntimeArgumentError(f"client_only must be a bool, got {client_only!r}")
     if client_only and not _is_postgres(path):
         raise EngineError(
             f"client_only=True needs a postgresql:// address (a client forwards every call"

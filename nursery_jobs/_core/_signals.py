@@ -26,20 +26,23 @@ from typing import Any
 
 import trio
 
+from nursery_jobs._errors import RuntimeArgumentError
 from nursery_jobs._events import EventBus
 
 
 def check_stop_on(stop_on: object) -> tuple[signal.Signals, ...]:
-    """The signals ``open_runtime(stop_on=...)`` names. Raises ValueError naming the
-    argument for anything but an iterable of valid signal numbers."""
+    """The signals ``open_runtime(stop_on=...)`` names. Raises RuntimeArgumentError (a
+    ValueError) naming the argument for anything but an iterable of valid signal
+    numbers."""
     if isinstance(stop_on, (str, bytes)) or not isinstance(stop_on, Iterable):
-        raise ValueError(f"stop_on must be a tuple of signals, got {stop_on!r}")
+        raise RuntimeArgumentError(f"stop_on must be a tuple of signals, got {stop_on!r}")
     signals = []
     for sig in stop_on:
         if isinstance(sig, bool) or not isinstance(sig, int) or sig not in signal.valid_signals():
-            raise ValueError(f"stop_on: {sig!r} is not a signal (e.g. signal.SIGTERM)")
+            raise RuntimeArgumentError(
+                f"stop_on: {sig!r} is not a signal (e.g. signal.SIGTERM)")
         if sig in (signal.SIGKILL, signal.SIGSTOP):
-            raise ValueError(f"stop_on: {signal.Signals(sig).name} cannot be caught")
+            raise RuntimeArgumentError(f"stop_on: {signal.Signals(sig).name} cannot be caught")
         signals.append(signal.Signals(sig))
     return tuple(signals)
 

@@ -203,20 +203,22 @@ class Storage:
         """Set (replace) the object's one alarm; durable when it returns."""
         self._tx.check_write()
         if self._alarm.owner is not None:
-            raise AlarmOwnedError(
-                f"the {self._alarm.owner} owns this object's alarm; push a job instead of "
-                "calling storage.set_alarm()"
-            )
+            raise self._owned("push a job instead of calling storage.set_alarm()")
         self._alarm.set(coerce_time(time))
 
     def delete_alarm(self) -> None:
         """Cancel the object's alarm."""
         self._tx.check_write()
         if self._alarm.owner is not None:
-            raise AlarmOwnedError(
-                f"the {self._alarm.owner} owns this object's alarm; cancel its jobs instead"
-            )
+            raise self._owned("cancel its jobs instead of calling storage.delete_alarm()")
         self._alarm.delete()
+
+    def _owned(self, instead: str) -> AlarmOwnedError:
+        alarm = self._alarm
+        return AlarmOwnedError(
+            f"the {alarm.owner} owns the alarm of {alarm.namespace}/{alarm.object_id};"
+            f" {instead}", namespace=alarm.namespace, object_id=alarm.object_id,
+            owner=alarm.owner)
 
 
 class ObjectConnection:

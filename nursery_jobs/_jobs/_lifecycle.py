@@ -21,6 +21,7 @@ from nursery_jobs._errors import (
     DamagedJobError,
     LifecycleArgumentError,
     safe_repr,
+    sole_leaf,
 )
 from nursery_jobs._jobs._alarm_run import (
     AlarmRun,
@@ -326,9 +327,11 @@ class Lifecycle:
                     async with self._last_turn("tracked work out of memory"):
                         await self.memory_error(job, exc)
                 except Exception as exc:
-                    logger.exception("tracked work %r of %s failed", fn, self.label)
+                    error = safe_repr(sole_leaf(exc))
                     self.emit("alarm:tracked_work_failed", job=None if job is None else job.id,
-                              error=safe_repr(exc))
+                              error=error, _exc_info=exc,
+                              _log=(logging.ERROR, "tracked work %s of %s failed: %s",
+                                    (safe_repr(fn), self.label, error)))
         finally:
             if job is not None:
                 key = (job.owner, job.id)

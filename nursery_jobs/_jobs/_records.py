@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import enum
+import functools
 import itertools
 import math
 import uuid
@@ -182,10 +183,12 @@ def completion_of(
 def check_job_id(job_id: object, *, name: str = "id") -> str:
     if job_id.__class__ is not str or not job_id.isascii() or "\x00" in job_id or len(
             job_id) > MAX_JOB_ID_LENGTH:  # (the usual id, ASCII and short: one test each)
-        check_name(job_id, f"job {name}", JobError, max_length=MAX_JOB_ID_LENGTH)
+        check_name(job_id, f"job {name}", functools.partial(JobError, job_id=job_id),
+                   max_length=MAX_JOB_ID_LENGTH)
     assert isinstance(job_id, str)
     if not job_id.strip():
-        raise JobError(f"job {name} must be a non-blank string, got {job_id!r}")
+        raise JobError(f"job {name} must be a non-blank string, got {job_id!r}",
+                       job_id=job_id)
     return job_id
 
 
@@ -265,7 +268,8 @@ def coerce_outcome(outcome: object) -> JobOutcome:
 def ownership_error(owner: str, holder: str, job_id: str) -> JobOwnershipError:
     return JobOwnershipError(
         f"job id {job_id!r} already belongs to {holder!r}; {owner!r} cannot push, replace"
-        " or cancel it (job ids are scoped to their owner)"
+        " or cancel it (job ids are scoped to their owner)",
+        job_id=job_id, owner=owner, holder=holder,
     )
 
 

@@ -450,15 +450,14 @@ class JobStore:
             if letter.reason == "damaged":
                 raise JobError(
                     f"cannot requeue {job_id!r}: its stored row did not read back (its payload"
-                    " is lost: see the letter's error); push the job again, or discard it"
-                )
+                    " is lost: see the letter's error); push the job again, or discard it",
+                    job_id=job_id)
             holder = self.table.owner_of(job_id)
             if holder == owner:
                 raise JobOwnershipError(
                     f"cannot requeue {job_id!r}: a job of that id is queued again (pushed"
                     " since it became a dead letter); requeue it once that one has run, or"
-                    " cancel that one first"
-                )
+                    " cancel that one first", job_id=job_id, owner=owner)
             if holder is not None:
                 raise ownership_error(owner, holder, job_id)
             self.table.unbury(owner, job_id)

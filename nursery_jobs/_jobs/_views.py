@@ -136,7 +136,7 @@ class Jobs:
         try:
             when = _clock.coerce_time(time, name=f"reschedule {job_id!r}: time")
         except (TypeError, ValueError) as exc:
-            raise JobError(str(exc)) from None
+            raise JobError(str(exc), job_id=job_id) from None
         await self._checkpoint()
         moved = self._store.reschedule(self.owner, job_id, when)
         await self._store.durable()

@@ -36,7 +36,7 @@ import attrs
 import trio
 
 from nursery_jobs._engines.postgres import _ops as pg_ops
-from nursery_jobs._engines.postgres._schema import TABLES_BY_NAME, check_version
+from nursery_jobs._engines.postgres._schema import TABLES_BY_NAME, check_version, key_digest
 from nursery_jobs._errors import DataDirectoryError, StorageError
 from nursery_jobs._jobs._table import PAUSED_ALL, PAUSED_PREFIX
 from nursery_jobs._ops._inspect import (
@@ -168,9 +168,8 @@ def _rows_of(table: str, only: list[Key] | None) -> tuple[str, list[Any]]:
     # on a row changed outside nursery_jobs, is pushed below the join that keeps only
     # the objects asked for.)
     return ("(SELECT n.namespace, n.object_id, n.key, n.data FROM nj_rows n"
-            " JOIN unnest(%s::text[], %s::text[]) AS k(ns, oid)"
-            " ON n.namespace = k.ns AND n.object_id = k.oid WHERE n.tbl = %s OFFSET 0) r",
-            [[key[0] for key in only], [key[1] for key in only], table])
+            " JOIN unnest(%s::bytea[]) AS k(okey) ON n.okey = k.okey WHERE n.tbl = %s"
+            " OFFSET 0) r", [[key_digest(*key) for key in only], table])
 
 
 class PgReader(StoredRows, _ObjectReader):
@@ -209,7 +208,7 @@ class PgReader(StoredRows, _ObjectReader):
         if row is None:
             raise DataDirectoryError(
                 f"{self._label} is not a nursery_jobs database (no nj_schema row)")
-        check_version(self._label, int(row[0]), int(row[1]))
+        check_version(self._label, int(row[0]), int(row[1]), reader=True)
 
     # -- the registry, alarms and leases ----------------------------------------------------
     def _row(self, found: tuple[Any, ...]) -> ObjectRow:
@@ -257,8 +256,8 @@ class PgReader(StoredRows, _ObjectReader):
         known = self._rows.get((namespace, object_id))
         if known is not None:
             return known  # (read in this snapshot already)
-        found = self._pg.execute(f"{_ROW_SQL} WHERE namespace = %s AND object_id = %s",
-                                 (namespace, object_id)).fetchone()
+        found = self._pg.execute(f"{_ROW_SQL} WHERE okey = %s",
+                                 (key_digest(namespace, object_id),)).fetchone()
         return None if found is None else self._row(found)
 
     def lease(self, namespace: str, object_id: str) -> LeaseInfo | None:
@@ -426,8 +425,8 @@ class PgReader(StoredRows, _ObjectReader):
     # -- an object's rows --------------------------------------------------------------------
     def _stored_rows(self, row: ObjectRow) -> list[tuple[str, str, str]]:
         return self._pg.execute(  # type: ignore[no-any-return]
-            "SELECT tbl, key, data FROM nj_rows WHERE namespace = %s AND object_id = %s",
-            (row.namespace, row.id),
+            "SELECT tbl, key, data FROM nj_rows WHERE okey = %s",
+            (key_digest(row.namespace, row.id),),
         ).fetchall()
 
     def _running_id(self, row: ObjectRow) -> str | None:

@@ -35,6 +35,7 @@ from nursery_jobs._errors import (
     ObjectInUseError,
     ObjectLeasedElsewhere,
     ObjectResetError,
+    RuntimeArgumentError,
     RuntimeClosedError,
     StorageError,
     UnknownObjectError,
@@ -448,7 +449,7 @@ def _check_address(address: object) -> tuple[str, int]:
     if (not isinstance(address, tuple) or len(address) != 2
             or not isinstance(address[0], str) or isinstance(address[1], bool)
             or not isinstance(address[1], int) or not 0 <= address[1] <= 65535):
-        raise TypeError(f"http must be a (host, port) tuple, e.g. ('127.0.0.1', 8321);"
+        raise RuntimeArgumentError(f"http must be a (host, port) tuple, e.g. ('127.0.0.1', 8321);"
                         f" got {address!r}")
     return address[0], address[1]
 
@@ -466,7 +467,7 @@ async def start_http(rt: Runtime, nursery: trio.Nursery, address: object, *,
 
     host, port = _check_address(address)
     if not isinstance(writes, bool):
-        raise TypeError(f"http_writes must be a bool, got {writes!r}")
+        raise RuntimeArgumentError(f"http_writes must be a bool, got {writes!r}")
     # (The shared layout: an active object read from its working copy, the others from
     # their stored rows; see ``_inspect_shared``.)
     source = runtime_source(rt)

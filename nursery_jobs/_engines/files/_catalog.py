@@ -8,6 +8,7 @@ never a reason to start the object empty.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import sqlite3
@@ -53,8 +54,11 @@ CREATE TABLE IF NOT EXISTS nj_crashes (
 
 
 def check_object_id(object_id: object) -> str:
-    """Return ``object_id`` if it is a valid object id, else raise ``ObjectIdError``."""
-    return check_name(object_id, "object id", ObjectIdError, max_length=MAX_OBJECT_ID_LENGTH)
+    """Return ``object_id`` if it is a valid object id, else raise ``ObjectIdError``
+    (its ``object_id`` the id given)."""
+    return check_name(object_id, "object id",
+                      functools.partial(ObjectIdError, object_id=object_id),
+                      max_length=MAX_OBJECT_ID_LENGTH)
 
 
 def object_file_name(namespace: str, object_id: str) -> str:

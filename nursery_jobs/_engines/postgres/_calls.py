@@ -41,6 +41,7 @@ import trio
 from nursery_jobs._call_codec import decode_call, encode_call, encode_result
 from nursery_jobs._codec import decode_payload
 from nursery_jobs._engines.postgres._call_errors import dump_error, load_error
+from nursery_jobs._engines.postgres._schema import key_digest
 from nursery_jobs._errors import (
     NurseryJobsError,
     ObjectLeasedElsewhere,
@@ -160,8 +161,8 @@ def _check(conn: Conn, call_id: int, namespace: str, object_id: str,
            target: str) -> tuple[str | None, bool]:
     row = conn.execute("SELECT state FROM nj_calls WHERE id = %s", (call_id,)).fetchone()
     (alive,) = conn.execute(
-        "SELECT count(*) FROM nj_objects WHERE namespace = %s AND object_id = %s"
-        " AND owner = %s AND lease_until >= now()", (namespace, object_id, target),
+        "SELECT count(*) FROM nj_objects WHERE okey = %s"
+        " AND owner = %s AND lease_until >= now()", (key_digest(namespace, object_id), target),
     ).fetchone()
     return (None if row is None else str(row[0])), bool(alive)
 

@@ -52,6 +52,7 @@ from nursery_jobs._engines.postgres._statements import LOCK_TIMEOUT_SHARE, State
 from nursery_jobs._errors import (
     ObjectLeasedElsewhere,
     RpcError,
+    RuntimeArgumentError,
     StorageError,
     UnknownObjectError,
     safe_repr,
@@ -106,28 +107,28 @@ class PostgresEngine:
         synchronous: str = "NORMAL", client_only: bool = False,
     ) -> None:
         if not isinstance(dsn, str):
-            raise TypeError(
+            raise RuntimeArgumentError(
                 f"dsn must be a str (a postgresql:// address), got {safe_repr(dsn, 80)}")
         # (Compared, never converted first: an int too large for a float compares exactly
         # with the bounds, where float() raised OverflowError; NaN is no number > 0.)
         if isinstance(lease_ttl, bool) or not isinstance(lease_ttl, (int, float)) or not (
             0 < lease_ttl <= MAX_LEASE_TTL
         ):
-            raise ValueError(
+            raise RuntimeArgumentError(
                 f"lease_ttl must be a number of seconds > 0 and <= {MAX_LEASE_TTL:g},"
                 f" got {safe_repr(lease_ttl, 80)}")
         if isinstance(pool_size, bool) or not isinstance(pool_size, int) or not (
             2 <= pool_size <= MAX_POOL_SIZE
         ):
-            raise ValueError(
+            raise RuntimeArgumentError(
                 f"pool_size must be an int from 2 to {MAX_POOL_SIZE}, got"
                 f" {safe_repr(pool_size, 80)}")
         commit = _COMMIT.get(synchronous.upper()) if isinstance(synchronous, str) else None
         if commit is None:
-            raise ValueError(
+            raise RuntimeArgumentError(
                 f"synchronous must be 'NORMAL' or 'FULL', got {safe_repr(synchronous, 80)}")
         if not isinstance(client_only, bool):
-            raise TypeError(f"client_only must be a bool, got {client_only!r}")
+            raise RuntimeArgumentError(f"client_only must be a bool, got {client_only!r}")
         self.client_only = client_only
         self.dsn = dsn
         self.lease_ttl = float(lease_ttl)

@@ -20,6 +20,7 @@ from nursery_jobs._engines.postgres._copy import (
     load_copy,
     take_captured,
 )
+from nursery_jobs._engines.postgres._schema import key_digest
 
 Key = tuple[str, str]
 Conn = Any  # psycopg.Connection[Any]: psycopg is an optional dependency
@@ -92,10 +93,10 @@ def take(
                 " VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING",
                 (namespace, object_id, class_path, now),
             )
+        okey = key_digest(namespace, object_id)
         found = conn.execute(
             "SELECT owner, lease_until IS NULL OR lease_until < now() FROM nj_objects"
-            " WHERE namespace = %s AND object_id = %s FOR UPDATE",
-            (namespace, object_id),
+            " WHERE okey = %s FOR UPDATE", (okey,),
         ).fetchone()
         if found is None:
             return None
@@ -107,18 +108,12 @@ def take(
         leased = conn.execute(
             "UPDATE nj_objects SET owner = %s, epoch = epoch + 1,"
             " lease_until = now() + make_interval(secs => %s)"
-            " WHERE namespace = %s AND object_id = %s"
-            " RETURNING epoch, alarm_time, alarm_retry, version",
-            (me, ttl, namespace, object_id),
+            " WHERE okey = %s RETURNING epoch, alarm_time, alarm_retry, version",
+            (me, ttl, okey),
         )
-        stored = conn.execute(
-            "SELECT tbl, data FROM nj_rows WHERE namespace = %s AND object_id = %s",
-            (namespace, object_id),
-        )
-        crashes = conn.execute(
-            "SELECT token, started FROM nj_crashes WHERE namespace = %s AND object_id = %s",
-            (namespace, object_id),
-        )
+        stored = conn.execute("SELECT tbl, data FROM nj_rows WHERE okey = %s", (okey,))
+        crashes = conn.execute("SELECT token, started FROM nj_crashes WHERE okey = %s",
+                               (okey,))
         epoch, alarm_time, alarm_retry, version = leased.fetchone()
         rows = stored.fetchall()
         tokens = crashes.fetchall()
@@ -152,29 +147,27 @@ WITH fence AS (
         alarm_retry = CASE WHEN %(set_alarm)s THEN %(retry)s ELSE alarm_retry END,
         lease_until = greatest(lease_until, now() + make_interval(secs => %(ttl)s)),
         version = version + 1
-    WHERE namespace = %(ns)s AND object_id = %(oid)s AND owner = %(me)s
-        AND epoch = %(epoch)s
+    WHERE okey = %(okey)s AND owner = %(me)s AND epoch = %(epoch)s
         AND version BETWEEN %(version)s AND %(version)s + %(unsure)s
     RETURNING version
 ), deleted AS (
     DELETE FROM nj_rows WHERE EXISTS (SELECT FROM fence) AND ctid = ANY (ARRAY(
-        SELECT r.ctid FROM unnest((SELECT %(dt)b::text[]), (SELECT %(dk)b::text[])) AS d(tbl, key)
-        CROSS JOIN LATERAL (SELECT ctid FROM nj_rows WHERE namespace = %(ns)s
-            AND object_id = %(oid)s AND tbl = d.tbl AND key = d.key OFFSET 0) AS r))
+        SELECT r.ctid FROM unnest((SELECT %(dr)b::bytea[])) AS d(rkey)
+        CROSS JOIN LATERAL (SELECT ctid FROM nj_rows WHERE okey = %(okey)s
+            AND rkey = d.rkey OFFSET 0) AS r))
 ), upserted AS (
     INSERT INTO nj_rows (namespace, object_id, tbl, key, data)
     SELECT %(ns)s, %(oid)s, u.tbl, u.key, u.data
     FROM unnest((SELECT %(ut)b::text[]), (SELECT %(uk)b::text[]), (SELECT %(ud)b::text[]))
         AS u(tbl, key, data)
     WHERE EXISTS (SELECT FROM fence)
-    ON CONFLICT (namespace, object_id, tbl, key) DO UPDATE SET data = excluded.data
+    ON CONFLICT (okey, rkey) DO UPDATE SET data = excluded.data
 ), crashes AS (
     DELETE FROM nj_crashes WHERE %(clear)s AND EXISTS (SELECT FROM fence)
-        AND namespace = %(ns)s AND object_id = %(oid)s
+        AND okey = %(okey)s
 )
 SELECT (SELECT version FROM fence), (SELECT version FROM nj_objects
-    WHERE namespace = %(ns)s AND object_id = %(oid)s AND owner = %(me)s
-        AND epoch = %(epoch)s)
+    WHERE okey = %(okey)s AND owner = %(me)s AND epoch = %(epoch)s)
 """
 
 
@@ -194,8 +187,9 @@ def ship(conn: Conn, me: str, ttl: float, change: Change) -> str:
         "time": None if alarm is None else alarm[0],
         "retry": 0 if alarm is None else alarm[1],
         "ttl": ttl, "ns": change.namespace, "oid": change.object_id, "me": me,
+        "okey": key_digest(change.namespace, change.object_id),
         "epoch": change.epoch, "version": change.version, "unsure": change.unsure,
-        "dt": [t for t, _ in change.deletes], "dk": [k for _, k in change.deletes],
+        "dr": [key_digest(t, k) for t, k in change.deletes],
         "ut": [t for t, _, _ in change.upserts], "uk": [k for _, k, _ in change.upserts],
         "ud": [d for _, _, d in change.upserts], "clear": change.clear_crashes,
     }
@@ -214,10 +208,10 @@ def ship(conn: Conn, me: str, ttl: float, change: Change) -> str:
 # the fence) a lost lease from a lost base.
 _SHIP_MANY = """
 WITH s AS (
-    SELECT * FROM unnest(%(i)b::int[], %(ns)b::text[], %(oid)b::text[], %(epoch)b::bigint[],
-        %(version)b::bigint[], %(unsure)b::bigint[], %(set_alarm)b::bool[],
-        %(time)b::float8[], %(retry)b::int[], %(clear)b::bool[])
-        AS s(i, ns, oid, epoch, version, unsure, set_alarm, time, retry, clear)
+    SELECT * FROM unnest(%(i)b::int[], %(ns)b::text[], %(oid)b::text[], %(okey)b::bytea[],
+        %(epoch)b::bigint[], %(version)b::bigint[], %(unsure)b::bigint[],
+        %(set_alarm)b::bool[], %(time)b::float8[], %(retry)b::int[], %(clear)b::bool[])
+        AS s(i, ns, oid, okey, epoch, version, unsure, set_alarm, time, retry, clear)
 ), fence AS (
     UPDATE nj_objects o SET
         alarm_time = CASE WHEN s.set_alarm THEN s.time ELSE o.alarm_time END,
@@ -225,30 +219,27 @@ WITH s AS (
         lease_until = greatest(o.lease_until, now() + make_interval(secs => %(ttl)s)),
         version = o.version + 1
     FROM s
-    WHERE o.namespace = s.ns AND o.object_id = s.oid AND o.owner = %(me)s
+    WHERE o.okey = s.okey AND o.owner = %(me)s
         AND o.epoch = s.epoch AND o.version BETWEEN s.version AND s.version + s.unsure
-    RETURNING s.i, s.ns, s.oid, s.clear, o.version
+    RETURNING s.i, s.ns, s.oid, s.okey, s.clear, o.version
 ), deleted AS (
     DELETE FROM nj_rows WHERE ctid = ANY (ARRAY(
         SELECT r.ctid FROM fence f
-        JOIN unnest(%(di)b::int[], %(dt)b::text[], %(dk)b::text[]) AS d(i, tbl, key)
-            ON d.i = f.i
-        CROSS JOIN LATERAL (SELECT ctid FROM nj_rows WHERE namespace = f.ns
-            AND object_id = f.oid AND tbl = d.tbl AND key = d.key OFFSET 0) AS r))
+        JOIN unnest(%(di)b::int[], %(dr)b::bytea[]) AS d(i, rkey) ON d.i = f.i
+        CROSS JOIN LATERAL (SELECT ctid FROM nj_rows WHERE okey = f.okey
+            AND rkey = d.rkey OFFSET 0) AS r))
 ), upserted AS (
     INSERT INTO nj_rows (namespace, object_id, tbl, key, data)
     SELECT f.ns, f.oid, u.tbl, u.key, u.data
     FROM fence f JOIN unnest(%(ui)b::int[], %(ut)b::text[], %(uk)b::text[], %(ud)b::text[])
         AS u(i, tbl, key, data) ON u.i = f.i
-    ON CONFLICT (namespace, object_id, tbl, key) DO UPDATE SET data = excluded.data
+    ON CONFLICT (okey, rkey) DO UPDATE SET data = excluded.data
 ), crashes AS (
-    DELETE FROM nj_crashes c USING fence f
-    WHERE f.clear AND c.namespace = f.ns AND c.object_id = f.oid
+    DELETE FROM nj_crashes c USING fence f WHERE f.clear AND c.okey = f.okey
 )
 SELECT s.i, f.version, o.version
 FROM s LEFT JOIN fence f ON f.i = s.i
-    LEFT JOIN nj_objects o ON o.namespace = s.ns AND o.object_id = s.oid
-        AND o.owner = %(me)s AND o.epoch = s.epoch
+    LEFT JOIN nj_objects o ON o.okey = s.okey AND o.owner = %(me)s AND o.epoch = s.epoch
 """
 # A batch that deadlocks with another of the host's own multi-row statements (a renewal,
 # a release: their row order is the planner's) is retried this many times; the one
@@ -263,9 +254,9 @@ def ship_many(conn: Conn, me: str, ttl: float, changes: list[Change]) -> list[st
     that object's change alone (FENCED or STALE for it; the others are written). Sets
     ``shipped_version`` of each change written; returns the outcomes in order."""
     params: dict[str, Any] = {
-        "me": me, "ttl": ttl, "i": [], "ns": [], "oid": [], "epoch": [], "version": [],
-        "unsure": [], "set_alarm": [], "time": [], "retry": [], "clear": [],
-        "di": [], "dt": [], "dk": [], "ui": [], "ut": [], "uk": [], "ud": [],
+        "me": me, "ttl": ttl, "i": [], "ns": [], "oid": [], "okey": [], "epoch": [],
+        "version": [], "unsure": [], "set_alarm": [], "time": [], "retry": [], "clear": [],
+        "di": [], "dr": [], "ui": [], "ut": [], "uk": [], "ud": [],
     }
     # In key order: row locks taken in one order by every batch of every host.
     order = sorted(range(len(changes)),
@@ -276,6 +267,7 @@ def ship_many(conn: Conn, me: str, ttl: float, changes: list[Change]) -> list[st
         params["i"].append(n)
         params["ns"].append(change.namespace)
         params["oid"].append(change.object_id)
+        params["okey"].append(key_digest(change.namespace, change.object_id))
         params["epoch"].append(change.epoch)
         params["version"].append(change.version)
         params["unsure"].append(change.unsure)
@@ -285,8 +277,7 @@ def ship_many(conn: Conn, me: str, ttl: float, changes: list[Change]) -> list[st
         params["clear"].append(change.clear_crashes)
         for tbl, key in change.deletes:
             params["di"].append(n)
-            params["dt"].append(tbl)
-            params["dk"].append(key)
+            params["dr"].append(key_digest(tbl, key))
         for tbl, key, data in change.upserts:
             params["ui"].append(n)
             params["ut"].append(tbl)
@@ -321,13 +312,13 @@ def claim(
     resolve before it claims any of them)."""
     with conn.transaction():
         rows = conn.execute(
-            "WITH due AS (SELECT namespace, object_id, owner AS old_owner FROM nj_objects"
+            "WITH due AS (SELECT okey, owner AS old_owner FROM nj_objects"
             "  WHERE alarm_time <= %(now)s AND (owner IS NULL OR lease_until < now())"
             "  AND owner IS DISTINCT FROM %(me)s AND namespace = ANY(%(served)s)"
             "  ORDER BY alarm_time LIMIT %(limit)s FOR UPDATE SKIP LOCKED)"
             " UPDATE nj_objects o SET owner = %(me)s, epoch = o.epoch + 1,"
             "  lease_until = now() + make_interval(secs => %(ttl)s)"
-            " FROM due WHERE o.namespace = due.namespace AND o.object_id = due.object_id"
+            " FROM due WHERE o.okey = due.okey"
             " RETURNING o.namespace, o.object_id, o.epoch, o.alarm_time, o.alarm_retry,"
             "  o.class_path, due.old_owner",
             {"now": now, "me": me, "limit": limit, "ttl": ttl, "served": served},
@@ -362,8 +353,7 @@ def claim(
 def is_stored(conn: Conn, namespace: str, object_id: str) -> bool:
     """Whether the object is registered (a ``client_only`` operator face's look)."""
     return conn.execute(
-        "SELECT 1 FROM nj_objects WHERE namespace = %s AND object_id = %s",
-        (namespace, object_id),
+        "SELECT 1 FROM nj_objects WHERE okey = %s", (key_digest(namespace, object_id),),
     ).fetchone() is not None
 
 
@@ -371,8 +361,8 @@ def locate(conn: Conn, namespace: str, object_id: str, ttl: float) -> str | None
     """Where a ``client_only`` runtime sends a call: the live host that leases the
     object, else any live host (which takes it), else None."""
     row = conn.execute(
-        "SELECT owner FROM nj_objects WHERE namespace = %s AND object_id = %s"
-        " AND owner IS NOT NULL AND lease_until >= now()", (namespace, object_id),
+        "SELECT owner FROM nj_objects WHERE okey = %s"
+        " AND owner IS NOT NULL AND lease_until >= now()", (key_digest(namespace, object_id),),
     ).fetchone()
     if row is not None:
         return str(row[0])
@@ -402,11 +392,10 @@ def renew(
         )
         rows = conn.execute(
             "UPDATE nj_objects o SET lease_until = now() + make_interval(secs => %s)"
-            " FROM unnest(%s::text[], %s::text[], %s::bigint[]) AS h(ns, oid, epoch)"
-            " WHERE o.namespace = h.ns AND o.object_id = h.oid AND o.epoch = h.epoch"
+            " FROM unnest(%s::bytea[], %s::bigint[]) AS h(okey, epoch)"
+            " WHERE o.okey = h.okey AND o.epoch = h.epoch"
             " AND o.owner = %s RETURNING o.namespace, o.object_id, o.epoch",
-            (ttl, [k[0] for k, _ in leases], [k[1] for k, _ in leases],
-             [epoch for _, epoch in leases], me),
+            (ttl, [key_digest(*k) for k, _ in leases], [epoch for _, epoch in leases], me),
         ).fetchall()
         orphans = conn.execute(
             "UPDATE nj_objects SET owner = NULL, lease_until = NULL"
@@ -422,11 +411,11 @@ def release(conn: Conn, me: str, leases: list[tuple[str, str, int]]) -> None:
     leases = sorted(leases)  # row locks in key order, as ``ship_many`` takes them
     rows = conn.execute(
         "UPDATE nj_objects o SET owner = NULL, lease_until = NULL"
-        " FROM unnest(%s::text[], %s::text[], %s::bigint[]) AS r(ns, oid, epoch)"
-        " WHERE o.namespace = r.ns AND o.object_id = r.oid AND o.epoch = r.epoch"
+        " FROM unnest(%s::bytea[], %s::bigint[]) AS r(okey, epoch)"
+        " WHERE o.okey = r.okey AND o.epoch = r.epoch"
         " AND o.owner = %s RETURNING o.alarm_time",
-        ([ns for ns, _, _ in leases], [oid for _, oid, _ in leases],
-         [epoch for _, _, epoch in leases], me),
+        ([key_digest(ns, oid) for ns, oid, _ in leases], [epoch for _, _, epoch in leases],
+         me),
     ).fetchall()
     if any(time is not None for (time,) in rows):
         conn.execute("NOTIFY nj_alarm")
@@ -454,28 +443,25 @@ def set_alarm(
     """Re-time the alarms of objects this host could not activate."""
     with conn.transaction(), conn.cursor() as cur:
         cur.executemany(
-            "UPDATE nj_objects SET alarm_time = %s, alarm_retry = %s"
-            " WHERE namespace = %s AND object_id = %s"
+            "UPDATE nj_objects SET alarm_time = %s, alarm_retry = %s WHERE okey = %s"
             " AND (owner IS NULL OR owner = %s OR lease_until < now())",
-            [(time, retry, ns, oid, me) for ns, oid, time, retry in alarms],
+            [(time, retry, key_digest(ns, oid), me) for ns, oid, time, retry in alarms],
         )
 
 
 def destroy(conn: Conn, me: str, namespace: str, object_id: str) -> None:
     """Delete an object's rows, unless another live host holds it now."""
+    okey = key_digest(namespace, object_id)
     with conn.transaction():
         gone = conn.execute(
-            "DELETE FROM nj_objects WHERE namespace = %s AND object_id = %s"
+            "DELETE FROM nj_objects WHERE okey = %s"
             " AND (owner IS NULL OR owner = %s OR lease_until < now()) RETURNING 1",
-            (namespace, object_id, me),
+            (okey, me),
         ).fetchone()
         if gone is None:
             return
         for table in ("nj_rows", "nj_crashes"):
-            conn.execute(
-                f"DELETE FROM {table} WHERE namespace = %s AND object_id = %s",
-                (namespace, object_id),
-            )
+            conn.execute(f"DELETE FROM {table} WHERE okey = %s", (okey,))
 
 
 def sweep(conn: Conn, ttl: float, call_max_age: float) -> tuple[int, int]:
@@ -552,23 +538,21 @@ def edit_unheld(
     work such a host's flight list shows running becomes crash tokens, as when another
     host takes an object over. A lowered alarm notifies the hosts' claim loops.
     """
+    okey = key_digest(namespace, object_id)
     with conn.transaction():
         conn.execute(f"SET LOCAL lock_timeout = '{EDIT_LOCK_TIMEOUT}'")
         found = conn.execute(
             "SELECT owner, lease_until IS NOT NULL AND lease_until >= now(),"
             " extract(epoch FROM lease_until - now()) FROM nj_objects"
-            " WHERE namespace = %s AND object_id = %s FOR UPDATE",
-            (namespace, object_id),
+            " WHERE okey = %s FOR UPDATE", (okey,),
         ).fetchone()
         if found is None:
             return None
         owner, live, left = found
         if live:
             return Held(owner=str(owner), seconds_left=float(left))
-        rows = conn.execute(
-            "SELECT tbl, data FROM nj_rows WHERE namespace = %s AND object_id = %s",
-            (namespace, object_id),
-        ).fetchall()
+        rows = conn.execute("SELECT tbl, data FROM nj_rows WHERE okey = %s",
+                            (okey,)).fetchall()
         copy = load_copy(f"{namespace}/{object_id}", rows, captured=_nothing)
         try:
             done = edit(copy)
@@ -582,15 +566,14 @@ def edit_unheld(
         with conn.cursor() as cur:
             if deletes:
                 cur.executemany(
-                    "DELETE FROM nj_rows WHERE namespace = %s AND object_id = %s"
-                    " AND tbl = %s AND key = %s",
-                    [(namespace, object_id, tbl, key) for tbl, key in deletes],
+                    "DELETE FROM nj_rows WHERE okey = %s AND rkey = %s",
+                    [(okey, key_digest(tbl, key)) for tbl, key in deletes],
                 )
             if upserts:
                 cur.executemany(
                     "INSERT INTO nj_rows (namespace, object_id, tbl, key, data)"
-                    " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (namespace, object_id, tbl,"
-                    " key) DO UPDATE SET data = excluded.data",
+                    " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (okey, rkey)"
+                    " DO UPDATE SET data = excluded.data",
                     [(namespace, object_id, tbl, key, data) for tbl, key, data in upserts],
                 )
         conn.execute(
@@ -598,9 +581,8 @@ def edit_unheld(
             " version = version + 1,"
             " alarm_retry = CASE WHEN %(t)s::float8 < alarm_time OR alarm_time IS NULL"
             "  THEN 0 ELSE alarm_retry END,"
-            " alarm_time = least(alarm_time, %(t)s::float8)"
-            " WHERE namespace = %(ns)s AND object_id = %(oid)s",
-            {"t": done.alarm, "ns": namespace, "oid": object_id},
+            " alarm_time = least(alarm_time, %(t)s::float8) WHERE okey = %(okey)s",
+            {"t": done.alarm, "okey": okey},
         )
         if done.alarm is not None:
             conn.execute("NOTIFY nj_alarm")
