@@ -31,7 +31,7 @@ from nursery_jobs._errors import (
     StorageError,
     UnknownObjectError,
 )
-from nursery_jobs._ops._inspect import Inline, SourceAccess, is_postgres_address
+from nursery_jobs._ops._inspect import DataSource, SourceAccess, is_postgres_address
 from nursery_jobs._ops._inspect_json import printable, report_json
 from nursery_jobs._ops._inspect_shared import SharedSource
 from nursery_jobs._ops._offline import NoDeadLetter, pause_offline, requeue_offline
@@ -293,7 +293,7 @@ def serve(data: str, host: str, port: int) -> int:
     missing = _web_extra()
     if missing is not None:
         return _fail(missing, 2)
-    access: SourceAccess
+    access: SourceAccess | DataSource
     if is_postgres_address(data):
         from nursery_jobs._ops._inspect_pg import PgDatabase
 
@@ -306,7 +306,10 @@ def serve(data: str, host: str, port: int) -> int:
         source = _open_stopped(data)
         if isinstance(source, int):
             return source
-        access, close = Inline(source), (lambda: None)
+        # (The source itself, not an ``Inline`` of it: ``serve_offline`` reads a data
+        # directory's objects in slices, so one page of many objects never holds the
+        # loop that answers the others.)
+        access, close = source, (lambda: None)
         if isinstance(source, SharedSource):
             close, data = source.close, source.label
     import trio

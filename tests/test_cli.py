@@ -334,6 +334,33 @@ def test_serve_without_the_web_extra_says_which_extra_in_one_line(
     assert "pip install 'nursery_jobs[web]'" in err
 
 
+@pytest.mark.parametrize("layout", ["", "shared:"])
+def test_serve_reads_a_stopped_directory_in_slices(
+    layout: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A page of many objects is read in slices of the loop (``Sliced``), so that it never
+    holds the loop that answers every other request (the CLI once handed the dashboard
+    an ``Inline`` source: every page one piece)."""
+    pytest.importorskip("hypercorn")
+    from nursery_jobs._ops import _web
+    from nursery_jobs._ops._slices import Sliced
+
+    data = f"{layout}{tmp_path / 'data'}"
+    trio.run(build, data, clock=trio.testing.MockClock(autojump_threshold=0))
+    served: list[Any] = []
+
+    async def serve_app(app: Any, address: Any, *,
+                        task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        served.append(app)
+        task_status.started("http://127.0.0.1:1")
+
+    monkeypatch.setattr(_web, "serve_app", serve_app)
+    code, out, err = run_cli("serve", data, "--port", "0", capsys=capsys)
+    assert code == 0, err
+    assert [type(app.access) for app in served] == [Sliced]
+
+
 @pytest.mark.parametrize(("given", "shown"), [
     ("postgresql://app:pw@db:5432/jobs", "postgresql://app:***@db:5432/jobs"),
     ("postgres:///jobs?host=/run/pg", "postgres:///jobs?host=/run/pg"),  # both slashes
