@@ -356,7 +356,7 @@ def test_serve_reads_a_stopped_directory_in_slices(
         task_status.started("http://127.0.0.1:1")
 
     monkeypatch.setattr(_web, "serve_app", serve_app)
-    code, out, err = run_cli("serve", data, "--port", "0", capsys=capsys)
+    code, _, err = run_cli("serve", data, "--port", "0", capsys=capsys)
     assert code == 0, err
     assert [type(app.access) for app in served] == [Sliced]
 
