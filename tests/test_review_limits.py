@@ -59,3 +59,68 @@ async def test_on_alarm_tracked_work_outstanding_keeps_the_count(
             # that work: consecutive resets, so strikes 1, 2 and then the seal.
             strikes = [e[2:] for e in env.hooks() if e[0] == "event"]
             assert strikes[:3] == [(1, False), (2, False), (3, True)], strikes
+
+
+async def _raise_memory_error() -> None:
+    await trio.sleep(2)
+    raise MemoryError("in a child task")
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "DESIGN §3: a MemoryError escaping a job resets the object, but one raised in a child"
+    " task of the job's own nursery escapes as an ExceptionGroup: AlarmRunner._run_job"
+    " treats the group as the job's failure (an attempt used, a retry), no reset, no"
+    " strike"))
+async def test_a_memory_error_from_a_nursery_in_a_job_resets_the_object(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async def greedy(obj: Breaker, ctx: nj.JobContext) -> Any:
+        if len(env.ran()) == 1:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_raise_memory_error)
+        return None
+
+    env = Env({"greedy": greedy})
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(env=env) as rt:
+            env.listen(rt)
+            obj = rt.get(Breaker, "o")
+            await obj.push("greedy", id="j", time=EPOCH + 10)
+            await trio.sleep(13)
+            # As a bare MemoryError (test_breaker): strike 1, the job moved to +12+30,
+            # no attempt used.
+            assert len(env.of("alarm:memory_limit_reset")) == 1
+            assert await obj.strikes() == 1
+            assert await obj.jobs() == {"j": 42}
+            await trio.sleep(40)
+            assert [(job, t, attempt) for _, job, t, attempt in env.runs] == [
+                ("j", 10, 1), ("j", 42, 1)]
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "DESIGN §3: a MemoryError escaping alarm work resets the object; one raised in a"
+    " child task of tracked work's own nursery escapes as an ExceptionGroup, which"
+    " Lifecycle._tracked_work logs as alarm:tracked_work_failed: no reset, no strike"))
+async def test_a_memory_error_from_a_nursery_in_tracked_work_resets_the_object(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async def work() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_raise_memory_error)
+
+    async def heartbeat(obj: Breaker, ctx: nj.JobContext) -> Any:
+        if len(env.ran()) == 1:
+            assert obj.lifecycle.track_alarm_work(work)
+        return nj.Reschedule(nj.now() + 100)
+
+    env = Env({"heartbeat": heartbeat})
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(env=env) as rt:
+            env.listen(rt)
+            obj = rt.get(Breaker, "o")
+            await obj.push("heartbeat", id="j", time=EPOCH + 10)
+            await trio.sleep(14)
+            assert env.of("alarm:tracked_work_failed") == []
+            assert await obj.strikes() == 1
+            # The work failed at +12: the job that started it moves to +42 (from +110).
+            assert await obj.jobs() == {"j": 42}
