@@ -173,3 +173,79 @@ async def test_a_job_sealed_by_its_own_system_exit_calls_the_hooks(
             await trio.sleep(10)
     assert len(env["runs"]) == 3
     assert env["hooks"] == [(True, "bad")]
+
+
+class Stopper(nj.DurableObject):
+    """``flaky`` fails its first attempt, then hangs while ``env['hang']``; ``quit``
+    raises SystemExit on its first run, then hangs while ``env['hang']``."""
+
+    namespace = "tests.test_review_limits.Stopper"
+
+    def __init__(self, ctx: nj.ObjectContext) -> None:
+        super().__init__(ctx)
+        self.env: dict[str, Any] = ctx.env
+        self.lifecycle = nj.Lifecycle.install(self)
+
+    async def on_job(self, ctx: nj.JobContext) -> None:
+        runs = self.env["runs"]
+        runs.append((ctx.job.id, ctx.attempt, nj.now() - EPOCH))
+        if ctx.job.fn == "flaky" and len(runs) == 1:
+            raise ValueError("first attempt")
+        if ctx.job.fn == "quit" and len(runs) == 1:
+            raise SystemExit(3)
+        if self.env["hang"]:
+            await trio.sleep_forever()
+
+    async def push(self, job_id: str, fn: str, at: float) -> None:
+        await self.lifecycle.jobs.push(
+            fn, id=job_id, time=EPOCH + at,
+            retry=nj.RetryOptions(max_attempts=3, base_delay=1.0, jitter=False))
+
+    async def state(self, job_id: str) -> tuple[float, int, int] | None:
+        row = self.lifecycle.store.row(job_id)
+        return None if row is None else (row.job.time - EPOCH, row.attempts, row.crash_strikes)
+
+
+async def test_a_graceful_stop_keeps_the_attempt_and_the_job_reruns_at_once(
+    autojump_clock: trio.testing.MockClock, tmp_path: Any
+) -> None:
+    env: dict[str, Any] = {"runs": [], "hang": True}
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(tmp_path, env=env) as rt:
+            await rt.get(Stopper, "s").push("j", "flaky", at=1)
+            await trio.sleep(10)  # attempt 1 failed at +1; attempt 2 hangs from +2
+        assert env["runs"] == [("j", 1, 1), ("j", 2, 2)]
+        await trio.sleep(100)
+        env["hang"] = False
+        async with nj.open_runtime(tmp_path, env=env) as rt:
+            await trio.sleep(1)
+            # Run again at once, as attempt 2 again (the stop used up no attempt).
+            assert env["runs"][2:] == [("j", 2, 110)]
+            assert await rt.get(Stopper, "s").state("j") is None
+
+
+async def test_a_graceful_stop_of_a_job_on_probation_keeps_its_crash_strike(
+    autojump_clock: trio.testing.MockClock, tmp_path: Any
+) -> None:
+    env: dict[str, Any] = {"runs": [], "hang": True}
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(tmp_path, env=env) as rt:
+            await rt.get(Stopper, "s").push("j", "quit", at=1)
+        with pytest.raises(SystemExit):
+            async with nj.open_runtime(tmp_path, env=env):
+                await trio.sleep_forever()
+        assert env["runs"] == [("j", 1, 1)]
+        async with nj.open_runtime(tmp_path, env=env) as rt:
+            assert await rt.get(Stopper, "s").state("j") == (31, 0, 1)
+            await trio.sleep(40)  # runs at +31 (strike 1: 30 s), hangs; then a stop
+        assert env["runs"][1:] == [("j", 1, 31)]
+        async with nj.open_runtime(tmp_path, env=env) as rt:
+            stub = rt.get(Stopper, "s")
+            state = await stub.state("j")
+            # Its strike kept, no new one, due as it was (at once).
+            assert state is not None and state[1:] == (0, 1) and state[0] <= 41
+        env["hang"] = False
+        async with nj.open_runtime(tmp_path, env=env) as rt:
+            await trio.sleep(1)
+            assert env["runs"][2:] == [("j", 1, 41)]
+            assert await rt.get(Stopper, "s").state("j") is None
