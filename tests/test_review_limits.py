@@ -7,6 +7,7 @@ with the fake memory probe of ``test_breaker``.
 
 from __future__ import annotations
 
+import shutil
 from typing import Any
 
 import pytest
@@ -304,3 +305,64 @@ async def test_tracked_work_of_a_capability_job_never_moves_the_hosts_job_of_tha
             assert len(env.of("alarm:memory_limit_reset")) == 1
             # The host's own x is no job of that work: it stays where it was pushed.
             assert await obj.jobs() == {"x": 100}
+
+
+class Heart(nj.DurableObject):
+    """A heartbeat job: starts work (that runs until the process dies) once per
+    activation, reschedules itself every 10 s."""
+
+    namespace = "tests.test_review_limits.Heart"
+
+    def __init__(self, ctx: nj.ObjectContext) -> None:
+        super().__init__(ctx)
+        self.env: dict[str, Any] = ctx.env
+        self.lifecycle = nj.Lifecycle.install(self)
+        self.working = False
+
+    async def push(self, at: float) -> None:
+        await self.lifecycle.jobs.push("hb", id="hb", time=EPOCH + at)
+
+    async def on_job(self, ctx: nj.JobContext) -> nj.JobOutcome:
+        self.env["runs"].append(nj.now() - EPOCH)
+        if not self.working:
+            self.working = True
+            assert self.lifecycle.track_alarm_work(trio.sleep_forever)
+        return nj.Reschedule(nj.now() + 10)
+
+    async def state(self) -> tuple[float, int, int, list[str]] | None:
+        row = self.lifecycle.store.row("hb")
+        letters = [d.reason for d in self.lifecycle.dead_letters()]
+        return None if row is None else (row.job.time - EPOCH, row.attempts,
+                                          row.crash_strikes, letters)
+
+
+def killed_copy(source: Any, target: Any) -> None:
+    """What a SIGKILL of the runtime on ``source`` would leave, as ``target``: its files
+    as they are now (no write is half done between two Trio checkpoints)."""
+    shutil.copytree(source, target,
+                    ignore=shutil.ignore_patterns("runtime.lock", "*-shm"))
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "DESIGN §3: a process death during a job's tracked work is a crash strike of that"
+    " job, sealed at the limit (the OOM killer's loop); the heartbeat's next run on"
+    " probation restarts the work and reschedules itself, which clears the strike"
+    " (JobTable.later) while that work still runs: every death is strike 1, never a seal"))
+async def test_deaths_during_a_heartbeats_tracked_work_add_up_to_a_seal(
+    autojump_clock: trio.testing.MockClock, tmp_path: Any
+) -> None:
+    env: dict[str, Any] = {"runs": []}
+    seen = []
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(tmp_path / "0", env=env) as rt:
+            await rt.get(Heart, "h").push(at=1)
+            await trio.sleep(5)  # hb ran at +1, its work runs
+            killed_copy(tmp_path / "0", tmp_path / "1")
+        for death in (1, 2, 3):
+            async with nj.open_runtime(tmp_path / str(death), env=env) as rt:
+                seen.append(await rt.get(Heart, "h").state())
+                await trio.sleep(400)  # hb runs again (on probation), its work too
+                killed_copy(tmp_path / str(death), tmp_path / str(death + 1))
+    # Strike 1 (30 s), strike 2 (60 s), then the seal: three deaths in that work.
+    assert [s[2] if s else None for s in seen[:2]] == [1, 2], seen
+    assert seen[2] is None, seen
