@@ -14,7 +14,7 @@ import pytest
 import trio
 import trio.testing
 from conftest import EPOCH
-from test_breaker import HANG, Breaker, Env, hog, runtime
+from test_breaker import HANG, Breaker, Env, runtime
 
 import nursery_jobs as nj
 
@@ -431,3 +431,22 @@ async def test_the_seal_hook_of_a_crashed_job_survives_a_failing_on_start(
             assert await rt.get(Doomed, "d").letters() == ["j"]
     assert env["fail_start"] == 0
     assert env["hooks"] == [(True, "j")]
+
+
+async def test_a_death_in_a_retry_uses_no_attempt_and_delays_it_by_its_strike(
+    autojump_clock: trio.testing.MockClock, tmp_path: Any
+) -> None:
+    env: dict[str, Any] = {"runs": [], "hang": True}
+    with trio.fail_after(HANG):
+        async with nj.open_runtime(tmp_path / "0", env=env) as rt:
+            await rt.get(Stopper, "s").push("j", "flaky", at=1)
+            await trio.sleep(5)  # attempt 1 failed at +1; attempt 2 hangs from +2
+            killed_copy(tmp_path / "0", tmp_path / "1")
+        assert env["runs"] == [("j", 1, 1), ("j", 2, 2)]
+        env["hang"] = False
+        async with nj.open_runtime(tmp_path / "1", env=env) as rt:
+            # Crash strike 1: 30 s from the start, its attempt count as it was (1).
+            assert await rt.get(Stopper, "s").state("j") == (35, 1, 1)
+            await trio.sleep(40)
+            assert env["runs"][2:] == [("j", 2, 35)]
+            assert await rt.get(Stopper, "s").state("j") is None
