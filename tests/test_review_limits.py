@@ -268,7 +268,7 @@ class Worker(nj.Capability):
             env.go_over()
             await trio.sleep_forever()
 
-        assert self.host.lifecycle.track_alarm_work(leak)
+        assert self.host.lifecycle.track_alarm_work(leak)  # type: ignore[attr-defined]
         return None
 
 
