@@ -513,6 +513,19 @@ def sole_leaf(error: BaseException) -> BaseException:
     return error
 
 
+def memory_error_of(error: BaseException) -> MemoryError | None:
+    """The ``MemoryError`` that ``error`` is, or holds at any depth of a group (a task
+    of a job's own nursery ran out of memory), else None: out of memory anywhere in a
+    job or its tracked work resets the object (DESIGN 3), however it arrives."""
+    if isinstance(error, MemoryError):
+        return error
+    if isinstance(error, BaseExceptionGroup):
+        for leaf in _leaves(error):
+            if isinstance(leaf, MemoryError):
+                return leaf
+    return None
+
+
 def _leaves(group: BaseExceptionGroup[BaseException]) -> Iterator[BaseException]:
     for exc in group.exceptions:
         if isinstance(exc, BaseExceptionGroup):

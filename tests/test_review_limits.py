@@ -67,11 +67,6 @@ async def _raise_memory_error() -> None:
     raise MemoryError("in a child task")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "DESIGN §3: a MemoryError escaping a job resets the object, but one raised in a child"
-    " task of the job's own nursery escapes as an ExceptionGroup: AlarmRunner._run_job"
-    " treats the group as the job's failure (an attempt used, a retry), no reset, no"
-    " strike"))
 async def test_a_memory_error_from_a_nursery_in_a_job_resets_the_object(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -98,10 +93,6 @@ async def test_a_memory_error_from_a_nursery_in_a_job_resets_the_object(
                 ("j", 10, 1), ("j", 42, 1)]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "DESIGN §3: a MemoryError escaping alarm work resets the object; one raised in a"
-    " child task of tracked work's own nursery escapes as an ExceptionGroup, which"
-    " Lifecycle._tracked_work logs as alarm:tracked_work_failed: no reset, no strike"))
 async def test_a_memory_error_from_a_nursery_in_tracked_work_resets_the_object(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -284,11 +275,6 @@ class Shared(Breaker):
         await self.worker.lifecycle.jobs.push("leak", id=job_id, time=EPOCH + at)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "DESIGN §3: tracked work that hits the limit is counted against the job that started"
-    " it, other jobs untouched; MemoryBreaker.observe moves (or seals) the row of that job"
-    " *id* whatever its owner, so the host's job that took the id after the capability's"
-    " completed is moved for the capability's work"))
 async def test_tracked_work_of_a_capability_job_never_moves_the_hosts_job_of_that_id(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

@@ -23,7 +23,7 @@ import trio
 from nursery_jobs import _clock
 from nursery_jobs._core._limits import PARK_FOR
 from nursery_jobs._core._tracing import traced_run
-from nursery_jobs._errors import describe_error, from_signal, safe_repr
+from nursery_jobs._errors import describe_error, from_signal, memory_error_of, safe_repr
 from nursery_jobs._jobs._capability import Capability
 from nursery_jobs._jobs._records import (
     DONE,
@@ -530,7 +530,14 @@ class AlarmRunner:
                 if memory_reset_of(self._claim):
                     await self._lc.observe_reset(job, reset_reason_of(self._claim))
                 raise
-            await self._job_failed(run, owner, ctx, group, clock)
+            if (out_of_memory := memory_error_of(group)) is not None:
+                # A task of the job's own nursery ran out of memory: the object's reset,
+                # as a MemoryError the job raised itself, never an attempt used.
+                store.fail()
+                store.flush()
+                await self._lc.memory_error(job, out_of_memory)
+            else:
+                await self._job_failed(run, owner, ctx, group, clock)
         except BaseException as exc:
             await self._job_failed(run, owner, ctx, exc, clock)
         else:

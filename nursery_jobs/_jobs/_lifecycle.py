@@ -20,6 +20,7 @@ from nursery_jobs._errors import (
     CapabilityError,
     DamagedJobError,
     LifecycleArgumentError,
+    memory_error_of,
     safe_repr,
     sole_leaf,
 )
@@ -323,15 +324,18 @@ class Lifecycle:
                         async with self._last_turn("tracked work reset"):
                             await self.observe_reset(job, reset_reason_of(claim))
                     raise
-                except MemoryError as exc:
-                    async with self._last_turn("tracked work out of memory"):
-                        await self.memory_error(job, exc)
                 except Exception as exc:
-                    error = safe_repr(sole_leaf(exc))
-                    self.emit("alarm:tracked_work_failed", job=None if job is None else job.id,
-                              error=error, _exc_info=exc,
-                              _log=(logging.ERROR, "tracked work %s of %s failed: %s",
-                                    (safe_repr(fn), self.label, error)))
+                    if (out_of_memory := memory_error_of(exc)) is not None:
+                        # (Raised by the work, or by a task of its own nursery.)
+                        async with self._last_turn("tracked work out of memory"):
+                            await self.memory_error(job, out_of_memory)
+                    else:
+                        error = safe_repr(sole_leaf(exc))
+                        self.emit("alarm:tracked_work_failed",
+                                  job=None if job is None else job.id, error=error,
+                                  _exc_info=exc,
+                                  _log=(logging.ERROR, "tracked work %s of %s failed: %s",
+                                        (safe_repr(fn), self.label, error)))
         finally:
             if job is not None:
                 key = (job.owner, job.id)

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
-from nursery_jobs._errors import JobTimeoutError
+from nursery_jobs._errors import JobTimeoutError, memory_error_of
 
 if TYPE_CHECKING:
     from nursery_jobs._core._turns import TurnGate
@@ -245,11 +245,9 @@ async def run_with_timeout(
     try:
         with trio.move_on_after(timeout) as scope:
             outcome = await on_job(ctx)
-    except MemoryError:
-        raise  # (resets the object, whenever it is raised)
     except Exception as exc:
-        if not scope.cancel_called:
-            raise
+        if not scope.cancel_called or memory_error_of(exc) is not None:
+            raise  # (out of memory resets the object, whenever it is raised)
         # Cut by its timeout, the run's clean-up raised: still a timeout (the error it
         # raised is the cause), so give_up_on and the retries see what happened.
         raise _timed_out(job, label, timeout, f"; its clean-up raised {type(exc).__name__}") \

@@ -114,9 +114,14 @@ class MemoryBreaker:
         flow was running. Does not checkpoint."""
         _, sealed, next_time, purged = self._record(error)
         if executing is not None and not executing.recovery_loop:
-            if sealed:
+            row = self._store.row(executing.id)
+            # (Ids are unique in the table, not over time: once the job completed, its
+            # id may be another owner's job now, which this reset must not touch.)
+            if row is None or row.job.owner != executing.owner:
+                pass
+            elif sealed:
                 self._store.bury(executing.id, error, "memory_limit")
-            elif self._store.row(executing.id) is not None:
+            else:
                 self._store.defer(executing.id, next_time)
         return MemoryLimitContext(
             sealed=sealed, next_time=None if sealed else next_time, executing=executing,
