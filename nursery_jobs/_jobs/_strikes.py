@@ -117,12 +117,11 @@ class MemoryBreaker:
             row = self._store.row(executing.id)
             # (Ids are unique in the table, not over time: once the job completed, its
             # id may be another owner's job now, which this reset must not touch.)
-            if row is None or row.job.owner != executing.owner:
-                pass
-            elif sealed:
-                self._store.bury(executing.id, error, "memory_limit")
-            else:
-                self._store.defer(executing.id, next_time)
+            if row is not None and row.job.owner == executing.owner:
+                if sealed:
+                    self._store.bury(executing.id, error, "memory_limit")
+                else:
+                    self._store.defer(executing.id, next_time)
         return MemoryLimitContext(
             sealed=sealed, next_time=None if sealed else next_time, executing=executing,
             purged_recovery_loop_jobs=list(purged),
