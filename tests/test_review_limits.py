@@ -41,11 +41,6 @@ async def tick(obj: Breaker, ctx: nj.JobContext) -> Any:
     return nj.Reschedule(nj.now() + 20)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "DESIGN §3: a clean alarm run clears the breaker only when quiescent (no tracked work"
-    " outstanding), but tracked work started from on_alarm (no job) is not in"
-    " Lifecycle.tracked, so every run clears the count and a leak in on_alarm work is"
-    " struck 1, 1, 1, ... and never sealed"))
 async def test_on_alarm_tracked_work_outstanding_keeps_the_count(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

@@ -201,8 +201,8 @@ class AlarmRunner:
             self._run = None
             current_run.reset(token)
             self._watch.stop()
-        if not lc.tracked:
-            lc.breaker.clear()  # a clean, quiescent alarm run
+        if not lc.outstanding:
+            lc.breaker.clear()  # a clean, quiescent alarm run (no tracked work at all)
         if held:
             self._park()
         else:

@@ -100,6 +100,9 @@ class Lifecycle:
         # Tracked alarm work in progress: (job owner, job id) -> {when the run that
         # started it started: how many tasks}. Empty: none.
         self.tracked: dict[tuple[str, str], dict[float, int]] = {}
+        # Every tracked work task in progress, whether a job started it or on_alarm did:
+        # only with none is an alarm run quiescent (it clears the breaker's count).
+        self.outstanding = 0
         # A row the store writes for a job carries the marker of its work in progress.
         self.store.work_since = self.work_since
         # Startup (crash strikes, capabilities' on_start, re-arming the alarm from the
@@ -284,6 +287,7 @@ class Lifecycle:
             runs = self.tracked.setdefault((job.owner, job.id), {})
             runs[started] = runs.get(started, 0) + 1
         self.ctx.nursery.start_soon(self._tracked_work, fn, args, job, started)
+        self.outstanding += 1  # (the task runs later: it counts itself out when it ends)
         return True
 
     def running_marker(self, run: AlarmRun, job: Job) -> float | None:
@@ -333,6 +337,7 @@ class Lifecycle:
                               _log=(logging.ERROR, "tracked work %s of %s failed: %s",
                                     (safe_repr(fn), self.label, error)))
         finally:
+            self.outstanding -= 1
             if job is not None:
                 key = (job.owner, job.id)
                 runs = self.tracked[key]
