@@ -148,10 +148,6 @@ class Quitter(nj.DurableObject):
         return [(d.job.id, d.reason) for d in self.lifecycle.dead_letters()]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "DESIGN §3: at max_alarm_memory_limit_strikes crash strikes the job is sealed and the"
-    " hooks are called with sealed=True; a job that raises SystemExit is struck through"
-    " Lifecycle.strike_job, which drops what strike_now sealed: no hook call"))
 async def test_a_job_sealed_by_its_own_system_exit_calls_the_hooks(
     autojump_clock: trio.testing.MockClock, tmp_path: Any
 ) -> None:

@@ -518,7 +518,8 @@ class AlarmRunner:
                 # for the job first, so a job that does it every time is sealed, never
                 # a loop. A Ctrl-C that landed in its code is no act of the job's: a
                 # stop, as a cancellation is (issue 22 #3).
-                self._lc.strike_job(job.id, started, why=f"it raised {type(exc).__name__}")
+                await self._lc.strike_job(job.id, started,
+                                          why=f"it raised {type(exc).__name__}")
             raise
         except BaseExceptionGroup as group:
             if (group.split(trio.Cancelled)[1] is None

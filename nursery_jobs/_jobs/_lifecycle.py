@@ -97,6 +97,8 @@ class Lifecycle:
         self._capabilities: dict[str, Capability] = {}
         self.started = False
         self._starting: trio.Event | None = None
+        # Jobs sealed at their crash-strike limit whose hooks have not been called yet.
+        self._seals: list[Job] = []
         # Tracked alarm work in progress: (job owner, job id) -> {when the run that
         # started it started: how many tasks}. Empty: none.
         self.tracked: dict[tuple[str, str], dict[float, int]] = {}
@@ -192,11 +194,8 @@ class Lifecycle:
             for cap in self._capabilities.values():
                 await cap.on_start()
             self.started = True
-            for job in sealed:
-                await self.call_memory_hooks(
-                    MemoryLimitContext(sealed=True, next_time=None, executing=job,
-                                       purged_recovery_loop_jobs=[])
-                )
+            self._seals += sealed
+            await self._deliver_seals()
         finally:
             self._starting = None
             starting.set()
@@ -368,10 +367,25 @@ class Lifecycle:
             logger.warning("%s: %s could not get the object's turn within %.0f s; not"
                            " recorded", self.label, holder, LAST_TURN_WAIT)
 
-    def strike_job(self, job_id: str, started: float, *, why: str) -> None:
-        """Give a job a crash strike now (it is about to take the process down)."""
-        strike_now(self.store, job_id, started, self.max_alarm_memory_limit_strikes,
-                   self.label, self.emit, why=why)
+    async def strike_job(self, job_id: str, started: float, *, why: str) -> None:
+        """Give a job a crash strike now (it is about to take the process down); one
+        that this seals gets its hooks called now (shielded, bounded), as a seal at the
+        next start would: the process exits after this."""
+        job = strike_now(self.store, job_id, started, self.max_alarm_memory_limit_strikes,
+                         self.label, self.emit, why=why)
+        if job is not None:
+            self._seals.append(job)
+            with trio.move_on_after(10, shield=True):
+                await self._deliver_seals()
+
+    async def _deliver_seals(self) -> None:
+        """Call the hooks (``sealed=True``) for each job sealed at its crash-strike
+        limit whose hooks were not called yet, once each."""
+        while self._seals:
+            job = self._seals.pop(0)
+            await self.call_memory_hooks(
+                MemoryLimitContext(sealed=True, next_time=None, executing=job,
+                                   purged_recovery_loop_jobs=[]))
 
     # -- memory limits ------------------------------------------------------------------
     async def memory_error(self, job: Job | None, error: MemoryError) -> None:
