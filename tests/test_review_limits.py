@@ -398,11 +398,6 @@ class Doomed(nj.DurableObject):
         return [d.job.id for d in self.lifecycle.dead_letters()]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "DESIGN §3: a job sealed at its crash-strike limit calls the hooks with sealed=True;"
-    " Lifecycle.start seals it (recover_crashes, crash record cleared) before the"
-    " capabilities' on_start, and calls the hooks only after them: an on_start that fails"
-    " once (the alarm run is retried) loses the hook call for good"))
 async def test_the_seal_hook_of_a_crashed_job_survives_a_failing_on_start(
     autojump_clock: trio.testing.MockClock, tmp_path: Any
 ) -> None:

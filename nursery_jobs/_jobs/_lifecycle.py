@@ -189,12 +189,14 @@ class Lifecycle:
         self._starting = starting = trio.Event()
         try:
             self.store.set_aside_untimed()
-            sealed = recover_crashes(self.store, self.claim, self.max_alarm_memory_limit_strikes,
-                                     self.label, self.emit)
+            # Sealed jobs wait here for their hooks until the capabilities have started:
+            # a start that fails (and is retried) keeps them, since its seals stand.
+            self._seals += recover_crashes(self.store, self.claim,
+                                           self.max_alarm_memory_limit_strikes, self.label,
+                                           self.emit)
             for cap in self._capabilities.values():
                 await cap.on_start()
             self.started = True
-            self._seals += sealed
             await self._deliver_seals()
         finally:
             self._starting = None
