@@ -41,11 +41,6 @@ async def tick(obj: Breaker, ctx: nj.JobContext) -> Any:
     return nj.Reschedule(nj.now() + 20)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "DESIGN §3: a clean alarm run clears the breaker only when quiescent (no tracked work"
-    " outstanding), but tracked work started from on_alarm (no job) is not in"
-    " Lifecycle.tracked, so every run clears the count and a leak in on_alarm work is"
-    " struck 1, 1, 1, ... and never sealed"))
 async def test_on_alarm_tracked_work_outstanding_keeps_the_count(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -144,10 +139,6 @@ class Quitter(nj.DurableObject):
         return [(d.job.id, d.reason) for d in self.lifecycle.dead_letters()]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "DESIGN §3: at max_alarm_memory_limit_strikes crash strikes the job is sealed and the"
-    " hooks are called with sealed=True; a job that raises SystemExit is struck through"
-    " Lifecycle.strike_job, which drops what strike_now sealed: no hook call"))
 async def test_a_job_sealed_by_its_own_system_exit_calls_the_hooks(
     autojump_clock: trio.testing.MockClock, tmp_path: Any
 ) -> None:
@@ -393,11 +384,6 @@ class Doomed(nj.DurableObject):
         return [d.job.id for d in self.lifecycle.dead_letters()]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "DESIGN §3: a job sealed at its crash-strike limit calls the hooks with sealed=True;"
-    " Lifecycle.start seals it (recover_crashes, crash record cleared) before the"
-    " capabilities' on_start, and calls the hooks only after them: an on_start that fails"
-    " once (the alarm run is retried) loses the hook call for good"))
 async def test_the_seal_hook_of_a_crashed_job_survives_a_failing_on_start(
     autojump_clock: trio.testing.MockClock, tmp_path: Any
 ) -> None:

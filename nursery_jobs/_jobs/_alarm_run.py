@@ -201,8 +201,8 @@ class AlarmRunner:
             self._run = None
             current_run.reset(token)
             self._watch.stop()
-        if not lc.tracked:
-            lc.breaker.clear()  # a clean, quiescent alarm run
+        if not lc.outstanding:
+            lc.breaker.clear()  # a clean, quiescent alarm run (no tracked work at all)
         if held:
             self._park()
         else:
@@ -518,7 +518,8 @@ class AlarmRunner:
                 # for the job first, so a job that does it every time is sealed, never
                 # a loop. A Ctrl-C that landed in its code is no act of the job's: a
                 # stop, as a cancellation is (issue 22 #3).
-                self._lc.strike_job(job.id, started, why=f"it raised {type(exc).__name__}")
+                await self._lc.strike_job(job.id, started,
+                                          why=f"it raised {type(exc).__name__}")
             raise
         except BaseExceptionGroup as group:
             if (group.split(trio.Cancelled)[1] is None

@@ -98,9 +98,14 @@ class Lifecycle:
         self._capabilities: dict[str, Capability] = {}
         self.started = False
         self._starting: trio.Event | None = None
+        # Jobs sealed at their crash-strike limit whose hooks have not been called yet.
+        self._seals: list[Job] = []
         # Tracked alarm work in progress: (job owner, job id) -> {when the run that
         # started it started: how many tasks}. Empty: none.
         self.tracked: dict[tuple[str, str], dict[float, int]] = {}
+        # Every tracked work task in progress, whether a job started it or on_alarm did:
+        # only with none is an alarm run quiescent (it clears the breaker's count).
+        self.outstanding = 0
         # A row the store writes for a job carries the marker of its work in progress.
         self.store.work_since = self.work_since
         # Startup (crash strikes, capabilities' on_start, re-arming the alarm from the
@@ -185,16 +190,15 @@ class Lifecycle:
         self._starting = starting = trio.Event()
         try:
             self.store.set_aside_untimed()
-            sealed = recover_crashes(self.store, self.claim, self.max_alarm_memory_limit_strikes,
-                                     self.label, self.emit)
+            # Sealed jobs wait here for their hooks until the capabilities have started:
+            # a start that fails (and is retried) keeps them, since its seals stand.
+            self._seals += recover_crashes(self.store, self.claim,
+                                           self.max_alarm_memory_limit_strikes, self.label,
+                                           self.emit)
             for cap in self._capabilities.values():
                 await cap.on_start()
             self.started = True
-            for job in sealed:
-                await self.call_memory_hooks(
-                    MemoryLimitContext(sealed=True, next_time=None, executing=job,
-                                       purged_recovery_loop_jobs=[])
-                )
+            await self._deliver_seals()
         finally:
             self._starting = None
             starting.set()
@@ -285,6 +289,7 @@ class Lifecycle:
             runs = self.tracked.setdefault((job.owner, job.id), {})
             runs[started] = runs.get(started, 0) + 1
         self.ctx.nursery.start_soon(self._tracked_work, fn, args, job, started)
+        self.outstanding += 1  # (the task runs later: it counts itself out when it ends)
         return True
 
     def running_marker(self, run: AlarmRun, job: Job) -> float | None:
@@ -337,6 +342,7 @@ class Lifecycle:
                                   _log=(logging.ERROR, "tracked work %s of %s failed: %s",
                                         (safe_repr(fn), self.label, error)))
         finally:
+            self.outstanding -= 1
             if job is not None:
                 key = (job.owner, job.id)
                 runs = self.tracked[key]
@@ -367,10 +373,25 @@ class Lifecycle:
             logger.warning("%s: %s could not get the object's turn within %.0f s; not"
                            " recorded", self.label, holder, LAST_TURN_WAIT)
 
-    def strike_job(self, job_id: str, started: float, *, why: str) -> None:
-        """Give a job a crash strike now (it is about to take the process down)."""
-        strike_now(self.store, job_id, started, self.max_alarm_memory_limit_strikes,
-                   self.label, self.emit, why=why)
+    async def strike_job(self, job_id: str, started: float, *, why: str) -> None:
+        """Give a job a crash strike now (it is about to take the process down); one
+        that this seals gets its hooks called now (shielded, bounded), as a seal at the
+        next start would: the process exits after this."""
+        job = strike_now(self.store, job_id, started, self.max_alarm_memory_limit_strikes,
+                         self.label, self.emit, why=why)
+        if job is not None:
+            self._seals.append(job)
+            with trio.move_on_after(10, shield=True):
+                await self._deliver_seals()
+
+    async def _deliver_seals(self) -> None:
+        """Call the hooks (``sealed=True``) for each job sealed at its crash-strike
+        limit whose hooks were not called yet, once each."""
+        while self._seals:
+            job = self._seals.pop(0)
+            await self.call_memory_hooks(
+                MemoryLimitContext(sealed=True, next_time=None, executing=job,
+                                   purged_recovery_loop_jobs=[]))
 
     # -- memory limits ------------------------------------------------------------------
     async def memory_error(self, job: Job | None, error: MemoryError) -> None:
