@@ -1,4 +1,6 @@
-"""Adversarial review of DESIGN.md §3 "Long work and memory limits" and §2 "Stopping".
+"""DESIGN §3 "Long work and memory limits" and §2 "Stopping": the breaker's count and
+tracked work, out of memory however it arrives, resets that move only their own job, the
+hooks of a seal, crash strikes across deaths and graceful stops.
 
 Each test states a promise of the design; an ``xfail(strict=True)`` marks one the code
 breaks today (the reason names what goes wrong). Everything runs under ``autojump_clock``
