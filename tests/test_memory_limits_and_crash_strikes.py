@@ -24,7 +24,7 @@ import nursery_jobs as nj
 class Ticker(Breaker):
     """A Breaker whose ``on_alarm`` starts leaky tracked work once per activation."""
 
-    namespace = "tests.test_review_limits.Ticker"
+    namespace = "tests.test_memory_limits_and_crash_strikes.Ticker"
 
     async def on_alarm(self) -> None:
         if getattr(self, "_started", False):
@@ -118,7 +118,7 @@ async def test_a_memory_error_from_a_nursery_in_tracked_work_resets_the_object(
 class Quitter(nj.DurableObject):
     """Its job ``bad`` asks the process to stop (SystemExit); it records the hooks."""
 
-    namespace = "tests.test_review_limits.Quitter"
+    namespace = "tests.test_memory_limits_and_crash_strikes.Quitter"
 
     def __init__(self, ctx: nj.ObjectContext) -> None:
         super().__init__(ctx)
@@ -164,7 +164,7 @@ class Stopper(nj.DurableObject):
     """``flaky`` fails its first attempt, then hangs while ``env['hang']``; ``quit``
     raises SystemExit on its first run, then hangs while ``env['hang']``."""
 
-    namespace = "tests.test_review_limits.Stopper"
+    namespace = "tests.test_memory_limits_and_crash_strikes.Stopper"
 
     def __init__(self, ctx: nj.ObjectContext) -> None:
         super().__init__(ctx)
@@ -257,7 +257,7 @@ class Worker(nj.Capability):
 
 
 class Shared(Breaker):
-    namespace = "tests.test_review_limits.Shared"
+    namespace = "tests.test_memory_limits_and_crash_strikes.Shared"
 
     def __init__(self, ctx: nj.ObjectContext) -> None:
         super().__init__(ctx)
@@ -290,7 +290,7 @@ class Heart(nj.DurableObject):
     """A heartbeat job: starts work (that runs until the process dies) once per
     activation, reschedules itself every 10 s."""
 
-    namespace = "tests.test_review_limits.Heart"
+    namespace = "tests.test_memory_limits_and_crash_strikes.Heart"
 
     def __init__(self, ctx: nj.ObjectContext) -> None:
         super().__init__(ctx)
@@ -364,7 +364,7 @@ class Flaky(nj.Capability):
 class Doomed(nj.DurableObject):
     """Its job hangs (until the process dies); it records the memory-limit hooks."""
 
-    namespace = "tests.test_review_limits.Doomed"
+    namespace = "tests.test_memory_limits_and_crash_strikes.Doomed"
 
     def __init__(self, ctx: nj.ObjectContext) -> None:
         super().__init__(ctx)
