@@ -18,17 +18,16 @@ import os
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from nursery_jobs._engines.shared._engine import SharedEngine
-from nursery_jobs._ops._inspect import ObjectPage, ObjectRow, State
+from nursery_jobs._ops._inspect import ObjectRow, State
 from nursery_jobs._ops._readonly import (
     _file_signature,
     check_shared_directory,
     open_readonly,
 )
-from nursery_jobs._ops._slices import _FileSource
-from nursery_jobs._ops._sources import RuntimeSource
+from nursery_jobs._ops._sources import RuntimeSource, StoppedSource
 from nursery_jobs._ops._stored_rows import StoredRow, StoredRows
 
 if TYPE_CHECKING:
@@ -39,7 +38,7 @@ _ROWS_OF = ("SELECT tbl, key, data FROM nj_rows WHERE namespace = ? AND object_i
             " ORDER BY tbl, key")
 
 
-class SharedSource(StoredRows, _FileSource):
+class SharedSource(StoredRows, StoppedSource):
     """A stopped directory of the shared layout, read-only. Creates no file, takes no
     lock, runs nothing. Close it (or use it as a context manager).
 
@@ -58,10 +57,6 @@ class SharedSource(StoredRows, _FileSource):
     @property
     def label(self) -> str:
         return f"shared:{self.data}"
-
-    @property
-    def live(self) -> bool:
-        return False
 
     def __enter__(self) -> SharedSource:
         return self
@@ -112,15 +107,6 @@ class SharedSource(StoredRows, _FileSource):
         # Any write to the directory moves the database's (or its WAL's) signature;
         # while it stays, every object's counts do.
         return self._signature_now()
-
-    def objects(
-        self, *, namespace: str | None = None, search: str | None = None,
-        only: Literal["all", "active", "due"] = "all", now: float = 0.0,
-        offset: int = 0, limit: int = 50,
-    ) -> ObjectPage:
-        if only == "active":
-            return ObjectPage(objects=[], total=0, offset=offset, limit=limit)
-        return self._page(namespace, search, only, now, offset, limit)
 
 
 class SharedRuntimeSource(RuntimeSource, StoredRows):

@@ -27,7 +27,25 @@ if TYPE_CHECKING:
     from nursery_jobs._core._runtime import Runtime
 
 
-class OfflineSource(_FileSource):
+class StoppedSource(_FileSource):
+    """A data directory no runtime holds, of either layout: nothing is live and no
+    object is active."""
+
+    @property
+    def live(self) -> bool:
+        return False
+
+    def objects(
+        self, *, namespace: str | None = None, search: str | None = None,
+        only: Literal["all", "active", "due"] = "all", now: float = 0.0,
+        offset: int = 0, limit: int = 50,
+    ) -> ObjectPage:
+        if only == "active":
+            return ObjectPage(objects=[], total=0, offset=offset, limit=limit)
+        return self._page(namespace, search, only, now, offset, limit)
+
+
+class OfflineSource(StoppedSource):
     """A stopped data directory, read-only. Creates no file; runs nothing."""
 
     def __init__(self, data: str | os.PathLike[str]) -> None:
@@ -38,21 +56,8 @@ class OfflineSource(_FileSource):
     def label(self) -> str:
         return str(self.data)
 
-    @property
-    def live(self) -> bool:
-        return False
-
     def _catalog(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:
         return open_readonly(self.data / "catalog.sqlite3")
-
-    def objects(
-        self, *, namespace: str | None = None, search: str | None = None,
-        only: Literal["all", "active", "due"] = "all", now: float = 0.0,
-        offset: int = 0, limit: int = 50,
-    ) -> ObjectPage:
-        if only == "active":
-            return ObjectPage(objects=[], total=0, offset=offset, limit=limit)
-        return self._page(namespace, search, only, now, offset, limit)
 
     def _object_db(
         self, row: ObjectRow
